@@ -1,0 +1,101 @@
+//! Builds `kernel-crate` to PTX with rustc's own `nvptx64-nvidia-cuda` target,
+//! once per target family, and leaves the PTX in `OUT_DIR` for `include_str!`.
+//!
+//! Needs nothing but the pinned nightly and its `rust-src` component
+//! (`-Zbuild-std=core`): no nvcc, no CUDA toolkit, no LLVM beyond rustc's.
+
+use std::env;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+/// (arch, PTX ISA feature). sm_80 is the portable build (Ampere and later,
+/// PTX ISA 7.1 = CUDA 11.1 drivers); sm_90 is the Hopper build (ISA 8.0).
+/// Never emit an ISA newer than the oldest driver we support JIT-compiles.
+const ARCHS: &[(&str, &str)] = &[("sm_80", "+ptx71"), ("sm_90", "+ptx80")];
+
+fn main() {
+    let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
+    let kernel_dir = manifest.parent().unwrap().join("kernel-crate");
+    let out_dir = PathBuf::from(env::var("OUT_DIR").unwrap());
+    for p in ["src", "common/src", "Cargo.toml", "common/Cargo.toml"] {
+        println!("cargo:rerun-if-changed={}", kernel_dir.join(p).display());
+    }
+
+    let rustc = env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
+    check_rust_src(&rustc);
+
+    let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let children: Vec<_> = ARCHS
+        .iter()
+        .map(|&(arch, ptx)| {
+            let target_dir = out_dir.join(format!("kernels-{arch}"));
+            let mut cmd = Command::new(&cargo);
+            clean_env(&mut cmd);
+            cmd.current_dir(&kernel_dir)
+                .env("RUSTC", &rustc)
+                .env(
+                    "CARGO_ENCODED_RUSTFLAGS",
+                    [&format!("-Ctarget-cpu={arch}"), &format!("-Ctarget-feature={ptx}"), "-Clinker=/bin/true", "-Awarnings"]
+                        .join("\x1f"),
+                )
+                .args(["rustc", "--quiet", "--release", "--target", "nvptx64-nvidia-cuda", "-Zbuild-std=core"])
+                .arg("--target-dir")
+                .arg(&target_dir)
+                .args(["--", "--emit=asm"])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            let child = cmd.spawn().unwrap_or_else(|e| panic!("cannot run `{cargo}` to build the kernels: {e}"));
+            (arch, target_dir, child)
+        })
+        .collect();
+
+    for (arch, target_dir, child) in children {
+        let out = child.wait_with_output().expect("waiting for the kernel build");
+        if !out.status.success() {
+            panic!(
+                "building kernel-crate for nvptx64-nvidia-cuda ({arch}) failed:\n{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let asm = target_dir.join("nvptx64-nvidia-cuda/release/deps/flash_attn_kernels.s");
+        let dst = out_dir.join(format!("flash_attn_{arch}.ptx"));
+        std::fs::copy(&asm, &dst).unwrap_or_else(|e| panic!("copy {} -> {}: {e}", asm.display(), dst.display()));
+    }
+}
+
+/// `-Zbuild-std=core` compiles core from the toolchain's `rust-src`; say
+/// exactly how to get it when it is missing.
+fn check_rust_src(rustc: &str) {
+    let sysroot = Command::new(rustc)
+        .args(["--print", "sysroot"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()));
+    let Some(sysroot) = sysroot else {
+        panic!("cannot run `{rustc} --print sysroot`");
+    };
+    let core = sysroot.join("lib/rustlib/src/rust/library/core/Cargo.toml");
+    if !Path::new(&core).exists() {
+        panic!(
+            "\n\nflash-attn builds its GPU kernels with `-Zbuild-std=core`, which needs the `rust-src` \
+             component of the pinned nightly, and it is missing ({} not found).\nRun:\n\n    \
+             rustup component add rust-src --toolchain nightly-2026-05-20\n\n",
+            core.display()
+        );
+    }
+}
+
+/// The nested cargo must not inherit the outer build's flags, target or
+/// wrappers (they are for the host target).
+fn clean_env(cmd: &mut Command) {
+    for (k, _) in env::vars_os() {
+        let Some(k) = k.to_str() else { continue };
+        let keep = matches!(k, "CARGO_HOME" | "CARGO_MAKEFLAGS" | "CARGO_NET_OFFLINE" | "CARGO_REGISTRIES_CRATES_IO_PROTOCOL");
+        if !keep && (k.starts_with("CARGO_") || k.starts_with("__CARGO") || k.starts_with("RUSTC") || k == "RUSTFLAGS" || k == "RUSTDOCFLAGS")
+        {
+            cmd.env_remove(k);
+        }
+    }
+}

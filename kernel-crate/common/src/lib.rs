@@ -1,0 +1,19 @@
+//! Math written once, compiled both into the `#![no_std]` kernel crate (for
+//! `nvptx64-nvidia-cuda`) and into the host library, where the property tests
+//! exercise exactly the code that runs on the GPU.
+//!
+//! * [`real`]: the small float trait the math is generic over (f32/f64 on the
+//!   host through `std`, f32 on the GPU through PTX `ex2.approx`/`lg2.approx`).
+//! * [`softmax`]: the online-softmax row state (`m_i`, `l_i`), its rescale and
+//!   its finalization with the `-inf` guards of seed 003.
+//! * [`params`]: the `#[repr(C)]` parameter block every attention kernel takes.
+#![cfg_attr(not(feature = "std"), no_std)]
+#![cfg_attr(target_arch = "nvptx64", feature(asm_experimental_arch))]
+
+pub mod params;
+pub mod real;
+pub mod softmax;
+
+pub use params::AttnParams;
+pub use real::Real;
+pub use softmax::{LN_2, LOG2_E, RowState};

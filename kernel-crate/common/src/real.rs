@@ -1,0 +1,111 @@
+//! The float operations the online softmax needs, as one trait.
+//!
+//! Everything is in base 2 (`exp2`, `log2`): the kernels fold `log2(e)` into
+//! the softmax scale (FA3, seed 003) so that the hot loop issues a single
+//! `ex2.approx` per score, and the host reference uses the very same code.
+
+use core::ops::{Add, Div, Mul, Neg, Sub};
+
+/// A real number type the online softmax is generic over.
+pub trait Real:
+    Copy
+    + PartialOrd
+    + Add<Output = Self>
+    + Sub<Output = Self>
+    + Mul<Output = Self>
+    + Div<Output = Self>
+    + Neg<Output = Self>
+{
+    const ZERO: Self;
+    const ONE: Self;
+    const NEG_INFINITY: Self;
+    const LOG2_E: Self;
+    const LN_2: Self;
+    fn from_f32(x: f32) -> Self;
+    fn to_f64(self) -> f64;
+    /// 2^x (with 2^-inf = 0).
+    fn exp2(self) -> Self;
+    /// log2(x) (with log2(0) = -inf).
+    fn log2(self) -> Self;
+    fn is_nan(self) -> bool;
+    /// The larger of the two; NaN propagates from either side.
+    #[inline(always)]
+    fn max_nan(self, other: Self) -> Self {
+        if self.is_nan() || other.is_nan() {
+            self + other
+        } else if other > self {
+            other
+        } else {
+            self
+        }
+    }
+}
+
+macro_rules! real_consts {
+    ($t:ty) => {
+        const ZERO: Self = 0.0;
+        const ONE: Self = 1.0;
+        const NEG_INFINITY: Self = <$t>::NEG_INFINITY;
+        const LOG2_E: Self = core::f64::consts::LOG2_E as $t;
+        const LN_2: Self = core::f64::consts::LN_2 as $t;
+        #[inline(always)]
+        fn from_f32(x: f32) -> Self {
+            x as $t
+        }
+        #[inline(always)]
+        fn to_f64(self) -> f64 {
+            self as f64
+        }
+        #[inline(always)]
+        fn is_nan(self) -> bool {
+            self != self
+        }
+    };
+}
+
+#[cfg(feature = "std")]
+impl Real for f64 {
+    real_consts!(f64);
+    #[inline(always)]
+    fn exp2(self) -> Self {
+        f64::exp2(self)
+    }
+    #[inline(always)]
+    fn log2(self) -> Self {
+        f64::log2(self)
+    }
+}
+
+#[cfg(feature = "std")]
+impl Real for f32 {
+    real_consts!(f32);
+    #[inline(always)]
+    fn exp2(self) -> Self {
+        f32::exp2(self)
+    }
+    #[inline(always)]
+    fn log2(self) -> Self {
+        f32::log2(self)
+    }
+}
+
+#[cfg(all(not(feature = "std"), target_arch = "nvptx64"))]
+impl Real for f32 {
+    real_consts!(f32);
+    /// PTX `ex2.approx.ftz.f32` (max rel. error 2^-22; ex2(-inf) = +0).
+    #[inline(always)]
+    fn exp2(self) -> Self {
+        let y: f32;
+        // SAFETY: pure register-to-register arithmetic instruction.
+        unsafe { core::arch::asm!("ex2.approx.ftz.f32 {y}, {x};", y = out(reg32) y, x = in(reg32) self, options(pure, nomem, nostack)) };
+        y
+    }
+    /// PTX `lg2.approx.ftz.f32` (lg2(+0) = -inf).
+    #[inline(always)]
+    fn log2(self) -> Self {
+        let y: f32;
+        // SAFETY: pure register-to-register arithmetic instruction.
+        unsafe { core::arch::asm!("lg2.approx.ftz.f32 {y}, {x};", y = out(reg32) y, x = in(reg32) self, options(pure, nomem, nostack)) };
+        y
+    }
+}

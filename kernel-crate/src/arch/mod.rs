@@ -1,0 +1,7 @@
+//! Hardware primitives, one file per instruction family. Every `asm!` of the
+//! kernel crate lives below this module; everything above it is safe code
+//! over tiles and fragments.
+pub mod sreg;
+pub mod shfl;
+pub mod smem;
+pub mod sync;

@@ -1,0 +1,28 @@
+//! Dynamic shared memory (PTX `.extern .shared .align 16 .b8 []`), sized at
+//! launch time by the host.
+
+/// Base of the block's dynamic shared memory, as a pointer to `T`.
+///
+/// The host sets the size at launch (and raises
+/// `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES` above 48 KB); kernels
+/// must stay inside the size their dispatch entry requests.
+#[inline(always)]
+pub fn dynamic_smem<T>() -> *mut T {
+    core::intrinsics::gpu::gpu_launch_sized_workgroup_mem::<T>()
+}
+
+/// Converts a generic pointer into shared memory to a 32-bit shared-window
+/// address (`cvta.to.shared.u32`), as `ldmatrix`/`cp.async` operands take.
+#[inline(always)]
+pub fn smem_addr<T>(p: *const T) -> u32 {
+    let a: u32;
+    // SAFETY: address arithmetic only; no memory is accessed.
+    unsafe {
+        core::arch::asm!(
+            "{{ .reg .u64 t; cvta.to.shared.u64 t, {p}; cvt.u32.u64 {a}, t; }}",
+            a = out(reg32) a, p = in(reg64) p,
+            options(pure, nomem, nostack)
+        )
+    };
+    a
+}

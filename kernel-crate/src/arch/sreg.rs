@@ -1,0 +1,56 @@
+//! Special registers: thread, block and grid indices (PTX ISA §10
+//! "Special Registers": `%tid`, `%ctaid`, `%ntid`, `%nctaid`).
+use core::arch::nvptx;
+
+/// `%tid.x`
+#[inline(always)]
+pub fn thread_idx_x() -> u32 {
+    // SAFETY: reading a special register has no side effects.
+    unsafe { nvptx::_thread_idx_x() as u32 }
+}
+/// `%ntid.x`
+#[inline(always)]
+pub fn block_dim_x() -> u32 {
+    // SAFETY: reading a special register has no side effects.
+    unsafe { nvptx::_block_dim_x() as u32 }
+}
+/// `%ctaid.x`
+#[inline(always)]
+pub fn block_idx_x() -> u32 {
+    // SAFETY: reading a special register has no side effects.
+    unsafe { nvptx::_block_idx_x() as u32 }
+}
+/// `%ctaid.y`
+#[inline(always)]
+pub fn block_idx_y() -> u32 {
+    // SAFETY: reading a special register has no side effects.
+    unsafe { nvptx::_block_idx_y() as u32 }
+}
+/// `%ctaid.z`
+#[inline(always)]
+pub fn block_idx_z() -> u32 {
+    // SAFETY: reading a special register has no side effects.
+    unsafe { nvptx::_block_idx_z() as u32 }
+}
+/// `%nctaid.x`
+#[inline(always)]
+pub fn grid_dim_x() -> u32 {
+    // SAFETY: reading a special register has no side effects.
+    unsafe { nvptx::_grid_dim_x() as u32 }
+}
+/// `%nctaid.y`
+#[inline(always)]
+pub fn grid_dim_y() -> u32 {
+    // SAFETY: reading a special register has no side effects.
+    unsafe { nvptx::_grid_dim_y() as u32 }
+}
+/// Lane index within the warp (`%tid.x % 32` for 1-D blocks).
+#[inline(always)]
+pub fn lane_id() -> u32 {
+    thread_idx_x() & 31
+}
+/// Warp index within the block (`%tid.x / 32` for 1-D blocks).
+#[inline(always)]
+pub fn warp_id() -> u32 {
+    thread_idx_x() >> 5
+}

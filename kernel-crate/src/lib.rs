@@ -1,0 +1,21 @@
+//! FlashAttention device code. Built only for `nvptx64-nvidia-cuda` (by
+//! `host-crate/build.rs`), never for the host.
+//!
+//! * `arch/`: one file per hardware primitive; all inline PTX lives there.
+//! * `softmax_rows`: row-wise online softmax (one pass for max and sum).
+//!
+//! Every exported entry point is `extern "ptx-kernel"` and takes one
+//! `#[repr(C)]` parameter block from `flash_attn_common::params`.
+#![no_std]
+#![feature(abi_ptx, stdarch_nvptx, asm_experimental_arch, core_intrinsics, gpu_intrinsics, gpu_launch_sized_workgroup_mem)]
+#![allow(internal_features)]
+
+pub mod arch;
+pub mod softmax_rows;
+
+#[cfg(target_arch = "nvptx64")]
+#[panic_handler]
+fn panic(_: &core::panic::PanicInfo) -> ! {
+    // SAFETY: `trap` aborts the kernel; nothing after it runs.
+    unsafe { core::arch::nvptx::trap() }
+}

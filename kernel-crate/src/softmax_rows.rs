@@ -1,0 +1,64 @@
+//! Row-wise online softmax: one pass over the row for the maximum and the sum
+//! together (the online softmax of seeds 000/004), a second pass to write the
+//! normalized values. One warp per row; each lane keeps a [`RowState`] over
+//! its strided elements, then the 32 states are merged with butterfly
+//! shuffles ([`RowState::merge`]).
+
+use crate::arch::{shfl::shfl_xor_f32, sreg};
+use flash_attn_common::params::{SOFTMAX_ROWS_PER_BLOCK, SoftmaxParams};
+use flash_attn_common::{Real, RowState};
+
+/// Merges the lane states of a warp; every lane ends with the row's state.
+#[inline(always)]
+fn warp_merge(mut s: RowState<f32>) -> RowState<f32> {
+    let mut mask = 16;
+    while mask > 0 {
+        let other = RowState { m: shfl_xor_f32(s.m, mask), l: shfl_xor_f32(s.l, mask) };
+        s = s.merge(other).0;
+        mask >>= 1;
+    }
+    s
+}
+
+/// `softmax_rows_f32(params)`: grid `ceil(rows / 4)`, block 128 threads.
+///
+/// # Safety
+/// `params` must describe valid device buffers: `x` and `y` of `rows * cols`
+/// f32, `lse` of `rows` f32 (or 0 to skip it).
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn softmax_rows_f32(p: SoftmaxParams) {
+    let row = sreg::block_idx_x() * SOFTMAX_ROWS_PER_BLOCK + sreg::warp_id();
+    if row >= p.rows {
+        return; // whole warp leaves together: shuffles below stay convergent
+    }
+    let lane = sreg::lane_id();
+    let cols = p.cols as usize;
+    let x = (p.x_ptr as *const f32).wrapping_add(row as usize * cols);
+    let y = (p.y_ptr as *mut f32).wrapping_add(row as usize * cols);
+
+    // Pass 1: running max and sum together.
+    let mut st = RowState::<f32>::new();
+    let mut c = lane as usize;
+    while c < cols {
+        // SAFETY: c < cols, inside row `row` of x.
+        let s = unsafe { *x.add(c) } * p.scale_log2;
+        let (_, m_safe) = st.rescale(s);
+        st.accumulate((s - m_safe).exp2());
+        c += 32;
+    }
+    let st = warp_merge(st);
+
+    // Pass 2: normalize.
+    let m_safe = RowState::<f32>::safe_max(st.m);
+    let inv_l = st.inv_l();
+    let mut c = lane as usize;
+    while c < cols {
+        // SAFETY: c < cols, inside row `row` of x and y.
+        unsafe { *y.add(c) = (*x.add(c) * p.scale_log2 - m_safe).exp2() * inv_l };
+        c += 32;
+    }
+    if lane == 0 && p.lse_ptr != 0 {
+        // SAFETY: row < rows, lse holds rows floats.
+        unsafe { *(p.lse_ptr as *mut f32).add(row as usize) = st.lse() };
+    }
+}
