@@ -35,7 +35,18 @@ fn main() {
                 .env("RUSTC", &rustc)
                 .env(
                     "CARGO_ENCODED_RUSTFLAGS",
-                    [&format!("-Ctarget-cpu={arch}"), &format!("-Ctarget-feature={ptx}"), "-Clinker=/bin/true", "-Awarnings"]
+                    [
+                        &format!("-Ctarget-cpu={arch}"),
+                        &format!("-Ctarget-feature={ptx}"),
+                        "-Clinker=/bin/true",
+                        // The tensor-core kernels keep their fragments in
+                        // register arrays indexed by loop counters: every such
+                        // loop must be fully unrolled, or the arrays go to local
+                        // memory (a stack frame in `ptxas -v`). LLVM's default
+                        // threshold stops short on the d = 128 nests.
+                        "-Cllvm-args=-unroll-threshold=5000",
+                        "-Awarnings",
+                    ]
                         .join("\x1f"),
                 )
                 .args(["rustc", "--quiet", "--release", "--target", "nvptx64-nvidia-cuda", "-Zbuild-std=core"])

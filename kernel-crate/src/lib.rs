@@ -3,6 +3,7 @@
 //!
 //! * `arch/`: one file per hardware primitive; all inline PTX lives there.
 //! * `softmax_rows`: row-wise online softmax (one pass for max and sum).
+//! * `tc/`: tensor-core FA2 and FA1 kernels for f16/bf16.
 //!
 //! Every exported entry point is `extern "ptx-kernel"` and takes one
 //! `#[repr(C)]` parameter block from `flash_attn_common::params`.
@@ -12,6 +13,7 @@
 
 pub mod arch;
 pub mod softmax_rows;
+pub mod tc;
 
 #[cfg(target_arch = "nvptx64")]
 #[panic_handler]

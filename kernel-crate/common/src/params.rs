@@ -18,6 +18,10 @@ pub struct AttnParams {
     pub lse_ptr: u64,
     /// FA1: `m_i`, f32 `(batch, nheads, seqlen_q)`. Unused (0) otherwise.
     pub m_ptr: u64,
+    /// FA1 on 16-bit inputs: the f32 running output `O` (same strides as
+    /// `o`, contiguous `(batch, seqlen_q, nheads, headdim)`), so that the
+    /// per-step rescaling does not round to 16 bits `Tc` times. 0 otherwise.
+    pub o_accum_ptr: u64,
     /// Element strides `[batch, seqlen, head]` of q, k, v and o.
     pub q_stride: [u64; 3],
     pub k_stride: [u64; 3],

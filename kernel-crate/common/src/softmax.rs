@@ -100,17 +100,18 @@ impl<F: Real> RowState<F> {
     }
 
     /// `1 / l_i`, or 0 for an empty row (all scores `-inf`), so that the
-    /// output row becomes 0 instead of NaN.
+    /// output row becomes 0 instead of NaN. A NaN `l_i` (NaN in the inputs)
+    /// stays NaN: NaN is propagated, never hidden.
     #[inline(always)]
     pub fn inv_l(&self) -> F {
-        if self.l == F::ZERO || self.l.is_nan() { F::ZERO } else { F::ONE / self.l }
+        if self.l == F::ZERO { F::ZERO } else { F::ONE / self.l }
     }
 
     /// The natural-log logsumexp of the row's *unscaled-by-log2e* scores:
-    /// `(m + log2 l) * ln 2`, or `-inf` for an empty row.
+    /// `(m + log2 l) * ln 2`, or `-inf` for an empty row (NaN stays NaN).
     #[inline(always)]
     pub fn lse(&self) -> F {
-        if self.l == F::ZERO || self.l.is_nan() {
+        if self.l == F::ZERO {
             F::NEG_INFINITY
         } else {
             (self.m + self.l.log2()) * F::LN_2

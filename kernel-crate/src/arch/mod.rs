@@ -5,3 +5,7 @@ pub mod sreg;
 pub mod shfl;
 pub mod smem;
 pub mod sync;
+pub mod cp_async;
+pub mod cvt;
+pub mod ldmatrix;
+pub mod mma;

@@ -1,0 +1,192 @@
+//! FA1 loop order on the same tensor-core tiles (FA1 paper Algorithm 1,
+//! lines 5–15; seeds 000 and 002).
+//!
+//! One block per (batch, head). Outer loop over K/V blocks `j`: the block
+//! loads `K_j`, `V_j` into shared memory. Inner loop over Q blocks `i`: each
+//! warp takes 16 rows of `Q_i`, computes `S = Q_i·K_jᵀ`, the block statistics
+//! `m~_ij`, `P~_ij = exp(S − m~_ij)`, `l~_ij`, reads `O_i`, `l_i`, `m_i` from
+//! HBM, and writes back
+//! `O_i ← diag(l_new)⁻¹ (diag(l_i) e^{m_i − m_new} O_i + e^{m~_ij − m_new} P~_ij V_j)`
+//! with `l_new`, `m_new` from `RowState::merge`. `O` lives in an f32 HBM
+//! buffer (`o_accum_ptr`) so that the `Tc` rescalings do not round to 16 bits;
+//! a last pass converts it to the output type. `m_i` is stored in natural
+//! units (`m2 · ln 2`) like the CPU reference's `Fa1Output::m`.
+
+use super::fa2::{clamp_keys, pv, qk, quad_max, quad_sum, scale_and_mask};
+use super::tile::{SmemTile, tile_bytes};
+use super::{Elem16, pack};
+use crate::arch::cp_async::{cp_async_commit, cp_async_wait};
+use crate::arch::smem::{dynamic_smem, smem_addr};
+use crate::arch::sreg;
+use crate::arch::sync::{sync_threads, sync_warp};
+use flash_attn_common::{AttnParams, Real, RowState};
+
+/// Dynamic shared memory of one block: K and V tiles, 16 Q rows per warp.
+pub const fn smem_bytes(d: usize, nw: usize, bc: usize) -> usize {
+    tile_bytes(16 * nw, d) + 2 * tile_bytes(bc, d)
+}
+
+/// The FA1 forward kernel body (see the module docs).
+///
+/// # Safety
+/// `p` valid (checked by the host) with `o_accum`, `lse` (= l) and `m`
+/// initialized to 0, 0 and −inf; launched with `32·NW` threads,
+/// `smem_bytes(D, NW, BC)` of dynamic shared memory, `batch·nheads` blocks.
+#[inline(always)]
+pub unsafe fn forward<
+    T: Elem16,
+    const D: usize,
+    const DK: usize,
+    const DN: usize,
+    const NW: usize,
+    const BC: usize,
+    const BCN: usize,
+    const BCK: usize,
+    const QREG: bool,
+>(
+    p: &AttnParams,
+) {
+    // ---- prologue ------------------------------------------------------------
+    let br = 16 * NW;
+    let nt = 32 * NW;
+    let tid = sreg::thread_idx_x() as usize;
+    let (warp, lane) = (tid / 32, tid % 32);
+    let (g, t) = (lane / 4, lane % 4);
+    let (nq, nk) = (p.seqlen_q as usize, p.seqlen_k as usize);
+    let bh = sreg::block_idx_x() as usize;
+    let (b, h) = (bh / p.nheads as usize, bh % p.nheads as usize);
+    let (tr, tc) = (nq.div_ceil(br), nk.div_ceil(BC));
+
+    let [qs0, qs1, qs2] = p.q_stride;
+    let [ks0, ks1, ks2] = p.k_stride;
+    let [vs0, vs1, vs2] = p.v_stride;
+    let [os0, os1, os2] = p.o_stride;
+    let g_q = (p.q_ptr as *const u16).wrapping_add((b as u64 * qs0 + h as u64 * qs2) as usize);
+    let g_k = (p.k_ptr as *const u16).wrapping_add((b as u64 * ks0 + h as u64 * ks2) as usize);
+    let g_v = (p.v_ptr as *const u16).wrapping_add((b as u64 * vs0 + h as u64 * vs2) as usize);
+    // O accumulator: contiguous (batch, nq, nheads, D) f32.
+    let acc_row = |row: usize| (p.o_accum_ptr as *mut f32).wrapping_add(((b * nq + row) * p.nheads as usize + h) * D);
+    let g_l = (p.lse_ptr as *mut f32).wrapping_add(bh * nq);
+    let g_m = (p.m_ptr as *mut f32).wrapping_add(bh * nq);
+
+    let base = smem_addr(dynamic_smem::<u8>());
+    let s_k = SmemTile::<D> { base };
+    let s_v = SmemTile::<D> { base: base + tile_bytes(BC, D) as u32 };
+    let s_q = SmemTile::<D> { base: base + 2 * tile_bytes(BC, D) as u32 + (warp * tile_bytes(16, D)) as u32 };
+    let r_q_unused = [[0u32; 4]; DK];
+
+    // ---- outer loop over K/V blocks ----------------------------------------
+    for j in 0..tc {
+        let k0 = j * BC;
+        let valid = (nk - k0).min(BC);
+        sync_threads(); // every warp is done with K_{j-1}, V_{j-1}
+        // SAFETY: rows k0..k0+valid of K, V exist (host-checked shapes).
+        unsafe {
+            s_k.load_async(g_k.wrapping_add(k0 * ks1 as usize), ks1, BC, valid, tid, nt);
+            s_v.load_async(g_v.wrapping_add(k0 * vs1 as usize), vs1, BC, valid, tid, nt);
+        }
+        cp_async_commit();
+        cp_async_wait::<0>();
+        sync_threads();
+
+        // ---- inner loop over Q blocks: this warp's 16 rows of each -----------
+        for i in 0..tr {
+            let q_row0 = i * br + warp * 16;
+            if q_row0 >= nq {
+                continue;
+            }
+            let row = [q_row0 + g, q_row0 + g + 8];
+            let lim = [p.causal_key_limit(row[0] as u32).min(nk as i64), p.causal_key_limit(row[1] as u32).min(nk as i64)];
+            let lim_first = clamp_keys(p.causal_key_limit(q_row0 as u32), nk);
+            let lim_last = clamp_keys(p.causal_key_limit((q_row0 + 15).min(nq - 1) as u32), nk);
+            if k0 >= lim_last {
+                continue; // causal: block j is fully masked for these rows
+            }
+            // SAFETY: rows q_row0..q_row0+16 (those < nq) of Q exist; the
+            // warp's own 16-row region of shared memory.
+            unsafe { s_q.load_async(g_q.wrapping_add(q_row0 * qs1 as usize), qs1, 16, (nq - q_row0).min(16), lane, 32) };
+            cp_async_commit();
+            cp_async_wait::<0>();
+            sync_warp(); // the warp's Q rows are visible to all its lanes
+
+            // SAFETY: K_j and this warp's Q rows are in shared memory.
+            let mut r_s = unsafe { qk::<T, D, DK, BCN, false>(&r_q_unused, s_q, 0, s_k, lane) };
+            scale_and_mask(&mut r_s, p.softmax_scale_log2, k0 + BC > lim_first, k0, t, lim);
+
+            // Block statistics m~_ij, P~_ij, l~_ij (base-2 domain).
+            let mut blk = [RowState::<f32>::new(); 2];
+            for r in 0..2 {
+                let mut mx = f32::NEG_INFINITY;
+                for n in 0..BCN {
+                    mx = mx.max(r_s[n][2 * r]).max(r_s[n][2 * r + 1]);
+                }
+                let m_safe = RowState::<f32>::safe_max(quad_max(mx));
+                blk[r].m = quad_max(mx);
+                let mut sum = 0.0;
+                for n in 0..BCN {
+                    for e in 2 * r..2 * r + 2 {
+                        let pe = (r_s[n][e] - m_safe).exp2();
+                        r_s[n][e] = pe;
+                        sum += pe;
+                    }
+                }
+                blk[r].l = quad_sum(sum);
+            }
+            let mut r_pv = [[0f32; 4]; DN];
+            // SAFETY: V_j in shared memory, barrier passed.
+            unsafe { pv::<T, D, DN, BCN, BCK>(&mut r_pv, &r_s, s_v, lane) };
+            sync_warp(); // all lanes are done reading this warp's Q rows
+
+            // Read O_i, l_i, m_i; merge; write back (FA1 update).
+            for r in 0..2 {
+                if row[r] >= nq {
+                    continue;
+                }
+                // SAFETY: l, m hold batch·nheads·nq f32; row < nq.
+                let (l_old, m_old) = unsafe { (*g_l.add(row[r]), *g_m.add(row[r])) };
+                let old = RowState { m: m_old * f32::LOG2_E, l: l_old };
+                let (new, a, bc) = old.merge(blk[r]);
+                let inv_new = new.inv_l();
+                let (c_old, c_new) = (old.l * a * inv_new, bc * inv_new);
+                let o = acc_row(row[r]);
+                for n in 0..DN {
+                    let col = n * 8 + 2 * t;
+                    // SAFETY: row < nq, col + 1 < D inside the accumulator row.
+                    unsafe {
+                        let po = o.add(col) as *mut [f32; 2];
+                        let [o0, o1] = *po;
+                        *po = [c_old * o0 + c_new * r_pv[n][2 * r], c_old * o1 + c_new * r_pv[n][2 * r + 1]];
+                    }
+                }
+                if t == 0 {
+                    // SAFETY: as above.
+                    unsafe {
+                        *g_l.add(row[r]) = new.l;
+                        *g_m.add(row[r]) = new.m * f32::LN_2;
+                    }
+                }
+            }
+        }
+    }
+
+    // ---- epilogue: O (f32, normalized) → output type --------------------------
+    let g_o = (p.o_ptr as *mut u16).wrapping_add((b as u64 * os0 + h as u64 * os2) as usize);
+    for i in 0..tr {
+        for r in 0..2 {
+            let rw = i * br + warp * 16 + g + 8 * r;
+            if rw >= nq {
+                continue;
+            }
+            let o = acc_row(rw);
+            let o_row = g_o.wrapping_add(rw * os1 as usize);
+            for n in 0..DN {
+                let col = n * 8 + 2 * t;
+                // SAFETY: rw < nq, col + 1 < D; this thread wrote these elements.
+                unsafe {
+                    let [o0, o1] = *(o.add(col) as *const [f32; 2]);
+                    *(o_row.wrapping_add(col) as *mut u32) = pack::<T>(o0, o1);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,272 @@
+//! FA2 loop order on tensor cores (FA2 paper, Algorithm 1; seed 001).
+//!
+//! Grid: one block per (Q block of `Br = 16·NW` rows, batch·head), flattened
+//! into `blockIdx.x` (Q block fastest, so blocks of one head run together and
+//! share K/V in L2; causal blocks are issued longest first). Each warp owns 16
+//! query rows: its Q fragments stay in registers (`QREG`, or are re-read
+//! from shared memory for d = 256), its S and O accumulators in registers.
+//!
+//! Per K/V block `j` (`Bc` keys):
+//! 1. wait for `K_j`, barrier, issue `cp.async` of `K_{j+1}`, `V_{j+1}` into
+//!    the other buffers (double buffering: the loads fly during steps 2–5);
+//! 2. `S = Q·K_jᵀ` (`ldmatrix` of K, `mma.m16n8k16`);
+//! 3. scale by `softmax_scale·log2(e)`, mask (causal diagonal blocks and the
+//!    key tail only);
+//! 4. online softmax: row max over the quad (2 shuffles), `RowState::rescale`,
+//!    `P = exp2(S − m)`, per-thread partial `l_i`, `O *= alpha`;
+//! 5. wait for `V_j`, barrier, `O += P·V_j` with P taken straight from the S
+//!    accumulators as the A operand and V through `ldmatrix.trans`.
+//!
+//! Epilogue: the quad sums `l_i`, `O /= l_i` once, store O and the logsumexp.
+
+use super::tile::{SmemTile, tile_bytes};
+use super::{Elem16, mma, pack};
+use crate::arch::cp_async::{cp_async_commit, cp_async_wait};
+use crate::arch::shfl::shfl_xor_f32;
+use crate::arch::smem::{dynamic_smem, smem_addr};
+use crate::arch::sreg;
+use crate::arch::sync::sync_threads;
+use flash_attn_common::{AttnParams, Real, RowState};
+
+/// Max over the 4 lanes of a quad (the lanes holding one accumulator row).
+#[inline(always)]
+pub fn quad_max(x: f32) -> f32 {
+    let x = x.max(shfl_xor_f32(x, 1));
+    x.max(shfl_xor_f32(x, 2))
+}
+
+/// Sum over the 4 lanes of a quad.
+#[inline(always)]
+pub fn quad_sum(x: f32) -> f32 {
+    let x = x + shfl_xor_f32(x, 1);
+    x + shfl_xor_f32(x, 2)
+}
+
+/// `min(max(x, 0), hi)` for key bounds.
+#[inline(always)]
+pub fn clamp_keys(x: i64, hi: usize) -> usize {
+    if x <= 0 { 0 } else if x as u64 >= hi as u64 { hi } else { x as usize }
+}
+
+/// Dynamic shared memory of one block: Q tile plus two K and two V buffers.
+pub const fn smem_bytes(d: usize, nw: usize, bc: usize) -> usize {
+    tile_bytes(16 * nw, d) + 4 * tile_bytes(bc, d)
+}
+
+/// `S = Q·K_jᵀ` for one warp's 16 rows: `r_s[n]` is the 16×8 accumulator of
+/// keys `8n..8n+8` of the block.
+#[inline(always)]
+pub unsafe fn qk<T: Elem16, const D: usize, const DK: usize, const BCN: usize, const QREG: bool>(
+    r_q: &[[u32; 4]; DK],
+    s_q: SmemTile<D>,
+    q_row0: usize,
+    s_k: SmemTile<D>,
+    lane: usize,
+) -> [[f32; 4]; BCN] {
+    let mut r_s = [[0f32; 4]; BCN];
+    for kk in 0..DK {
+        // SAFETY: tiles were filled and a barrier passed (caller).
+        let a = if QREG { r_q[kk] } else { unsafe { s_q.a_frag(q_row0, kk * 16, lane) } };
+        for np in 0..BCN / 2 {
+            // SAFETY: as above.
+            let b = unsafe { s_k.bt_frag_x2(np * 16, kk * 16, lane) };
+            mma::<T>(&mut r_s[2 * np], &a, &[b[0], b[1]]);
+            mma::<T>(&mut r_s[2 * np + 1], &a, &[b[2], b[3]]);
+        }
+    }
+    r_s
+}
+
+/// `acc += P·V_j` with P (16 × Bc, in the S accumulator layout) converted
+/// in registers to A fragments.
+#[inline(always)]
+pub unsafe fn pv<T: Elem16, const D: usize, const DN: usize, const BCN: usize, const BCK: usize>(
+    acc: &mut [[f32; 4]; DN],
+    r_s: &[[f32; 4]; BCN],
+    s_v: SmemTile<D>,
+    lane: usize,
+) {
+    for kk in 0..BCK {
+        let (s0, s1) = (&r_s[2 * kk], &r_s[2 * kk + 1]);
+        let a = [pack::<T>(s0[0], s0[1]), pack::<T>(s0[2], s0[3]), pack::<T>(s1[0], s1[1]), pack::<T>(s1[2], s1[3])];
+        for np in 0..DN / 2 {
+            // SAFETY: V tile filled and a barrier passed (caller).
+            let b = unsafe { s_v.b_frag_trans_x2(kk * 16, np * 16, lane) };
+            mma::<T>(&mut acc[2 * np], &a, &[b[0], b[1]]);
+            mma::<T>(&mut acc[2 * np + 1], &a, &[b[2], b[3]]);
+        }
+    }
+}
+
+/// Scales S to the base-2 domain and masks keys at or past each row's limit
+/// (`lim[r]` for the thread's rows `g` and `g + 8`) when `masked`.
+#[inline(always)]
+pub fn scale_and_mask<const BCN: usize>(r_s: &mut [[f32; 4]; BCN], scale_log2: f32, masked: bool, k0: usize, t: usize, lim: [i64; 2]) {
+    for n in 0..BCN {
+        for e in 0..4 {
+            let mut s = r_s[n][e] * scale_log2;
+            if masked && (k0 + n * 8 + 2 * t + (e & 1)) as i64 >= lim[e >> 1] {
+                s = f32::NEG_INFINITY;
+            }
+            r_s[n][e] = s;
+        }
+    }
+}
+
+/// The FA2 forward kernel body (see the module docs).
+///
+/// # Safety
+/// As the exported entry points: `p` valid (checked by the host), launched
+/// with `32·NW` threads, `smem_bytes(D, NW, BC)` of dynamic shared memory and
+/// `ceil(seqlen_q / 16·NW) · batch · nheads` blocks.
+#[inline(always)]
+pub unsafe fn forward<
+    T: Elem16,
+    const D: usize,
+    const DK: usize,
+    const DN: usize,
+    const NW: usize,
+    const BC: usize,
+    const BCN: usize,
+    const BCK: usize,
+    const QREG: bool,
+>(
+    p: &AttnParams,
+) {
+    const { assert!(DK * 16 == D && DN * 8 == D && BCN * 8 == BC && BCK * 16 == BC && DN % 2 == 0 && BCN % 2 == 0) };
+    // ---- prologue: who am I, what do I read --------------------------------
+    let br = 16 * NW;
+    let nt = 32 * NW;
+    let tid = sreg::thread_idx_x() as usize;
+    let (warp, lane) = (tid / 32, tid % 32);
+    let (g, t) = (lane / 4, lane % 4);
+    let (nq, nk) = (p.seqlen_q as usize, p.seqlen_k as usize);
+    let num_m = nq.div_ceil(br);
+    let idx = sreg::block_idx_x() as usize;
+    let bh = idx / num_m;
+    let mb = if p.causal != 0 { num_m - 1 - idx % num_m } else { idx % num_m };
+    let (b, h) = (bh / p.nheads as usize, bh % p.nheads as usize);
+    let q0 = mb * br;
+
+    // Keys this block can see: causal rows see keys < i + 1 + nk - nq.
+    let shift = nk as i64 - nq as i64;
+    let (kv_end, mask_from) = if p.causal != 0 {
+        (clamp_keys((q0 + br) as i64 + shift, nk), clamp_keys(q0 as i64 + 1 + shift, nk))
+    } else {
+        (nk, nk)
+    };
+    let n_blocks = kv_end.div_ceil(BC);
+    let row = [q0 + warp * 16 + g, q0 + warp * 16 + g + 8];
+    let lim = [p.causal_key_limit(row[0] as u32).min(nk as i64), p.causal_key_limit(row[1] as u32).min(nk as i64)];
+
+    let [qs0, qs1, qs2] = p.q_stride;
+    let [ks0, ks1, ks2] = p.k_stride;
+    let [vs0, vs1, vs2] = p.v_stride;
+    let g_q = (p.q_ptr as *const u16).wrapping_add((b as u64 * qs0 + q0 as u64 * qs1 + h as u64 * qs2) as usize);
+    let g_k = (p.k_ptr as *const u16).wrapping_add((b as u64 * ks0 + h as u64 * ks2) as usize);
+    let g_v = (p.v_ptr as *const u16).wrapping_add((b as u64 * vs0 + h as u64 * vs2) as usize);
+
+    let base = smem_addr(dynamic_smem::<u8>());
+    let s_q = SmemTile::<D> { base };
+    let k_base = base + tile_bytes(br, D) as u32;
+    let kv_bytes = tile_bytes(BC, D) as u32;
+    let s_k = |buf: usize| SmemTile::<D> { base: k_base + buf as u32 * kv_bytes };
+    let s_v = |buf: usize| SmemTile::<D> { base: k_base + (2 + buf) as u32 * kv_bytes };
+    let load_kv = |j: usize| {
+        let k0 = j * BC;
+        let valid = (nk - k0).min(BC);
+        // SAFETY: rows k0..k0+valid of K and V exist (host-checked shapes).
+        unsafe {
+            s_k(j & 1).load_async(g_k.wrapping_add(k0 * ks1 as usize), ks1, BC, valid, tid, nt);
+            cp_async_commit();
+            s_v(j & 1).load_async(g_v.wrapping_add(k0 * vs1 as usize), vs1, BC, valid, tid, nt);
+            cp_async_commit();
+        }
+    };
+
+    // SAFETY: rows q0..min(q0+br, nq) of Q exist.
+    unsafe { s_q.load_async(g_q, qs1, br, (nq - q0).min(br), tid, nt) };
+    cp_async_commit();
+    if n_blocks > 0 {
+        load_kv(0);
+    }
+
+    let mut r_o = [[0f32; 4]; DN];
+    let mut st = [RowState::<f32>::new(); 2];
+    let mut r_q = [[0u32; 4]; DK];
+
+    // ---- main loop over K/V blocks -----------------------------------------
+    for j in 0..n_blocks {
+        cp_async_wait::<1>(); // Q and K_j have landed (V_j may still fly)
+        sync_threads(); // ... for every thread; and buffers (j+1)&1 are free
+        if QREG && j == 0 {
+            for kk in 0..DK {
+                // SAFETY: Q landed and a barrier passed.
+                r_q[kk] = unsafe { s_q.a_frag(warp * 16, kk * 16, lane) };
+            }
+        }
+        let more = j + 1 < n_blocks;
+        if more {
+            load_kv(j + 1);
+        }
+
+        // SAFETY: K_j landed and a barrier passed.
+        let mut r_s = unsafe { qk::<T, D, DK, BCN, QREG>(&r_q, s_q, warp * 16, s_k(j & 1), lane) };
+        let k0 = j * BC;
+        scale_and_mask(&mut r_s, p.softmax_scale_log2, k0 + BC > mask_from, k0, t, lim);
+
+        // Online softmax (RowState: the same code the CPU property tests run).
+        for r in 0..2 {
+            let mut mx = f32::NEG_INFINITY;
+            for n in 0..BCN {
+                mx = mx.max(r_s[n][2 * r]).max(r_s[n][2 * r + 1]);
+            }
+            let (alpha, m_safe) = st[r].rescale(quad_max(mx));
+            let mut sum = 0.0;
+            for n in 0..BCN {
+                for e in 2 * r..2 * r + 2 {
+                    let pe = (r_s[n][e] - m_safe).exp2();
+                    r_s[n][e] = pe;
+                    sum += pe;
+                }
+            }
+            st[r].accumulate(sum); // per-thread partial l_i; the quad sums at the end
+            for n in 0..DN {
+                r_o[n][2 * r] *= alpha;
+                r_o[n][2 * r + 1] *= alpha;
+            }
+        }
+
+        if more {
+            cp_async_wait::<2>(); // V_j landed (K_{j+1}, V_{j+1} may fly)
+        } else {
+            cp_async_wait::<0>();
+        }
+        sync_threads();
+        // SAFETY: V_j landed and a barrier passed.
+        unsafe { pv::<T, D, DN, BCN, BCK>(&mut r_o, &r_s, s_v(j & 1), lane) };
+    }
+    if n_blocks == 0 {
+        cp_async_wait::<0>();
+    }
+
+    // ---- epilogue: one 1/l, store O and the logsumexp -----------------------
+    let [os0, os1, os2] = p.o_stride;
+    let g_o = (p.o_ptr as *mut u16).wrapping_add((b as u64 * os0 + h as u64 * os2) as usize);
+    for r in 0..2 {
+        st[r].l = quad_sum(st[r].l);
+        let inv_l = st[r].inv_l();
+        if row[r] < nq {
+            let o_row = g_o.wrapping_add(row[r] * os1 as usize);
+            for n in 0..DN {
+                let v = pack::<T>(r_o[n][2 * r] * inv_l, r_o[n][2 * r + 1] * inv_l);
+                // SAFETY: row < nq, col < D; 4-byte aligned (even col, host-checked strides).
+                unsafe { *(o_row.wrapping_add(n * 8 + 2 * t) as *mut u32) = v };
+            }
+            if t == 0 && p.lse_ptr != 0 {
+                // SAFETY: lse holds batch·nheads·nq f32.
+                unsafe { *(p.lse_ptr as *mut f32).add(bh * nq + row[r]) = st[r].lse() };
+            }
+        }
+    }
+}

@@ -1,0 +1,98 @@
+//! Tensor-core forward kernels for f16 and bf16 (f32 accumulation):
+//! `mma.sync.m16n8k16` fed by `ldmatrix` from padded shared-memory tiles that
+//! `cp.async` fills while the previous tile is being computed.
+//!
+//! * [`tile`]: shared-memory tiles (padded rows: conflict-free `ldmatrix`)
+//!   and the warp fragments read from them.
+//! * [`fa2`]: the FA2 loop order (Q blocks across the grid, K/V inner, O in
+//!   registers, one final 1/l, logsumexp out).
+//! * [`fa1`]: the FA1 loop order on the same tiles (one block per
+//!   (batch, head), K/V outer, O/l/m read and written in HBM every step).
+//!
+//! Entry points are named `flash_fwd_tc_{fa1,fa2}_{f16,bf16}_d{D}_w{warps}_bc{Bc}`
+//! (`Br = 16 * warps`); `host-crate/src/dispatch.rs` picks among them.
+
+pub mod fa1;
+pub mod fa2;
+pub mod tile;
+
+use crate::arch::{cvt, mma};
+
+/// A 16-bit floating-point element type the tensor cores take.
+pub trait Elem16: Copy {
+    const IS_BF16: bool;
+}
+
+/// IEEE half precision (`half::f16` on the host).
+#[derive(Clone, Copy)]
+pub struct F16;
+/// bfloat16 (`half::bf16` on the host).
+#[derive(Clone, Copy)]
+pub struct Bf16;
+
+impl Elem16 for F16 {
+    const IS_BF16: bool = false;
+}
+impl Elem16 for Bf16 {
+    const IS_BF16: bool = true;
+}
+
+/// `d += a·b` on the tensor cores in `T`'s precision.
+#[inline(always)]
+pub fn mma<T: Elem16>(d: &mut [f32; 4], a: &[u32; 4], b: &[u32; 2]) {
+    if T::IS_BF16 { mma::mma_m16n8k16_bf16_f32(d, a, b) } else { mma::mma_m16n8k16_f16_f32(d, a, b) }
+}
+
+/// Two f32 → one packed pair of `T` (`lo` in the low half).
+#[inline(always)]
+pub fn pack<T: Elem16>(lo: f32, hi: f32) -> u32 {
+    if T::IS_BF16 { cvt::pack_bf16x2(lo, hi) } else { cvt::pack_f16x2(lo, hi) }
+}
+
+/// Kernel entry points: one per (loop order, dtype, head dim, warps, Bc).
+macro_rules! tc_kernels {
+    ($( $fa:ident $name:ident : $t:ty, d = $d:literal, w = $w:literal, bc = $bc:literal, qreg = $qreg:literal; )*) => {$(
+        /// Tensor-core forward kernel; grid and shared memory as the host's
+        /// dispatch table computes them.
+        ///
+        /// # Safety
+        /// `p` must describe valid device buffers for the shapes and strides
+        /// it states (checked by the host), 16-byte aligned, with strides
+        /// multiple of 8 elements; launched with `32 * w` threads and the
+        /// dynamic shared memory of its config.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $name(p: flash_attn_common::AttnParams) {
+            // SAFETY: forwarded to the caller (the host's launch).
+            unsafe { $fa::forward::<$t, $d, { $d / 16 }, { $d / 8 }, $w, $bc, { $bc / 8 }, { $bc / 16 }, $qreg>(&p) }
+        }
+    )*};
+}
+
+tc_kernels! {
+    fa2 flash_fwd_tc_fa2_f16_d32_w4_bc64: F16, d = 32, w = 4, bc = 64, qreg = true;
+    fa2 flash_fwd_tc_fa2_bf16_d32_w4_bc64: Bf16, d = 32, w = 4, bc = 64, qreg = true;
+    fa2 flash_fwd_tc_fa2_f16_d64_w4_bc64: F16, d = 64, w = 4, bc = 64, qreg = true;
+    fa2 flash_fwd_tc_fa2_bf16_d64_w4_bc64: Bf16, d = 64, w = 4, bc = 64, qreg = true;
+    fa2 flash_fwd_tc_fa2_f16_d64_w8_bc64: F16, d = 64, w = 8, bc = 64, qreg = true;
+    fa2 flash_fwd_tc_fa2_bf16_d64_w8_bc64: Bf16, d = 64, w = 8, bc = 64, qreg = true;
+    fa2 flash_fwd_tc_fa2_f16_d64_w8_bc128: F16, d = 64, w = 8, bc = 128, qreg = true;
+    fa2 flash_fwd_tc_fa2_bf16_d64_w8_bc128: Bf16, d = 64, w = 8, bc = 128, qreg = true;
+    fa2 flash_fwd_tc_fa2_f16_d96_w8_bc64: F16, d = 96, w = 8, bc = 64, qreg = true;
+    fa2 flash_fwd_tc_fa2_bf16_d96_w8_bc64: Bf16, d = 96, w = 8, bc = 64, qreg = true;
+    fa2 flash_fwd_tc_fa2_f16_d128_w4_bc64: F16, d = 128, w = 4, bc = 64, qreg = true;
+    fa2 flash_fwd_tc_fa2_bf16_d128_w4_bc64: Bf16, d = 128, w = 4, bc = 64, qreg = true;
+    fa2 flash_fwd_tc_fa2_f16_d128_w8_bc64: F16, d = 128, w = 8, bc = 64, qreg = true;
+    fa2 flash_fwd_tc_fa2_bf16_d128_w8_bc64: Bf16, d = 128, w = 8, bc = 64, qreg = true;
+    fa2 flash_fwd_tc_fa2_f16_d256_w8_bc32: F16, d = 256, w = 8, bc = 32, qreg = false;
+    fa2 flash_fwd_tc_fa2_bf16_d256_w8_bc32: Bf16, d = 256, w = 8, bc = 32, qreg = false;
+    fa1 flash_fwd_tc_fa1_f16_d32_w4_bc64: F16, d = 32, w = 4, bc = 64, qreg = false;
+    fa1 flash_fwd_tc_fa1_bf16_d32_w4_bc64: Bf16, d = 32, w = 4, bc = 64, qreg = false;
+    fa1 flash_fwd_tc_fa1_f16_d64_w4_bc64: F16, d = 64, w = 4, bc = 64, qreg = false;
+    fa1 flash_fwd_tc_fa1_bf16_d64_w4_bc64: Bf16, d = 64, w = 4, bc = 64, qreg = false;
+    fa1 flash_fwd_tc_fa1_f16_d96_w4_bc64: F16, d = 96, w = 4, bc = 64, qreg = false;
+    fa1 flash_fwd_tc_fa1_bf16_d96_w4_bc64: Bf16, d = 96, w = 4, bc = 64, qreg = false;
+    fa1 flash_fwd_tc_fa1_f16_d128_w4_bc64: F16, d = 128, w = 4, bc = 64, qreg = false;
+    fa1 flash_fwd_tc_fa1_bf16_d128_w4_bc64: Bf16, d = 128, w = 4, bc = 64, qreg = false;
+    fa1 flash_fwd_tc_fa1_f16_d256_w4_bc32: F16, d = 256, w = 4, bc = 32, qreg = false;
+    fa1 flash_fwd_tc_fa1_bf16_d256_w4_bc32: Bf16, d = 256, w = 4, bc = 32, qreg = false;
+}

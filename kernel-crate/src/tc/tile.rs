@@ -1,0 +1,104 @@
+//! Shared-memory tiles of 16-bit elements and the warp fragments read from
+//! them.
+//!
+//! A tile holds `ROWS` rows of `D` elements. Rows are padded by 16 bytes
+//! (`row_bytes = 2D + 16`): the 8 row addresses of one `ldmatrix` 8×8 matrix
+//! then start in 8 different 16-byte bank groups (the row stride is an odd
+//! number of 16-byte chunks whenever `D/8` is even, which holds for every
+//! supported head dim), so `ldmatrix` and `cp.async` are free of bank
+//! conflicts without a swizzle.
+
+use crate::arch::cp_async::cp_async_cg_16;
+use crate::arch::ldmatrix::{ldmatrix_x4, ldmatrix_x4_trans};
+
+/// Bytes of one padded tile row of `d` 16-bit elements.
+#[inline(always)]
+pub const fn row_bytes(d: usize) -> usize {
+    2 * d + 16
+}
+
+/// Bytes of a tile of `rows` padded rows.
+#[inline(always)]
+pub const fn tile_bytes(rows: usize, d: usize) -> usize {
+    rows * row_bytes(d)
+}
+
+/// A tile of padded rows of `D` elements at a shared-window address.
+#[derive(Clone, Copy)]
+pub struct SmemTile<const D: usize> {
+    pub base: u32,
+}
+
+impl<const D: usize> SmemTile<D> {
+    const RB: u32 = row_bytes(D) as u32;
+
+    /// Shared address of element `(row, col)`.
+    #[inline(always)]
+    pub fn addr(&self, row: usize, col: usize) -> u32 {
+        self.base + row as u32 * Self::RB + (col * 2) as u32
+    }
+
+    /// Issues `cp.async` copies of `rows` rows from global memory (row `r` at
+    /// `g + r * row_stride` elements) into the tile, the `nt` threads
+    /// (`tid < nt`) sharing the 16-byte chunks. Rows `>= rows_valid` are zero-filled
+    /// (a zero row keeps `0 * garbage` out of the products).
+    ///
+    /// # Safety
+    /// `g` rows `< rows_valid` are readable, 16-byte aligned, `D` elements
+    /// long; the tile lies in the block's dynamic shared memory; all `NT`
+    /// threads call it.
+    #[inline(always)]
+    pub unsafe fn load_async(&self, g: *const u16, row_stride: u64, rows: usize, rows_valid: usize, tid: usize, nt: usize) {
+        const { assert!(D % 8 == 0) };
+        let cpr = D / 8; // 16-byte chunks per row
+        let total = rows * cpr;
+        let mut i = tid;
+        while i < total {
+            let r = i / cpr;
+            let c = i % cpr;
+            let ok = r < rows_valid;
+            let src = if ok { g.wrapping_add(r * row_stride as usize + c * 8) } else { g };
+            // SAFETY: see the function's contract; src_size 0 reads nothing.
+            unsafe { cp_async_cg_16(self.addr(r, c * 8), src as *const u8, if ok { 16 } else { 0 }) };
+            i += nt;
+        }
+    }
+
+    /// A fragment (16 rows × 16 cols) of a row-major A operand, rows
+    /// `row0..row0+16`, cols `col0..col0+16`.
+    ///
+    /// # Safety
+    /// All 32 lanes call it; the tile was filled and a barrier passed.
+    #[inline(always)]
+    pub unsafe fn a_frag(&self, row0: usize, col0: usize, lane: usize) -> [u32; 4] {
+        // lanes 0-15: rows 0-15 at col0; lanes 16-31: rows 0-15 at col0+8.
+        // SAFETY: forwarded.
+        unsafe { ldmatrix_x4(self.addr(row0 + (lane & 15), col0 + (lane >> 4) * 8)) }
+    }
+
+    /// B fragments of `Bᵀ` stored row-major (rows = n, cols = k; e.g. K for
+    /// `S = Q·Kᵀ`): n-tiles `n0..n0+8` and `n0+8..n0+16`, k `k0..k0+16`.
+    /// Returns `[b0, b1]` of the first n-tile then of the second.
+    ///
+    /// # Safety
+    /// As [`SmemTile::a_frag`].
+    #[inline(always)]
+    pub unsafe fn bt_frag_x2(&self, n0: usize, k0: usize, lane: usize) -> [u32; 4] {
+        let m = lane >> 3;
+        // SAFETY: forwarded.
+        unsafe { ldmatrix_x4(self.addr(n0 + (m >> 1) * 8 + (lane & 7), k0 + (m & 1) * 8)) }
+    }
+
+    /// B fragments of `B` stored row-major (rows = k, cols = n; e.g. V for
+    /// `O = P·V`), through `ldmatrix.trans`: k `k0..k0+16`, n-tiles
+    /// `n0..n0+8` and `n0+8..n0+16`. Returns `[b0, b1]` of each n-tile.
+    ///
+    /// # Safety
+    /// As [`SmemTile::a_frag`].
+    #[inline(always)]
+    pub unsafe fn b_frag_trans_x2(&self, k0: usize, n0: usize, lane: usize) -> [u32; 4] {
+        let m = lane >> 3;
+        // SAFETY: forwarded.
+        unsafe { ldmatrix_x4_trans(self.addr(k0 + (m & 1) * 8 + (lane & 7), n0 + (m >> 1) * 8)) }
+    }
+}
