@@ -9,10 +9,10 @@
 //! `O_i ← diag(l_new)⁻¹ (diag(l_i) e^{m_i − m_new} O_i + e^{m~_ij − m_new} P~_ij V_j)`
 //! with `l_new`, `m_new` from `RowState::merge`. `O` lives in an f32 HBM
 //! buffer (`o_accum_ptr`) so that the `Tc` rescalings do not round to 16 bits;
-//! a last pass converts it to the output type. `m_i` is stored in natural
-//! units (`m2 · ln 2`) like the CPU reference's `Fa1Output::m`.
+//! a last pass converts it to the output type. `m_i` is stored in the base-2
+//! units of `RowState` (see `AttnParams::m_ptr`), as the f32 FA1 kernel does.
 
-use super::fa2::{clamp_keys, pv, qk, quad_max, quad_sum, scale_and_mask};
+use super::fa2::{clamp_keys, exp_row, mask, pv, qk, quad_sum, scale_sign, scaled_row_max};
 use super::tile::{SmemTile, tile_bytes};
 use super::{Elem16, pack};
 use crate::arch::cp_async::{cp_async_commit, cp_async_wait};
@@ -21,17 +21,12 @@ use crate::arch::sreg;
 use crate::arch::sync::{sync_threads, sync_warp};
 use flash_attn_common::{AttnParams, Real, RowState};
 
-/// Dynamic shared memory of one block: K and V tiles, 16 Q rows per warp.
-pub const fn smem_bytes(d: usize, nw: usize, bc: usize) -> usize {
-    tile_bytes(16 * nw, d) + 2 * tile_bytes(bc, d)
-}
-
 /// The FA1 forward kernel body (see the module docs).
 ///
 /// # Safety
 /// `p` valid (checked by the host) with `o_accum`, `lse` (= l) and `m`
 /// initialized to 0, 0 and −inf; launched with `32·NW` threads,
-/// `smem_bytes(D, NW, BC)` of dynamic shared memory, `batch·nheads` blocks.
+/// `fa1_tc_smem_bytes(D, NW, BC)` of dynamic shared memory, `batch·nheads` blocks.
 #[inline(always)]
 pub unsafe fn forward<
     T: Elem16,
@@ -39,6 +34,7 @@ pub unsafe fn forward<
     const DK: usize,
     const DN: usize,
     const NW: usize,
+    const MT: usize,
     const BC: usize,
     const BCN: usize,
     const BCK: usize,
@@ -46,6 +42,7 @@ pub unsafe fn forward<
 >(
     p: &AttnParams,
 ) {
+    const { assert!(MT == 1 && !QREG, "FA1 re-reads Q per inner step: one m-tile per warp, Q from shared memory") };
     // ---- prologue ------------------------------------------------------------
     let br = 16 * NW;
     let nt = 32 * NW;
@@ -73,7 +70,8 @@ pub unsafe fn forward<
     let s_k = SmemTile::<D> { base };
     let s_v = SmemTile::<D> { base: base + tile_bytes(BC, D) as u32 };
     let s_q = SmemTile::<D> { base: base + 2 * tile_bytes(BC, D) as u32 + (warp * tile_bytes(16, D)) as u32 };
-    let r_q_unused = [[0u32; 4]; DK];
+    let r_q_unused = [[[0u32; 4]; DK]; 1];
+    let (q_sign, scale_log2) = scale_sign(p.softmax_scale_log2);
 
     // ---- outer loop over K/V blocks ----------------------------------------
     for j in 0..tc {
@@ -110,31 +108,28 @@ pub unsafe fn forward<
             sync_warp(); // the warp's Q rows are visible to all its lanes
 
             // SAFETY: K_j and this warp's Q rows are in shared memory.
-            let mut r_s = unsafe { qk::<T, D, DK, BCN, false>(&r_q_unused, s_q, 0, s_k, lane) };
-            scale_and_mask(&mut r_s, p.softmax_scale_log2, k0 + BC > lim_first, k0, t, lim);
+            let [mut r_s] = unsafe { qk::<T, D, DK, BCN, 1, false>(&r_q_unused, s_q, 0, q_sign, s_k, lane) };
+            let masked = k0 + BC > lim_first;
+            if masked {
+                mask(&mut r_s, k0, t, lim);
+            }
 
             // Block statistics m~_ij, P~_ij, l~_ij (base-2 domain).
             let mut blk = [RowState::<f32>::new(); 2];
             for r in 0..2 {
-                let mut mx = f32::NEG_INFINITY;
-                for n in 0..BCN {
-                    mx = mx.max(r_s[n][2 * r]).max(r_s[n][2 * r + 1]);
-                }
-                let m_safe = RowState::<f32>::safe_max(quad_max(mx));
-                blk[r].m = quad_max(mx);
-                let mut sum = 0.0;
-                for n in 0..BCN {
-                    for e in 2 * r..2 * r + 2 {
-                        let pe = (r_s[n][e] - m_safe).exp2();
-                        r_s[n][e] = pe;
-                        sum += pe;
-                    }
-                }
-                blk[r].l = quad_sum(sum);
+                let m = scaled_row_max::<BCN>(&r_s, r, scale_log2);
+                let m_safe = RowState::<f32>::safe_max(m);
+                let sum = if masked {
+                    exp_row::<BCN, true>(&mut r_s, r, scale_log2, m_safe)
+                } else {
+                    exp_row::<BCN, false>(&mut r_s, r, scale_log2, m_safe)
+                };
+                blk[r] = RowState { m, l: quad_sum(sum) };
             }
-            let mut r_pv = [[0f32; 4]; DN];
+            let mut r_pv = [[[0f32; 4]; DN]; 1];
             // SAFETY: V_j in shared memory, barrier passed.
-            unsafe { pv::<T, D, DN, BCN, BCK>(&mut r_pv, &r_s, s_v, lane) };
+            unsafe { pv::<T, D, DN, BCN, BCK, 1>(&mut r_pv, &[r_s], s_v, lane) };
+            let [r_pv] = r_pv;
             sync_warp(); // all lanes are done reading this warp's Q rows
 
             // Read O_i, l_i, m_i; merge; write back (FA1 update).
@@ -144,7 +139,7 @@ pub unsafe fn forward<
                 }
                 // SAFETY: l, m hold batch·nheads·nq f32; row < nq.
                 let (l_old, m_old) = unsafe { (*g_l.add(row[r]), *g_m.add(row[r])) };
-                let old = RowState { m: m_old * f32::LOG2_E, l: l_old };
+                let old = RowState { m: m_old, l: l_old };
                 let (new, a, bc) = old.merge(blk[r]);
                 let inv_new = new.inv_l();
                 let (c_old, c_new) = (old.l * a * inv_new, bc * inv_new);
@@ -162,7 +157,7 @@ pub unsafe fn forward<
                     // SAFETY: as above.
                     unsafe {
                         *g_l.add(row[r]) = new.l;
-                        *g_m.add(row[r]) = new.m * f32::LN_2;
+                        *g_m.add(row[r]) = new.m;
                     }
                 }
             }

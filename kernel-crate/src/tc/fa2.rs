@@ -48,77 +48,156 @@ pub fn clamp_keys(x: i64, hi: usize) -> usize {
     if x <= 0 { 0 } else if x as u64 >= hi as u64 { hi } else { x as usize }
 }
 
-/// Dynamic shared memory of one block: Q tile plus two K and two V buffers.
-pub const fn smem_bytes(d: usize, nw: usize, bc: usize) -> usize {
-    tile_bytes(16 * nw, d) + 4 * tile_bytes(bc, d)
+/// XORs the sign bits of a fragment's 16-bit pairs with `q_sign`
+/// (`0x8000_8000` negates exactly, 0 leaves it): a negative softmax scale is
+/// applied as `|scale| · (−q)·k`, so the softmax only ever sees scale ≥ 0.
+#[inline(always)]
+pub fn sign(a: [u32; 4], q_sign: u32) -> [u32; 4] {
+    [a[0] ^ q_sign, a[1] ^ q_sign, a[2] ^ q_sign, a[3] ^ q_sign]
 }
 
-/// `S = Q·K_jᵀ` for one warp's 16 rows: `r_s[n]` is the 16×8 accumulator of
-/// keys `8n..8n+8` of the block.
+/// The softmax scale (base 2) as `(q_sign, |scale|)`: a negative scale is
+/// applied by negating Q's fragments ([`sign`]).
 #[inline(always)]
-pub unsafe fn qk<T: Elem16, const D: usize, const DK: usize, const BCN: usize, const QREG: bool>(
-    r_q: &[[u32; 4]; DK],
+pub fn scale_sign(scale_log2: f32) -> (u32, f32) {
+    (if scale_log2 < 0.0 { 0x8000_8000 } else { 0 }, scale_log2.abs())
+}
+
+/// `S = Q·K_jᵀ` for one warp's `MT` m-tiles of 16 rows: `r_s[mt][n]` is the
+/// 16×8 accumulator of m-tile `mt` and keys `8n..8n+8` of the block. Each K
+/// fragment read from shared memory feeds `MT` products.
+#[inline(always)]
+pub unsafe fn qk<T: Elem16, const D: usize, const DK: usize, const BCN: usize, const MT: usize, const QREG: bool>(
+    r_q: &[[[u32; 4]; DK]; MT],
     s_q: SmemTile<D>,
     q_row0: usize,
+    q_sign: u32,
     s_k: SmemTile<D>,
     lane: usize,
-) -> [[f32; 4]; BCN] {
-    let mut r_s = [[0f32; 4]; BCN];
+) -> [[[f32; 4]; BCN]; MT] {
+    let mut r_s = [[[0f32; 4]; BCN]; MT];
     for kk in 0..DK {
-        // SAFETY: tiles were filled and a barrier passed (caller).
-        let a = if QREG { r_q[kk] } else { unsafe { s_q.a_frag(q_row0, kk * 16, lane) } };
+        let mut a = [[0u32; 4]; MT];
+        for mt in 0..MT {
+            // SAFETY: tiles were filled and a barrier passed (caller).
+            a[mt] = if QREG { r_q[mt][kk] } else { sign(unsafe { s_q.a_frag(q_row0 + 16 * mt, kk * 16, lane) }, q_sign) };
+        }
         for np in 0..BCN / 2 {
             // SAFETY: as above.
             let b = unsafe { s_k.bt_frag_x2(np * 16, kk * 16, lane) };
-            mma::<T>(&mut r_s[2 * np], &a, &[b[0], b[1]]);
-            mma::<T>(&mut r_s[2 * np + 1], &a, &[b[2], b[3]]);
+            for mt in 0..MT {
+                mma::<T>(&mut r_s[mt][2 * np], &a[mt], &[b[0], b[1]]);
+                mma::<T>(&mut r_s[mt][2 * np + 1], &a[mt], &[b[2], b[3]]);
+            }
         }
     }
     r_s
 }
 
-/// `acc += P·V_j` with P (16 × Bc, in the S accumulator layout) converted
-/// in registers to A fragments.
+/// `acc += P·V_j` with P (per m-tile 16 × Bc, in the S accumulator layout)
+/// converted in registers to A fragments; each V fragment feeds `MT` products.
 #[inline(always)]
-pub unsafe fn pv<T: Elem16, const D: usize, const DN: usize, const BCN: usize, const BCK: usize>(
-    acc: &mut [[f32; 4]; DN],
-    r_s: &[[f32; 4]; BCN],
+pub unsafe fn pv<T: Elem16, const D: usize, const DN: usize, const BCN: usize, const BCK: usize, const MT: usize>(
+    acc: &mut [[[f32; 4]; DN]; MT],
+    r_s: &[[[f32; 4]; BCN]; MT],
     s_v: SmemTile<D>,
     lane: usize,
 ) {
     for kk in 0..BCK {
-        let (s0, s1) = (&r_s[2 * kk], &r_s[2 * kk + 1]);
-        let a = [pack::<T>(s0[0], s0[1]), pack::<T>(s0[2], s0[3]), pack::<T>(s1[0], s1[1]), pack::<T>(s1[2], s1[3])];
+        let mut a = [[0u32; 4]; MT];
+        for mt in 0..MT {
+            let (s0, s1) = (&r_s[mt][2 * kk], &r_s[mt][2 * kk + 1]);
+            a[mt] = [pack::<T>(s0[0], s0[1]), pack::<T>(s0[2], s0[3]), pack::<T>(s1[0], s1[1]), pack::<T>(s1[2], s1[3])];
+        }
         for np in 0..DN / 2 {
             // SAFETY: V tile filled and a barrier passed (caller).
             let b = unsafe { s_v.b_frag_trans_x2(kk * 16, np * 16, lane) };
-            mma::<T>(&mut acc[2 * np], &a, &[b[0], b[1]]);
-            mma::<T>(&mut acc[2 * np + 1], &a, &[b[2], b[3]]);
+            for mt in 0..MT {
+                mma::<T>(&mut acc[mt][2 * np], &a[mt], &[b[0], b[1]]);
+                mma::<T>(&mut acc[mt][2 * np + 1], &a[mt], &[b[2], b[3]]);
+            }
         }
     }
 }
 
-/// Scales S to the base-2 domain and masks keys at or past each row's limit
-/// (`lim[r]` for the thread's rows `g` and `g + 8`) when `masked`.
+/// Masks (to −inf) the raw scores of keys at or past each row's limit
+/// (`lim[r]` for the thread's rows `g` and `g + 8` of the m-tile).
 #[inline(always)]
-pub fn scale_and_mask<const BCN: usize>(r_s: &mut [[f32; 4]; BCN], scale_log2: f32, masked: bool, k0: usize, t: usize, lim: [i64; 2]) {
+pub fn mask<const BCN: usize>(r_s: &mut [[f32; 4]; BCN], k0: usize, t: usize, lim: [i64; 2]) {
     for n in 0..BCN {
         for e in 0..4 {
-            let mut s = r_s[n][e] * scale_log2;
-            if masked && (k0 + n * 8 + 2 * t + (e & 1)) as i64 >= lim[e >> 1] {
-                s = f32::NEG_INFINITY;
+            if (k0 + n * 8 + 2 * t + (e & 1)) as i64 >= lim[e >> 1] {
+                r_s[n][e] = f32::NEG_INFINITY;
             }
-            r_s[n][e] = s;
         }
     }
 }
 
-/// The FA2 forward kernel body (see the module docs).
+/// Row maximum (over the quad) of the scaled scores `scale · s` of the
+/// thread's row `r` (0: row g, 1: row g + 8), from the raw scores. The scale
+/// is never negative: the host folds its sign into Q (`AttnParams::q_sign`).
+#[inline(always)]
+pub fn scaled_row_max<const BCN: usize>(r_s: &[[f32; 4]; BCN], r: usize, scale_log2: f32) -> f32 {
+    let mut mx = f32::NEG_INFINITY;
+    for n in 0..BCN {
+        mx = mx.max(r_s[n][2 * r]).max(r_s[n][2 * r + 1]);
+    }
+    let mx = quad_max(mx);
+    // A row with nothing visible stays -inf (also for a zero scale).
+    if mx == f32::NEG_INFINITY { mx } else { mx * scale_log2 }
+}
+
+/// Replaces the raw scores of row `r` by `P = exp2(scale · s − m_safe)` (one
+/// FFMA and one `ex2` each) and returns the thread's partial row sum. In
+/// `MASKED` blocks a −inf raw score (masked) gives exactly 0 even for a zero
+/// scale (never `0 · −inf = NaN`).
+#[inline(always)]
+pub fn exp_row<const BCN: usize, const MASKED: bool>(r_s: &mut [[f32; 4]; BCN], r: usize, scale_log2: f32, m_safe: f32) -> f32 {
+    let mut sum = 0.0;
+    for n in 0..BCN {
+        for e in 2 * r..2 * r + 2 {
+            let s = r_s[n][e];
+            let x = if MASKED && s == f32::NEG_INFINITY { s } else { core::intrinsics::fmaf32(s, scale_log2, -m_safe) };
+            let pe = x.exp2();
+            r_s[n][e] = pe;
+            sum += pe;
+        }
+    }
+    sum
+}
+
+/// One online-softmax step for the warp's `MT` m-tiles (`RowState`: the same
+/// code the CPU property tests run): new row maxima, rescale of `l_i` and of
+/// the O accumulators, `P = exp2(S − m)`, partial `l_i` (summed over the quad
+/// once, at the end).
+#[inline(always)]
+pub fn softmax_step<const BCN: usize, const DN: usize, const MT: usize, const MASKED: bool>(
+    r_s: &mut [[[f32; 4]; BCN]; MT],
+    r_o: &mut [[[f32; 4]; DN]; MT],
+    st: &mut [[RowState<f32>; 2]; MT],
+    scale_log2: f32,
+) {
+    for mt in 0..MT {
+        for r in 0..2 {
+            let mx = scaled_row_max::<BCN>(&r_s[mt], r, scale_log2);
+            let (alpha, m_safe) = st[mt][r].rescale(mx);
+            let sum = exp_row::<BCN, MASKED>(&mut r_s[mt], r, scale_log2, m_safe);
+            st[mt][r].accumulate(sum);
+            for n in 0..DN {
+                r_o[mt][n][2 * r] *= alpha;
+                r_o[mt][n][2 * r + 1] *= alpha;
+            }
+        }
+    }
+}
+
+/// The FA2 forward kernel body (see the module docs). Each warp owns `MT`
+/// m-tiles of 16 query rows: `Br = 16·MT·NW`.
 ///
 /// # Safety
 /// As the exported entry points: `p` valid (checked by the host), launched
-/// with `32·NW` threads, `smem_bytes(D, NW, BC)` of dynamic shared memory and
-/// `ceil(seqlen_q / 16·NW) · batch · nheads` blocks.
+/// with `32·NW` threads, `fa2_tc_smem_bytes(D, MT·NW, BC)` of dynamic shared
+/// memory and `ceil(seqlen_q / Br) · batch · nheads` blocks.
 #[inline(always)]
 pub unsafe fn forward<
     T: Elem16,
@@ -126,6 +205,7 @@ pub unsafe fn forward<
     const DK: usize,
     const DN: usize,
     const NW: usize,
+    const MT: usize,
     const BC: usize,
     const BCN: usize,
     const BCK: usize,
@@ -135,7 +215,7 @@ pub unsafe fn forward<
 ) {
     const { assert!(DK * 16 == D && DN * 8 == D && BCN * 8 == BC && BCK * 16 == BC && DN % 2 == 0 && BCN % 2 == 0) };
     // ---- prologue: who am I, what do I read --------------------------------
-    let br = 16 * NW;
+    let br = 16 * MT * NW;
     let nt = 32 * NW;
     let tid = sreg::thread_idx_x() as usize;
     let (warp, lane) = (tid / 32, tid % 32);
@@ -147,6 +227,7 @@ pub unsafe fn forward<
     let mb = if p.causal != 0 { num_m - 1 - idx % num_m } else { idx % num_m };
     let (b, h) = (bh / p.nheads as usize, bh % p.nheads as usize);
     let q0 = mb * br;
+    let w_row0 = warp * 16 * MT; // first row of this warp's m-tiles, in the block
 
     // Keys this block can see: causal rows see keys < i + 1 + nk - nq.
     let shift = nk as i64 - nq as i64;
@@ -156,8 +237,6 @@ pub unsafe fn forward<
         (nk, nk)
     };
     let n_blocks = kv_end.div_ceil(BC);
-    let row = [q0 + warp * 16 + g, q0 + warp * 16 + g + 8];
-    let lim = [p.causal_key_limit(row[0] as u32).min(nk as i64), p.causal_key_limit(row[1] as u32).min(nk as i64)];
 
     let [qs0, qs1, qs2] = p.q_stride;
     let [ks0, ks1, ks2] = p.k_stride;
@@ -191,18 +270,21 @@ pub unsafe fn forward<
         load_kv(0);
     }
 
-    let mut r_o = [[0f32; 4]; DN];
-    let mut st = [RowState::<f32>::new(); 2];
-    let mut r_q = [[0u32; 4]; DK];
+    let mut r_o = [[[0f32; 4]; DN]; MT];
+    let mut st = [[RowState::<f32>::new(); 2]; MT];
+    let mut r_q = [[[0u32; 4]; DK]; MT];
+    let (q_sign, scale_log2) = scale_sign(p.softmax_scale_log2);
 
     // ---- main loop over K/V blocks -----------------------------------------
     for j in 0..n_blocks {
         cp_async_wait::<1>(); // Q and K_j have landed (V_j may still fly)
         sync_threads(); // ... for every thread; and buffers (j+1)&1 are free
         if QREG && j == 0 {
-            for kk in 0..DK {
-                // SAFETY: Q landed and a barrier passed.
-                r_q[kk] = unsafe { s_q.a_frag(warp * 16, kk * 16, lane) };
+            for mt in 0..MT {
+                for kk in 0..DK {
+                    // SAFETY: Q landed and a barrier passed.
+                    r_q[mt][kk] = sign(unsafe { s_q.a_frag(w_row0 + 16 * mt, kk * 16, lane) }, q_sign);
+                }
             }
         }
         let more = j + 1 < n_blocks;
@@ -211,30 +293,18 @@ pub unsafe fn forward<
         }
 
         // SAFETY: K_j landed and a barrier passed.
-        let mut r_s = unsafe { qk::<T, D, DK, BCN, QREG>(&r_q, s_q, warp * 16, s_k(j & 1), lane) };
+        let mut r_s = unsafe { qk::<T, D, DK, BCN, MT, QREG>(&r_q, s_q, w_row0, q_sign, s_k(j & 1), lane) };
         let k0 = j * BC;
-        scale_and_mask(&mut r_s, p.softmax_scale_log2, k0 + BC > mask_from, k0, t, lim);
-
-        // Online softmax (RowState: the same code the CPU property tests run).
-        for r in 0..2 {
-            let mut mx = f32::NEG_INFINITY;
-            for n in 0..BCN {
-                mx = mx.max(r_s[n][2 * r]).max(r_s[n][2 * r + 1]);
+        if k0 + BC > mask_from {
+            // Diagonal (causal) or tail block: mask per element.
+            for mt in 0..MT {
+                let r0 = (q0 + w_row0 + 16 * mt + g) as u32;
+                let lim = [p.causal_key_limit(r0).min(nk as i64), p.causal_key_limit(r0 + 8).min(nk as i64)];
+                mask(&mut r_s[mt], k0, t, lim);
             }
-            let (alpha, m_safe) = st[r].rescale(quad_max(mx));
-            let mut sum = 0.0;
-            for n in 0..BCN {
-                for e in 2 * r..2 * r + 2 {
-                    let pe = (r_s[n][e] - m_safe).exp2();
-                    r_s[n][e] = pe;
-                    sum += pe;
-                }
-            }
-            st[r].accumulate(sum); // per-thread partial l_i; the quad sums at the end
-            for n in 0..DN {
-                r_o[n][2 * r] *= alpha;
-                r_o[n][2 * r + 1] *= alpha;
-            }
+            softmax_step::<BCN, DN, MT, true>(&mut r_s, &mut r_o, &mut st, scale_log2);
+        } else {
+            softmax_step::<BCN, DN, MT, false>(&mut r_s, &mut r_o, &mut st, scale_log2);
         }
 
         if more {
@@ -244,7 +314,7 @@ pub unsafe fn forward<
         }
         sync_threads();
         // SAFETY: V_j landed and a barrier passed.
-        unsafe { pv::<T, D, DN, BCN, BCK>(&mut r_o, &r_s, s_v(j & 1), lane) };
+        unsafe { pv::<T, D, DN, BCN, BCK, MT>(&mut r_o, &r_s, s_v(j & 1), lane) };
     }
     if n_blocks == 0 {
         cp_async_wait::<0>();
@@ -253,19 +323,22 @@ pub unsafe fn forward<
     // ---- epilogue: one 1/l, store O and the logsumexp -----------------------
     let [os0, os1, os2] = p.o_stride;
     let g_o = (p.o_ptr as *mut u16).wrapping_add((b as u64 * os0 + h as u64 * os2) as usize);
-    for r in 0..2 {
-        st[r].l = quad_sum(st[r].l);
-        let inv_l = st[r].inv_l();
-        if row[r] < nq {
-            let o_row = g_o.wrapping_add(row[r] * os1 as usize);
-            for n in 0..DN {
-                let v = pack::<T>(r_o[n][2 * r] * inv_l, r_o[n][2 * r + 1] * inv_l);
-                // SAFETY: row < nq, col < D; 4-byte aligned (even col, host-checked strides).
-                unsafe { *(o_row.wrapping_add(n * 8 + 2 * t) as *mut u32) = v };
-            }
-            if t == 0 && p.lse_ptr != 0 {
-                // SAFETY: lse holds batch·nheads·nq f32.
-                unsafe { *(p.lse_ptr as *mut f32).add(bh * nq + row[r]) = st[r].lse() };
+    for mt in 0..MT {
+        for r in 0..2 {
+            let row = q0 + w_row0 + 16 * mt + g + 8 * r;
+            st[mt][r].l = quad_sum(st[mt][r].l);
+            let inv_l = st[mt][r].inv_l();
+            if row < nq {
+                let o_row = g_o.wrapping_add(row * os1 as usize);
+                for n in 0..DN {
+                    let v = pack::<T>(r_o[mt][n][2 * r] * inv_l, r_o[mt][n][2 * r + 1] * inv_l);
+                    // SAFETY: row < nq, col < D; 4-byte aligned (even col, host-checked strides).
+                    unsafe { *(o_row.wrapping_add(n * 8 + 2 * t) as *mut u32) = v };
+                }
+                if t == 0 && p.lse_ptr != 0 {
+                    // SAFETY: lse holds batch·nheads·nq f32.
+                    unsafe { *(p.lse_ptr as *mut f32).add(bh * nq + row) = st[mt][r].lse() };
+                }
             }
         }
     }

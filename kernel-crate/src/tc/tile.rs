@@ -11,17 +11,7 @@
 use crate::arch::cp_async::cp_async_cg_16;
 use crate::arch::ldmatrix::{ldmatrix_x4, ldmatrix_x4_trans};
 
-/// Bytes of one padded tile row of `d` 16-bit elements.
-#[inline(always)]
-pub const fn row_bytes(d: usize) -> usize {
-    2 * d + 16
-}
-
-/// Bytes of a tile of `rows` padded rows.
-#[inline(always)]
-pub const fn tile_bytes(rows: usize, d: usize) -> usize {
-    rows * row_bytes(d)
-}
+pub use flash_attn_common::tc::{row_bytes, tile_bytes};
 
 /// A tile of padded rows of `D` elements at a shared-window address.
 #[derive(Clone, Copy)]

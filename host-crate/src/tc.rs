@@ -1,0 +1,197 @@
+//! The tensor-core kernels (f16/bf16, `kernel-crate/src/tc/`): the table of
+//! compiled configurations, the default choice per head dim with the
+//! measurement that chose it, and their launch.
+//!
+//! Kernel names are `flash_fwd_tc_{fa1,fa2}_{f16,bf16}_d{D}_w{warps}_bc{Bc}`;
+//! `Br = 16 · warps` (each warp owns 16 query rows).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use cudarc::driver::sys::CUfunction_attribute_enum;
+use cudarc::driver::{CudaFunction, CudaModule, CudaStream, DeviceRepr, DriverError, LaunchConfig, PushKernelArg};
+use flash_attn_common::AttnParams;
+use flash_attn_common::tc::{fa1_tc_smem_bytes, fa2_tc_smem_bytes, tc_br};
+
+/// Which loop order a tensor-core kernel runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TcLoop {
+    /// K/V blocks outer, Q blocks inner, O/l/m through HBM every step.
+    Fa1,
+    /// Q blocks across the grid, K/V inner, O on chip.
+    Fa2,
+}
+
+/// One compiled tensor-core kernel configuration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TcKernel {
+    pub name: &'static str,
+    pub loop_order: TcLoop,
+    pub bf16: bool,
+    /// Head dim.
+    pub d: usize,
+    /// Warps per block.
+    pub warps: usize,
+    /// m-tiles of 16 query rows per warp.
+    pub mt: usize,
+    /// Keys per K/V block (`Bc`).
+    pub bc: usize,
+}
+
+macro_rules! table {
+    ($( $lo:ident $name:ident $bf:literal $d:literal $w:literal $mt:literal $bc:literal; )*) => {
+        /// Every tensor-core kernel compiled into the PTX (mirrors the
+        /// `tc_kernels!` list of `kernel-crate/src/tc/mod.rs`).
+        pub const TC_KERNELS: &[TcKernel] = &[$(
+            TcKernel { name: stringify!($name), loop_order: TcLoop::$lo, bf16: $bf, d: $d, warps: $w, mt: $mt, bc: $bc },
+        )*];
+    };
+}
+
+table! {
+    Fa2 flash_fwd_tc_fa2_f16_d32_w4_m1_bc64 false 32 4 1 64;
+    Fa2 flash_fwd_tc_fa2_bf16_d32_w4_m1_bc64 true 32 4 1 64;
+    Fa2 flash_fwd_tc_fa2_f16_d32_w4_m2_bc64 false 32 4 2 64;
+    Fa2 flash_fwd_tc_fa2_bf16_d32_w4_m2_bc64 true 32 4 2 64;
+    Fa2 flash_fwd_tc_fa2_f16_d64_w4_m1_bc64 false 64 4 1 64;
+    Fa2 flash_fwd_tc_fa2_bf16_d64_w4_m1_bc64 true 64 4 1 64;
+    Fa2 flash_fwd_tc_fa2_f16_d64_w4_m2_bc64 false 64 4 2 64;
+    Fa2 flash_fwd_tc_fa2_bf16_d64_w4_m2_bc64 true 64 4 2 64;
+    Fa2 flash_fwd_tc_fa2_f16_d96_w4_m1_bc64 false 96 4 1 64;
+    Fa2 flash_fwd_tc_fa2_bf16_d96_w4_m1_bc64 true 96 4 1 64;
+    Fa2 flash_fwd_tc_fa2_f16_d96_w4_m2_bc64 false 96 4 2 64;
+    Fa2 flash_fwd_tc_fa2_bf16_d96_w4_m2_bc64 true 96 4 2 64;
+    Fa2 flash_fwd_tc_fa2_f16_d128_w4_m1_bc64 false 128 4 1 64;
+    Fa2 flash_fwd_tc_fa2_bf16_d128_w4_m1_bc64 true 128 4 1 64;
+    Fa2 flash_fwd_tc_fa2_f16_d128_w4_m2_bc64 false 128 4 2 64;
+    Fa2 flash_fwd_tc_fa2_bf16_d128_w4_m2_bc64 true 128 4 2 64;
+    Fa2 flash_fwd_tc_fa2_f16_d64_w8_m2_bc64 false 64 8 2 64;
+    Fa2 flash_fwd_tc_fa2_bf16_d64_w8_m2_bc64 true 64 8 2 64;
+    Fa2 flash_fwd_tc_fa2_f16_d128_w4_m2_bc32 false 128 4 2 32;
+    Fa2 flash_fwd_tc_fa2_bf16_d128_w4_m2_bc32 true 128 4 2 32;
+    Fa2 flash_fwd_tc_fa2_f16_d256_w8_m1_bc32 false 256 8 1 32;
+    Fa2 flash_fwd_tc_fa2_bf16_d256_w8_m1_bc32 true 256 8 1 32;
+    Fa2 flash_fwd_tc_fa2_f16_d256_w4_m1_bc32 false 256 4 1 32;
+    Fa2 flash_fwd_tc_fa2_bf16_d256_w4_m1_bc32 true 256 4 1 32;
+    Fa1 flash_fwd_tc_fa1_f16_d32_w4_m1_bc64 false 32 4 1 64;
+    Fa1 flash_fwd_tc_fa1_bf16_d32_w4_m1_bc64 true 32 4 1 64;
+    Fa1 flash_fwd_tc_fa1_f16_d64_w4_m1_bc64 false 64 4 1 64;
+    Fa1 flash_fwd_tc_fa1_bf16_d64_w4_m1_bc64 true 64 4 1 64;
+    Fa1 flash_fwd_tc_fa1_f16_d96_w4_m1_bc64 false 96 4 1 64;
+    Fa1 flash_fwd_tc_fa1_bf16_d96_w4_m1_bc64 true 96 4 1 64;
+    Fa1 flash_fwd_tc_fa1_f16_d128_w4_m1_bc64 false 128 4 1 64;
+    Fa1 flash_fwd_tc_fa1_bf16_d128_w4_m1_bc64 true 128 4 1 64;
+    Fa1 flash_fwd_tc_fa1_f16_d256_w4_m1_bc32 false 256 4 1 32;
+    Fa1 flash_fwd_tc_fa1_bf16_d256_w4_m1_bc32 true 256 4 1 32;
+}
+
+/// Head dims the tensor-core kernels are compiled for.
+pub const TC_HEAD_DIMS: &[usize] = &[32, 64, 96, 128, 256];
+
+impl TcKernel {
+    /// Query rows per block (`Br`).
+    pub const fn br(&self) -> usize {
+        tc_br(self.warps, self.mt)
+    }
+
+    /// Threads per block.
+    pub const fn threads(&self) -> u32 {
+        32 * self.warps as u32
+    }
+
+    /// Dynamic shared memory per block, in bytes.
+    pub const fn smem_bytes(&self) -> usize {
+        match self.loop_order {
+            TcLoop::Fa1 => fa1_tc_smem_bytes(self.d, self.br(), self.bc),
+            TcLoop::Fa2 => fa2_tc_smem_bytes(self.d, self.br(), self.bc),
+        }
+    }
+
+    /// Blocks of the (1-D) grid, or `None` past the grid limit (2³¹ − 1).
+    pub fn grid_blocks(&self, batch: usize, nheads: usize, seqlen_q: usize) -> Option<u32> {
+        let bh = batch.checked_mul(nheads)?;
+        let n = match self.loop_order {
+            TcLoop::Fa1 => bh,
+            TcLoop::Fa2 => seqlen_q.div_ceil(self.br()).checked_mul(bh)?,
+        };
+        u32::try_from(n).ok().filter(|&n| n <= i32::MAX as u32 && n > 0)
+    }
+
+    /// Looks a configuration up by kernel name.
+    pub fn by_name(name: &str) -> Option<&'static TcKernel> {
+        TC_KERNELS.iter().find(|k| k.name == name)
+    }
+
+    /// The default configuration for a loop order, dtype and head dim
+    /// (`docs/perf-notes.md` records the measurements behind each choice).
+    pub fn default_for(loop_order: TcLoop, bf16: bool, d: usize) -> Option<&'static TcKernel> {
+        let (warps, mt, bc) = match (loop_order, d) {
+            (TcLoop::Fa2, 32) => (4, 1, 64),
+            (TcLoop::Fa2, 64) => (4, 1, 64),
+            (TcLoop::Fa2, 96) => (4, 1, 64),
+            (TcLoop::Fa2, 128) => (4, 1, 64),
+            (TcLoop::Fa2, 256) => (8, 1, 32),
+            (TcLoop::Fa1, 256) => (4, 1, 32),
+            (TcLoop::Fa1, _) => (4, 1, 64),
+            _ => return None,
+        };
+        TC_KERNELS.iter().find(|k| {
+            k.loop_order == loop_order && k.bf16 == bf16 && k.d == d && k.warps == warps && k.mt == mt && k.bc == bc
+        })
+    }
+}
+
+/// The kernel parameter block, passed by value (`.param .align 8 .b8 p[..]`).
+#[repr(transparent)]
+#[derive(Clone, Copy, Debug)]
+pub struct KernelArg<P: Copy>(pub P);
+
+// SAFETY: `P` is a `#[repr(C)]` plain-old-data parameter block of the
+// kernel crate (only integers and floats), laid out identically on both sides.
+unsafe impl<P: Copy> DeviceRepr for KernelArg<P> {}
+
+/// The tensor-core kernels of one loaded module, with their shared-memory
+/// limits raised.
+#[derive(Debug)]
+pub struct TcModule {
+    fns: HashMap<&'static str, CudaFunction>,
+}
+
+impl TcModule {
+    /// Loads every tensor-core kernel of `module` and raises its dynamic
+    /// shared-memory limit to its configuration's need.
+    pub fn from_module(module: &Arc<CudaModule>) -> Result<Self, DriverError> {
+        let mut fns = HashMap::new();
+        for k in TC_KERNELS {
+            let f = module.load_function(k.name)?;
+            f.set_attribute(
+                CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                k.smem_bytes() as i32,
+            )?;
+            fns.insert(k.name, f);
+        }
+        Ok(Self { fns })
+    }
+
+    /// Launches `k` on `stream` with parameters `p`.
+    ///
+    /// # Safety
+    /// `p` must satisfy the kernel's contract: every pointer valid for the
+    /// shapes and strides it states, 16-byte aligned, strides multiples of 8
+    /// elements, `p.headdim == k.d`, `p.br`/`p.bc` matching `k`, and for FA1
+    /// `o_accum`, `lse` (l) and `m` initialized to 0, 0, −inf.
+    pub unsafe fn launch(&self, stream: &CudaStream, k: &TcKernel, p: &AttnParams) -> Result<(), DriverError> {
+        let f = &self.fns[k.name];
+        let blocks = k
+            .grid_blocks(p.batch as usize, p.nheads as usize, p.seqlen_q as usize)
+            .ok_or(DriverError(cudarc::driver::sys::cudaError_enum::CUDA_ERROR_INVALID_VALUE))?;
+        let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (k.threads(), 1, 1), shared_mem_bytes: k.smem_bytes() as u32 };
+        let arg = KernelArg(*p);
+        let mut b = stream.launch_builder(f);
+        b.arg(&arg);
+        // SAFETY: the kernel takes exactly one `AttnParams` by value; the
+        // caller guarantees the buffers it names (see `# Safety`).
+        unsafe { b.launch(cfg) }?;
+        Ok(())
+    }
+}
