@@ -31,3 +31,18 @@ pub fn shfl_idx_f32(x: f32, src_lane: u32) -> f32 {
     };
     y
 }
+
+/// `vote.sync.all.pred`: true in every lane iff `pred` holds in all 32 lanes.
+#[inline(always)]
+pub fn vote_all(pred: bool) -> bool {
+    let r: u32;
+    // SAFETY: register-only instruction; callers call it from all 32 lanes.
+    unsafe {
+        core::arch::asm!(
+            "{{ .reg .pred p, q; setp.ne.u32 p, {x}, 0; vote.sync.all.pred q, p, 0xffffffff; selp.u32 {r}, 1, 0, q; }}",
+            r = out(reg32) r, x = in(reg32) pred as u32,
+            options(nomem, nostack)
+        )
+    };
+    r != 0
+}

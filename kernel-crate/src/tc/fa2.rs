@@ -22,7 +22,7 @@
 use super::tile::{SmemTile, tile_bytes};
 use super::{Elem16, mma, pack};
 use crate::arch::cp_async::{cp_async_commit, cp_async_wait};
-use crate::arch::shfl::shfl_xor_f32;
+use crate::arch::shfl::{shfl_xor_f32, vote_all};
 use crate::arch::smem::{dynamic_smem, smem_addr};
 use crate::arch::sreg;
 use crate::arch::sync::sync_threads;
@@ -177,15 +177,27 @@ pub fn softmax_step<const BCN: usize, const DN: usize, const MT: usize, const MA
     st: &mut [[RowState<f32>; 2]; MT],
     scale_log2: f32,
 ) {
+    let mut alpha = [[1f32; 2]; MT];
+    let mut unchanged = true;
     for mt in 0..MT {
         for r in 0..2 {
             let mx = scaled_row_max::<BCN>(&r_s[mt], r, scale_log2);
-            let (alpha, m_safe) = st[mt][r].rescale(mx);
+            let (a, m_safe) = st[mt][r].rescale(mx);
+            alpha[mt][r] = a;
+            unchanged &= a == 1.0;
             let sum = exp_row::<BCN, MASKED>(&mut r_s[mt], r, scale_log2, m_safe);
             st[mt][r].accumulate(sum);
+        }
+    }
+    // Once the row maxima settle, most blocks leave every row's maximum where
+    // it was (alpha == 1): the warp then skips the O rescale entirely (one
+    // vote instead of 4·DN·MT multiplies per thread).
+    if !vote_all(unchanged) {
+        for mt in 0..MT {
             for n in 0..DN {
-                r_o[mt][n][2 * r] *= alpha;
-                r_o[mt][n][2 * r + 1] *= alpha;
+                for e in 0..4 {
+                    r_o[mt][n][e] *= alpha[mt][e >> 1];
+                }
             }
         }
     }
