@@ -7,8 +7,30 @@
 //! * [`reference`]: the CPU reference (standard attention, safe and online
 //!   softmax, the FA1 and FA2 loop orders), generic over f32 and f64.
 //! * [`plan`]: the FA1 tiling plan and the HBM-traffic model.
+//! * [`FlashAttention`] ([`device`], [`api`]): the device-level API over
+//!   cudarc buffers on the caller's stream; [`dispatch`]: the one table that
+//!   picks kernels and launch configurations; [`error`]: the error type.
+//! * [`ndarray_api`]: `flash_attn_func` over `ndarray` arrays, with a CPU
+//!   fallback when no GPU is present.
 //! * [`ptx`]: the embedded PTX, one build per target family.
+//! * [`tc`]: the tensor-core (f16/bf16) kernel table and launch.
+pub mod api;
+pub mod device;
+pub mod dispatch;
+pub mod error;
+pub mod ndarray_api;
 pub mod ptx;
+pub mod reference;
+pub mod tc;
 
+pub use api::{
+    AttnElem, ForwardOutput, ForwardParams, LoopOrder, RowStats, StatsMut, Tensor, TensorLayout, TensorMut,
+    default_softmax_scale,
+};
+pub use device::FlashAttention;
+pub use dispatch::DType;
+pub use error::{FlashAttnError, Result};
+pub use ndarray_api::{Backend, default_backend, flash_attn_func, flash_attn_func_on};
 pub use flash_attn_common as common;
+pub use flash_attn_common::plan;
 pub use flash_attn_common::{AttnParams, RowState};

@@ -3,6 +3,8 @@
 //!
 //! * `arch/`: one file per hardware primitive; all inline PTX lives there.
 //! * `softmax_rows`: row-wise online softmax (one pass for max and sum).
+//! * `tile/`, `fa1`, `fa2`, `standard`: the f32 kernels (the readable
+//!   reference GPU path): shared-memory tiles, Algorithm 1, FA2, Algorithm 0.
 //! * `tc/`: tensor-core FA2 and FA1 kernels for f16/bf16.
 //!
 //! Every exported entry point is `extern "ptx-kernel"` and takes one
@@ -12,8 +14,12 @@
 #![allow(internal_features)]
 
 pub mod arch;
+pub mod fa1;
+pub mod fa2;
 pub mod softmax_rows;
+pub mod standard;
 pub mod tc;
+pub mod tile;
 
 #[cfg(target_arch = "nvptx64")]
 #[panic_handler]

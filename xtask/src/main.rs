@@ -1,1 +1,72 @@
-fn main() {}
+//! `cargo xtask <command>`: the project's tasks, run through the
+//! `.cargo/config.toml` alias (`cargo run --package xtask --`).
+//!
+//! * `cargo xtask test [ARGS]`: make sure `rust-src` is installed, run
+//!   `cargo test --workspace [ARGS]`, then assemble every embedded PTX with
+//!   `ptxas -v` and fail on spills, stack frames or missing instructions
+//!   ([`ptx`]); ends with a one-line summary.
+//! * `cargo xtask ptx`: build the library, print the PTX paths and the `ptxas
+//!   -v` report of every kernel.
+//! * `cargo xtask run [ARGS]`: the main job; for now the CPU reference on the
+//!   GPT-2 shape with the tiling plan and the HBM-traffic model ([`run`]).
+//!
+//! xtask itself has **no dependencies**, on purpose: it must be able to run
+//! (and install `rust-src`) before anything compiles the kernels. Commands that
+//! need the library run a binary of the `flash-attn-tests` crate (`fa-run`,
+//! `fa-bench`) through a nested cargo ([`cargo`]), built with the `test`
+//! profile (opt-level 2) so that `cargo xtask test`, `ptx` and `run` share one
+//! build. A new command is a module with a `pub fn main(args: &[String]) ->
+//! Result<(), String>` and one line in [`COMMANDS`].
+
+mod bench;
+mod cargo;
+mod ptx;
+mod run;
+mod test;
+
+use std::process::ExitCode;
+
+type Command = fn(&[String]) -> Result<(), String>;
+
+/// (name, one-line help, entry point).
+const COMMANDS: &[(&str, &str, Command)] = &[
+    ("test", "rust-src check, `cargo test --workspace [ARGS]`, then ptxas checks of every PTX", test::main),
+    ("ptx", "build the library; print each PTX path and the `ptxas -v` report per kernel", ptx::main),
+    ("run", "CPU reference (FA1, FA2 vs standard) on the GPT-2 shape + tiling plan + HBM model", run::main),
+    (
+        "bench",
+        "FA2/FA1/standard vs PyTorch SDPA on the paper shapes: table, JSON, SVG plots (release build)",
+        bench::main,
+    ),
+];
+
+fn usage() -> String {
+    let mut s = String::from("usage: cargo xtask <command> [args]\n\ncommands:\n");
+    for (name, help, _) in COMMANDS {
+        s += &format!("  {name:<6} {help}\n");
+    }
+    s + "\n`cargo xtask <command> --help` for a command's options.\n"
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let Some(name) = args.first() else {
+        eprint!("{}", usage());
+        return ExitCode::FAILURE;
+    };
+    if matches!(name.as_str(), "-h" | "--help" | "help") {
+        print!("{}", usage());
+        return ExitCode::SUCCESS;
+    }
+    let Some((_, _, cmd)) = COMMANDS.iter().find(|(n, _, _)| n == name) else {
+        eprint!("xtask: unknown command `{name}`\n\n{}", usage());
+        return ExitCode::FAILURE;
+    };
+    match cmd(&args[1..]) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask {name}: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -7,13 +7,21 @@
 //! * [`softmax`]: the online-softmax row state (`m_i`, `l_i`), its rescale and
 //!   its finalization with the `-inf` guards of seed 003.
 //! * [`params`]: the `#[repr(C)]` parameter block every attention kernel takes.
+//! * [`plan`]: the FA1 tiling plan (`Bc = ceil(M/4d)`, `Br = min(ceil(M/4d), d)`)
+//!   and the HBM-traffic model of standard attention, FA1 and FA2.
+//! * [`smem_layout`]: thread shape and shared-memory layout of the f32 kernels.
+//! * [`tc`]: shared-memory footprint of the tensor-core kernels.
 #![cfg_attr(not(feature = "std"), no_std)]
 #![cfg_attr(target_arch = "nvptx64", feature(asm_experimental_arch))]
 
 pub mod params;
+pub mod plan;
 pub mod real;
+pub mod smem_layout;
 pub mod softmax;
+pub mod tc;
 
 pub use params::AttnParams;
+pub use plan::{HbmTraffic, PlanError, TilingPlan};
 pub use real::Real;
 pub use softmax::{LN_2, LOG2_E, RowState};

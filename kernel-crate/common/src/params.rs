@@ -13,11 +13,17 @@ pub struct AttnParams {
     pub k_ptr: u64,
     pub v_ptr: u64,
     pub o_ptr: u64,
-    /// FA2: logsumexp, f32 `(batch, nheads, seqlen_q)` contiguous.
-    /// FA1: `l_i`, f32, same layout. Standard: the S/P scratch matrix.
+    /// FA2 and Standard: logsumexp (natural log), f32 `(batch, nheads,
+    /// seqlen_q)` contiguous. FA1: `l_i`, f32, same layout.
     pub lse_ptr: u64,
-    /// FA1: `m_i`, f32 `(batch, nheads, seqlen_q)`. Unused (0) otherwise.
+    /// FA1: `m_i`, f32 `(batch, nheads, seqlen_q)`, in the base-2 units of
+    /// [`crate::RowState`] (the maximum of `softmax_scale * LOG2_E * q·k`).
+    /// Unused (0) otherwise.
     pub m_ptr: u64,
+    /// Standard: the S/P scratch matrix, f32 `(batch, nheads, seqlen_q,
+    /// seqlen_k)` contiguous (S is overwritten in place by P). Unused (0)
+    /// otherwise.
+    pub scratch_ptr: u64,
     /// FA1 on 16-bit inputs: the f32 running output `O` (same strides as
     /// `o`, contiguous `(batch, seqlen_q, nheads, headdim)`), so that the
     /// per-step rescaling does not round to 16 bits `Tc` times. 0 otherwise.

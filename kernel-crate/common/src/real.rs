@@ -22,11 +22,19 @@ pub trait Real:
     const LOG2_E: Self;
     const LN_2: Self;
     fn from_f32(x: f32) -> Self;
+    /// `x` rounded to the nearest `Self` (exact for f64).
+    fn from_f64(x: f64) -> Self;
     fn to_f64(self) -> f64;
     /// 2^x (with 2^-inf = 0).
     fn exp2(self) -> Self;
     /// log2(x) (with log2(0) = -inf).
     fn log2(self) -> Self;
+    /// e^x (with e^-inf = 0). On the GPU: `exp2(x * LOG2_E)`.
+    fn exp(self) -> Self;
+    /// ln(x) (with ln(0) = -inf). On the GPU: `log2(x) * LN_2`.
+    fn ln(self) -> Self;
+    /// Square root, correctly rounded (IEEE 754; PTX `sqrt.rn`).
+    fn sqrt(self) -> Self;
     fn is_nan(self) -> bool;
     /// The larger of the two; NaN propagates from either side.
     #[inline(always)]
@@ -53,6 +61,10 @@ macro_rules! real_consts {
             x as $t
         }
         #[inline(always)]
+        fn from_f64(x: f64) -> Self {
+            x as $t
+        }
+        #[inline(always)]
         fn to_f64(self) -> f64 {
             self as f64
         }
@@ -74,6 +86,18 @@ impl Real for f64 {
     fn log2(self) -> Self {
         f64::log2(self)
     }
+    #[inline(always)]
+    fn exp(self) -> Self {
+        f64::exp(self)
+    }
+    #[inline(always)]
+    fn ln(self) -> Self {
+        f64::ln(self)
+    }
+    #[inline(always)]
+    fn sqrt(self) -> Self {
+        f64::sqrt(self)
+    }
 }
 
 #[cfg(feature = "std")]
@@ -86,6 +110,18 @@ impl Real for f32 {
     #[inline(always)]
     fn log2(self) -> Self {
         f32::log2(self)
+    }
+    #[inline(always)]
+    fn exp(self) -> Self {
+        f32::exp(self)
+    }
+    #[inline(always)]
+    fn ln(self) -> Self {
+        f32::ln(self)
+    }
+    #[inline(always)]
+    fn sqrt(self) -> Self {
+        f32::sqrt(self)
     }
 }
 
@@ -106,6 +142,25 @@ impl Real for f32 {
         let y: f32;
         // SAFETY: pure register-to-register arithmetic instruction.
         unsafe { core::arch::asm!("lg2.approx.ftz.f32 {y}, {x};", y = out(reg32) y, x = in(reg32) self, options(pure, nomem, nostack)) };
+        y
+    }
+    /// `ex2.approx(x * LOG2_E)`: there is no `ex` instruction; this is what
+    /// CUDA's `__expf` does too.
+    #[inline(always)]
+    fn exp(self) -> Self {
+        (self * Self::LOG2_E).exp2()
+    }
+    /// `lg2.approx(x) * LN_2` (CUDA's `__logf`).
+    #[inline(always)]
+    fn ln(self) -> Self {
+        self.log2() * Self::LN_2
+    }
+    /// PTX `sqrt.rn.f32` (IEEE round-to-nearest; no `.ftz`, so subnormals are kept).
+    #[inline(always)]
+    fn sqrt(self) -> Self {
+        let y: f32;
+        // SAFETY: pure register-to-register arithmetic instruction.
+        unsafe { core::arch::asm!("sqrt.rn.f32 {y}, {x};", y = out(reg32) y, x = in(reg32) self, options(pure, nomem, nostack)) };
         y
     }
 }

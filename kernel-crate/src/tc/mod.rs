@@ -78,6 +78,8 @@ tc_kernels! {
     fa2 flash_fwd_tc_fa2_bf16_d64_w4_m1_bc64: Bf16, d = 64, w = 4, mt = 1, bc = 64, qreg = true;
     fa2 flash_fwd_tc_fa2_f16_d64_w4_m2_bc64: F16, d = 64, w = 4, mt = 2, bc = 64, qreg = true;
     fa2 flash_fwd_tc_fa2_bf16_d64_w4_m2_bc64: Bf16, d = 64, w = 4, mt = 2, bc = 64, qreg = true;
+    fa2 flash_fwd_tc_fa2_f16_d64_w4_m2_bc96: F16, d = 64, w = 4, mt = 2, bc = 96, qreg = false;
+    fa2 flash_fwd_tc_fa2_bf16_d64_w4_m2_bc96: Bf16, d = 64, w = 4, mt = 2, bc = 96, qreg = false;
     fa2 flash_fwd_tc_fa2_f16_d96_w4_m1_bc64: F16, d = 96, w = 4, mt = 1, bc = 64, qreg = true;
     fa2 flash_fwd_tc_fa2_bf16_d96_w4_m1_bc64: Bf16, d = 96, w = 4, mt = 1, bc = 64, qreg = true;
     fa2 flash_fwd_tc_fa2_f16_d96_w4_m2_bc64: F16, d = 96, w = 4, mt = 2, bc = 64, qreg = false;

@@ -1,0 +1,664 @@
+//! The device-level API: attention over cudarc buffers, on the caller's
+//! stream, with no host synchronization (every call only enqueues work).
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use cudarc::driver::CudaContext;
+//! use flash_attn::{FlashAttention, ForwardParams, LoopOrder, RowStats, Tensor, TensorLayout};
+//!
+//! # fn main() -> Result<(), flash_attn::FlashAttnError> {
+//! let ctx = CudaContext::new(0)?;
+//! let stream = ctx.default_stream();
+//! let fa = FlashAttention::new(&ctx)?;
+//! let shape = [2, 1024, 12, 64]; // (batch, seqlen, nheads, headdim)
+//! let n = shape.iter().product::<usize>();
+//! let q = stream.clone_htod(&vec![0.5f32; n])?;
+//! let k = stream.clone_htod(&vec![0.25f32; n])?;
+//! let v = stream.clone_htod(&vec![1.0f32; n])?;
+//! let layout = TensorLayout::contiguous(shape);
+//! let params = ForwardParams { causal: true, ..Default::default() };
+//! let out = fa.forward(&stream, Tensor::new(&q, layout), Tensor::new(&k, layout), Tensor::new(&v, layout), &params)?;
+//! let o: Vec<f32> = stream.clone_dtoh(&out.o)?; // synchronizes here, not before
+//! if let RowStats::LogSumExp(lse) = &out.stats { let _lse = stream.clone_dtoh(lse)?; }
+//! # Ok(()) }
+//! ```
+
+use std::sync::Arc;
+
+use cudarc::driver::{
+    CudaSlice, CudaStream, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr, DeviceSlice, PushKernelArg, ValidAsZeroBits,
+};
+use flash_attn_common::{AttnParams, LOG2_E};
+
+use crate::device::FlashAttention;
+use crate::dispatch::{self, DType, Dims, DispatchKey, Plan};
+use crate::error::{FlashAttnError, Result};
+
+/// Order of the two loops over query and key/value blocks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum LoopOrder {
+    /// FlashAttention (Algorithm 1): K/V blocks outer, Q blocks inner; O, l
+    /// and m go through HBM at every step. One thread block per head.
+    Fa1,
+    /// FlashAttention-2: Q blocks across the grid, K/V blocks inner, O on
+    /// chip, one final `1/l`; writes the logsumexp.
+    #[default]
+    Fa2,
+    /// Standard attention: S and P materialized in HBM (a scratch matrix of
+    /// `batch·nheads·seqlen_q·seqlen_k` f32), the baseline.
+    Standard,
+}
+
+/// User parameters of a forward pass (names as in `flash_attn_func`).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct ForwardParams {
+    /// Causal mask, aligned to the bottom-right corner when
+    /// `seqlen_q != seqlen_k` (query `i` sees keys `j <= i + seqlen_k - seqlen_q`).
+    pub causal: bool,
+    /// Scale of `QKᵀ` before the softmax; `None` means `1 / sqrt(headdim)`.
+    pub softmax_scale: Option<f32>,
+    pub loop_order: LoopOrder,
+    /// `(Br, Bc)` query and key block sizes for FA1/FA2 (ignored by
+    /// `Standard`); `None` picks the default for the head dim and device
+    /// (see `dispatch`). A size whose tiles do not fit the device's shared
+    /// memory is an error.
+    pub block: Option<(usize, usize)>,
+}
+
+/// Shape and element strides of one `(batch, seqlen, nheads, headdim)`
+/// tensor; the head dimension is contiguous (stride 1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct TensorLayout {
+    /// `[batch, seqlen, nheads, headdim]`.
+    pub shape: [usize; 4],
+    /// Element strides of `[batch, seqlen, nheads]`.
+    pub strides: [usize; 3],
+}
+
+impl TensorLayout {
+    pub fn new(shape: [usize; 4], strides: [usize; 3]) -> Self {
+        Self { shape, strides }
+    }
+
+    /// The densely packed row-major layout (strides saturate on overflow,
+    /// which validation then reports).
+    pub fn contiguous(shape: [usize; 4]) -> Self {
+        let [_, n, h, d] = shape;
+        let sh = d;
+        let sn = h.saturating_mul(d);
+        let sb = n.saturating_mul(sn);
+        Self { shape, strides: [sb, sn, sh] }
+    }
+
+    pub fn batch(&self) -> usize {
+        self.shape[0]
+    }
+    pub fn seqlen(&self) -> usize {
+        self.shape[1]
+    }
+    pub fn nheads(&self) -> usize {
+        self.shape[2]
+    }
+    pub fn headdim(&self) -> usize {
+        self.shape[3]
+    }
+
+    /// Number of elements, or `None` on overflow.
+    pub fn num_elements(&self) -> Option<usize> {
+        self.shape.iter().try_fold(1usize, |a, &x| a.checked_mul(x))
+    }
+
+    /// One past the largest element offset the layout addresses, or `None`
+    /// on overflow. 0 for an empty shape.
+    pub fn required_len(&self) -> Option<usize> {
+        if self.shape.contains(&0) {
+            return Some(0);
+        }
+        let mut last = self.shape[3] - 1;
+        for a in 0..3 {
+            last = last.checked_add((self.shape[a] - 1).checked_mul(self.strides[a])?)?;
+        }
+        last.checked_add(1)
+    }
+
+    /// Whether two distinct elements can share an offset: false when, with
+    /// the axes sorted by stride, every stride exceeds the span of the
+    /// faster-varying axes (headdim first, stride 1). Conservative.
+    pub fn may_overlap(&self) -> bool {
+        let mut axes: Vec<(usize, usize)> = (0..3).map(|a| (self.strides[a], self.shape[a])).filter(|&(_, n)| n > 1).collect();
+        axes.sort_unstable();
+        let mut span = self.shape[3].saturating_sub(1);
+        for (stride, n) in axes {
+            if stride <= span {
+                return true;
+            }
+            span = match (n - 1).checked_mul(stride).and_then(|x| x.checked_add(span)) {
+                Some(s) => s,
+                None => return true,
+            };
+        }
+        false
+    }
+}
+
+/// A device buffer (any cudarc `CudaSlice`/`CudaView`) and its layout.
+#[derive(Debug)]
+pub struct Tensor<'a, S> {
+    pub data: &'a S,
+    pub layout: TensorLayout,
+}
+
+impl<'a, S> Tensor<'a, S> {
+    pub fn new(data: &'a S, layout: TensorLayout) -> Self {
+        Self { data, layout }
+    }
+}
+
+/// A mutable device buffer (`CudaSlice`/`CudaViewMut`) and its layout.
+#[derive(Debug)]
+pub struct TensorMut<'a, S> {
+    pub data: &'a mut S,
+    pub layout: TensorLayout,
+}
+
+impl<'a, S> TensorMut<'a, S> {
+    pub fn new(data: &'a mut S, layout: TensorLayout) -> Self {
+        Self { data, layout }
+    }
+}
+
+/// Row statistics handed back by [`FlashAttention::forward`], each f32
+/// `(batch, nheads, seqlen_q)` contiguous.
+#[derive(Debug)]
+pub enum RowStats {
+    /// FA2 and Standard: the natural-log logsumexp of each row of
+    /// `softmax_scale·QKᵀ` (−inf for a row that sees no key).
+    LogSumExp(CudaSlice<f32>),
+    /// FA1: the final `l` and `m` of Algorithm 1, in the base-2 units of
+    /// [`crate::RowState`]: `m` is the row maximum of
+    /// `softmax_scale·log2(e)·QKᵀ` (−inf for a row that sees no key), `l`
+    /// the sum of `2^(s − m)`; `RowState { m, l }.lse()` is the logsumexp.
+    Fa1 { l: CudaSlice<f32>, m: CudaSlice<f32> },
+}
+
+/// Caller-owned row-statistics buffers for [`FlashAttention::forward_into`]
+/// (views of at least `batch·nheads·seqlen_q` f32). FA1 initializes `l` and
+/// `m` itself (Algorithm 1, line 2).
+#[derive(Debug)]
+pub enum StatsMut<'a> {
+    /// For `LoopOrder::Fa2` and `LoopOrder::Standard`.
+    LogSumExp(CudaViewMut<'a, f32>),
+    /// For `LoopOrder::Fa1`.
+    Fa1 { l: CudaViewMut<'a, f32>, m: CudaViewMut<'a, f32> },
+}
+
+/// Output of [`FlashAttention::forward`].
+#[derive(Debug)]
+pub struct ForwardOutput<T> {
+    /// `(batch, seqlen_q, nheads, headdim)`, contiguous ([`ForwardOutput::o_layout`]).
+    pub o: CudaSlice<T>,
+    pub o_layout: TensorLayout,
+    pub stats: RowStats,
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for f32 {}
+    impl Sealed for half::f16 {}
+    impl Sealed for half::bf16 {}
+}
+
+/// Element types of q, k, v and o: `f32`, `half::f16`, `half::bf16`
+/// (sealed). The device-buffer API runs f32 only for now; the ndarray API
+/// converts the half types to f32.
+pub trait AttnElem:
+    sealed::Sealed + DeviceRepr + ValidAsZeroBits + Copy + Default + Send + Sync + std::fmt::Debug + 'static
+{
+    const DTYPE: DType;
+    fn to_f32(self) -> f32;
+    fn from_f32(x: f32) -> Self;
+}
+
+impl AttnElem for f32 {
+    const DTYPE: DType = DType::F32;
+    fn to_f32(self) -> f32 {
+        self
+    }
+    fn from_f32(x: f32) -> Self {
+        x
+    }
+}
+
+impl AttnElem for half::f16 {
+    const DTYPE: DType = DType::F16;
+    fn to_f32(self) -> f32 {
+        half::f16::to_f32(self)
+    }
+    fn from_f32(x: f32) -> Self {
+        half::f16::from_f32(x)
+    }
+}
+
+impl AttnElem for half::bf16 {
+    const DTYPE: DType = DType::BF16;
+    fn to_f32(self) -> f32 {
+        half::bf16::to_f32(self)
+    }
+    fn from_f32(x: f32) -> Self {
+        half::bf16::from_f32(x)
+    }
+}
+
+/// `1 / sqrt(headdim)`, the default `softmax_scale`.
+pub fn default_softmax_scale(headdim: usize) -> f32 {
+    (1.0 / (headdim as f64).sqrt()) as f32
+}
+
+/// A validated problem: sizes and the effective softmax scale.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Problem {
+    pub dims: Dims,
+    pub softmax_scale: f32,
+}
+
+impl Problem {
+    /// Elements of each row-statistics buffer: `batch·nheads·seqlen_q`.
+    pub fn stats_len(&self) -> usize {
+        // Cannot overflow: q's layout (which has these axes) was validated.
+        self.dims.batch * self.dims.nheads * self.dims.seqlen_q
+    }
+}
+
+const AXES: [&str; 4] = ["batch", "seqlen", "nheads", "headdim"];
+/// Largest batch, nheads and seqlen the kernels index (u32 fields of `AttnParams`).
+pub const MAX_DIM: usize = i32::MAX as usize;
+/// Largest supported head dim.
+pub const MAX_HEADDIM: usize = 256;
+
+fn check_layout(argument: &'static str, l: &TensorLayout, buffer_len: usize) -> Result<()> {
+    for (a, &n) in l.shape.iter().enumerate() {
+        if n == 0 {
+            return Err(FlashAttnError::ZeroSizedDim { argument, axis: AXES[a], shape: l.shape });
+        }
+    }
+    if l.headdim() > MAX_HEADDIM {
+        return Err(FlashAttnError::HeadDimOutOfRange { argument, headdim: l.headdim() });
+    }
+    for (&value, axis) in l.shape[..3].iter().zip(AXES) {
+        if value > MAX_DIM {
+            return Err(FlashAttnError::DimTooLarge { argument, axis, value, max: MAX_DIM });
+        }
+    }
+    let required = l.required_len().ok_or(FlashAttnError::StrideOverflow { argument, shape: l.shape, strides: l.strides })?;
+    if buffer_len < required {
+        return Err(FlashAttnError::BufferTooShort { argument, len: buffer_len, required, shape: l.shape, strides: l.strides });
+    }
+    Ok(())
+}
+
+fn expect_eq(argument: &'static str, axis: &'static str, actual: usize, expected: usize, rule: &'static str) -> Result<()> {
+    if actual == expected { Ok(()) } else { Err(FlashAttnError::ShapeMismatch { argument, axis, actual, expected, rule }) }
+}
+
+/// Validates the layouts and buffer lengths of q, k, v and o and the
+/// parameters; pure (no GPU needed), so every error path is unit-tested.
+pub fn validate(
+    q: (&TensorLayout, usize),
+    k: (&TensorLayout, usize),
+    v: (&TensorLayout, usize),
+    o: (&TensorLayout, usize),
+    params: &ForwardParams,
+) -> Result<Problem> {
+    check_layout("q", q.0, q.1)?;
+    check_layout("k", k.0, k.1)?;
+    check_layout("v", v.0, v.1)?;
+    let (ql, kl, vl) = (q.0, k.0, v.0);
+    expect_eq("k", "batch", kl.batch(), ql.batch(), "same as q")?;
+    expect_eq("k", "nheads", kl.nheads(), ql.nheads(), "same as q")?;
+    expect_eq("k", "headdim", kl.headdim(), ql.headdim(), "same as q")?;
+    expect_eq("v", "batch", vl.batch(), ql.batch(), "same as q")?;
+    expect_eq("v", "seqlen", vl.seqlen(), kl.seqlen(), "same as k")?;
+    expect_eq("v", "nheads", vl.nheads(), ql.nheads(), "same as q")?;
+    expect_eq("v", "headdim", vl.headdim(), ql.headdim(), "same as q")?;
+    let ol = o.0;
+    for (a, (&got, &want)) in ol.shape.iter().zip(ql.shape.iter()).enumerate() {
+        expect_eq("o", AXES[a], got, want, "o has the shape of q")?;
+    }
+    check_layout("o", ol, o.1)?;
+    if ol.may_overlap() {
+        return Err(FlashAttnError::OverlappingOutput { argument: "o", shape: ol.shape, strides: ol.strides });
+    }
+    let d = ql.headdim();
+    let softmax_scale = params.softmax_scale.unwrap_or_else(|| default_softmax_scale(d));
+    if !softmax_scale.is_finite() {
+        return Err(FlashAttnError::InvalidSoftmaxScale { value: softmax_scale });
+    }
+    // batch·nheads·seqlen_q fits (q's element count does), as does the lse index.
+    let dims = Dims { batch: ql.batch(), nheads: ql.nheads(), seqlen_q: ql.seqlen(), seqlen_k: kl.seqlen(), headdim: d };
+    Ok(Problem { dims, softmax_scale })
+}
+
+fn check_stats(argument: &'static str, len: usize, required: usize) -> Result<()> {
+    if len < required { Err(FlashAttnError::StatsTooShort { argument, len, required }) } else { Ok(()) }
+}
+
+impl FlashAttention {
+    fn check_stream(&self, argument: &'static str, stream: &CudaStream) -> Result<()> {
+        let ctx = stream.context();
+        if ctx.cu_ctx() != self.context().cu_ctx() {
+            return Err(FlashAttnError::ContextMismatch { argument, found: ctx.ordinal(), expected: self.context().ordinal() });
+        }
+        Ok(())
+    }
+
+    /// Attention forward into freshly allocated outputs (allocated on
+    /// `stream`, stream-ordered): O `(batch, seqlen_q, nheads, headdim)`
+    /// contiguous and the row statistics of the loop order (FA1: `l`, `m`
+    /// initialized to 0 / −inf and updated by Algorithm 1; FA2, Standard:
+    /// the logsumexp). Only enqueues work on `stream`.
+    ///
+    /// Errors: every invalid shape, stride, buffer length or parameter (see
+    /// [`FlashAttnError`]); f16/bf16 are [`FlashAttnError::Unsupported`] here
+    /// for now.
+    pub fn forward<T, Q, K, V>(
+        &self,
+        stream: &Arc<CudaStream>,
+        q: Tensor<'_, Q>,
+        k: Tensor<'_, K>,
+        v: Tensor<'_, V>,
+        params: &ForwardParams,
+    ) -> Result<ForwardOutput<T>>
+    where
+        T: AttnElem,
+        Q: DevicePtr<T>,
+        K: DevicePtr<T>,
+        V: DevicePtr<T>,
+    {
+        // Validate before allocating, with O's layout as it will be.
+        let o_layout = TensorLayout::contiguous(q.layout.shape);
+        let o_len = o_layout.required_len().unwrap_or(usize::MAX);
+        let problem = validate(
+            (&q.layout, q.data.len()),
+            (&k.layout, k.data.len()),
+            (&v.layout, v.data.len()),
+            (&o_layout, o_len),
+            params,
+        )?;
+        self.check_stream("stream", stream)?;
+        self.plan::<T>(&problem, params)?;
+
+        let mut o = stream.alloc_zeros::<T>(o_len)?;
+        let n = problem.stats_len();
+        let stats = match params.loop_order {
+            LoopOrder::Fa1 => {
+                let (mut l, mut m) = (stream.alloc_zeros::<f32>(n)?, stream.alloc_zeros::<f32>(n)?);
+                let stats = StatsMut::Fa1 { l: l.as_view_mut(), m: m.as_view_mut() };
+                self.forward_into(stream, q, k, v, TensorMut::new(&mut o, o_layout), stats, params)?;
+                RowStats::Fa1 { l, m }
+            }
+            LoopOrder::Fa2 | LoopOrder::Standard => {
+                let mut lse = stream.alloc_zeros::<f32>(n)?;
+                let stats = StatsMut::LogSumExp(lse.as_view_mut());
+                self.forward_into(stream, q, k, v, TensorMut::new(&mut o, o_layout), stats, params)?;
+                RowStats::LogSumExp(lse)
+            }
+        };
+        Ok(ForwardOutput { o, o_layout, stats })
+    }
+
+    /// Attention forward into caller-owned buffers: `o` (any non-overlapping
+    /// strides) and the row statistics of the loop order. Only enqueues work
+    /// on `stream` (FA1: an init kernel, then the main kernel; Standard: a
+    /// stream-ordered scratch allocation and three kernels; on a device
+    /// without memory pools cudarc frees that scratch synchronously).
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_into<T, Q, K, V, O>(
+        &self,
+        stream: &Arc<CudaStream>,
+        q: Tensor<'_, Q>,
+        k: Tensor<'_, K>,
+        v: Tensor<'_, V>,
+        o: TensorMut<'_, O>,
+        stats: StatsMut<'_>,
+        params: &ForwardParams,
+    ) -> Result<()>
+    where
+        T: AttnElem,
+        Q: DevicePtr<T>,
+        K: DevicePtr<T>,
+        V: DevicePtr<T>,
+        O: DevicePtrMut<T>,
+    {
+        let problem = validate(
+            (&q.layout, q.data.len()),
+            (&k.layout, k.data.len()),
+            (&v.layout, v.data.len()),
+            (&o.layout, o.data.len()),
+            params,
+        )?;
+        self.check_stream("stream", stream)?;
+        for (name, s) in [("q", q.data.stream()), ("k", k.data.stream()), ("v", v.data.stream()), ("o", o.data.stream())] {
+            self.check_stream(name, s)?;
+        }
+        let plan = self.plan::<T>(&problem, params)?;
+        let n = problem.stats_len();
+        let mut stats = stats;
+        match (&mut stats, params.loop_order) {
+            (StatsMut::LogSumExp(lse), LoopOrder::Fa2 | LoopOrder::Standard) => {
+                check_stats("lse", lse.len(), n)?;
+                self.check_stream("lse", lse.stream())?;
+            }
+            (StatsMut::Fa1 { l, m }, LoopOrder::Fa1) => {
+                check_stats("l", l.len(), n)?;
+                check_stats("m", m.len(), n)?;
+                self.check_stream("l", l.stream())?;
+                self.check_stream("m", m.stream())?;
+            }
+            (given, loop_order) => {
+                let name = |s: &StatsMut| match s {
+                    StatsMut::LogSumExp(_) => "StatsMut::LogSumExp",
+                    StatsMut::Fa1 { .. } => "StatsMut::Fa1 { l, m }",
+                };
+                let expected = if loop_order == LoopOrder::Fa1 { "StatsMut::Fa1 { l, m }" } else { "StatsMut::LogSumExp" };
+                return Err(FlashAttnError::StatsMismatch { loop_order, expected, given: name(given) });
+            }
+        }
+
+        // Device pointers; the guards record the reads/writes on `stream`
+        // when they drop, after the launches below.
+        let (q_ptr, _q_guard) = q.data.device_ptr(stream);
+        let (k_ptr, _k_guard) = k.data.device_ptr(stream);
+        let (v_ptr, _v_guard) = v.data.device_ptr(stream);
+        let (o_ptr, _o_guard) = o.data.device_ptr_mut(stream);
+        let dims = problem.dims;
+        let u = |x: usize| x as u64;
+        let mut p = AttnParams {
+            q_ptr,
+            k_ptr,
+            v_ptr,
+            o_ptr,
+            q_stride: q.layout.strides.map(u),
+            k_stride: k.layout.strides.map(u),
+            v_stride: v.layout.strides.map(u),
+            o_stride: o.layout.strides.map(u),
+            // Validated: each ≤ MAX_DIM = 2³¹ − 1 (MAX_HEADDIM for headdim).
+            batch: dims.batch as u32,
+            nheads: dims.nheads as u32,
+            seqlen_q: dims.seqlen_q as u32,
+            seqlen_k: dims.seqlen_k as u32,
+            headdim: dims.headdim as u32,
+            causal: params.causal as u32,
+            softmax_scale: problem.softmax_scale,
+            softmax_scale_log2: problem.softmax_scale * LOG2_E,
+            ..Default::default()
+        };
+
+        match (plan, stats) {
+            (Plan::Fa2 { main, br, bc }, StatsMut::LogSumExp(mut lse)) => {
+                let (lse_ptr, _lse_guard) = lse.device_ptr_mut(stream);
+                p.lse_ptr = lse_ptr;
+                p.br = br as u32;
+                p.bc = bc as u32;
+                let (f, cfg) = self.prepare(&main)?;
+                let arg = crate::tc::KernelArg(p);
+                // SAFETY: `fa2_forward_f32(p: AttnParams)` takes exactly this one
+                // parameter block by value. `validate` checked q, k, v and o
+                // against their shapes and strides (o non-overlapping) and
+                // the guards above keep the buffers alive and ordered on
+                // `stream`; lse holds ≥ batch·nheads·seqlen_q f32; `cfg` has
+                // F32_THREADS threads and Fa2Smem::new(br, bc, d) bytes of
+                // dynamic shared memory, within the limit set at load.
+                unsafe { stream.launch_builder(f).arg(&arg).launch(cfg) }?;
+            }
+            (Plan::Fa1 { init, main, br, bc }, StatsMut::Fa1 { mut l, mut m }) => {
+                let (l_ptr, _l_guard) = l.device_ptr_mut(stream);
+                let (m_ptr, _m_guard) = m.device_ptr_mut(stream);
+                p.lse_ptr = l_ptr;
+                p.m_ptr = m_ptr;
+                p.br = br as u32;
+                p.bc = bc as u32;
+                let arg = crate::tc::KernelArg(p);
+                let (f, cfg) = self.prepare(&init)?;
+                // SAFETY: `fa1_init_f32(p: AttnParams)` takes this one block by
+                // value and writes O (validated shape/strides, non-overlapping)
+                // and l, m (≥ batch·nheads·seqlen_q f32 each); grid-stride, no
+                // shared memory.
+                unsafe { stream.launch_builder(f).arg(&arg).launch(cfg) }?;
+                let (f, cfg) = self.prepare(&main)?;
+                // SAFETY: `fa1_forward_f32(p: AttnParams)`: same buffers, now
+                // initialized by the launch above (same stream, in order);
+                // q, k, v validated; F32_THREADS threads and
+                // Fa1Smem::new(br, bc, d) bytes of dynamic shared memory.
+                unsafe { stream.launch_builder(f).arg(&arg).launch(cfg) }?;
+            }
+            (Plan::Standard { scores, softmax, pv, scratch_len }, StatsMut::LogSumExp(mut lse)) => {
+                let (lse_ptr, _lse_guard) = lse.device_ptr_mut(stream);
+                // SAFETY: uninitialized f32 scratch; `standard_scores_f32` writes
+                // every element before `standard_softmax_f32` reads any.
+                let mut scratch: CudaSlice<f32> = unsafe { stream.alloc(scratch_len) }?;
+                let (scratch_ptr, _scratch_guard) = scratch.device_ptr_mut(stream);
+                p.lse_ptr = lse_ptr;
+                p.scratch_ptr = scratch_ptr;
+                let arg = crate::tc::KernelArg(p);
+                let (f, cfg) = self.prepare(&scores)?;
+                // SAFETY: `standard_scores_f32(p: AttnParams)` reads q, k
+                // (validated) and writes the batch·nheads·seqlen_q·seqlen_k
+                // scratch; F32_THREADS threads, StdSmem bytes of shared memory.
+                unsafe { stream.launch_builder(f).arg(&arg).launch(cfg) }?;
+                let (f, cfg) = self.prepare(&softmax)?;
+                // SAFETY: `standard_softmax_f32(p: AttnParams)` rewrites the
+                // scratch in place and writes lse (≥ batch·nheads·seqlen_q f32).
+                unsafe { stream.launch_builder(f).arg(&arg).launch(cfg) }?;
+                let (f, cfg) = self.prepare(&pv)?;
+                // SAFETY: `standard_pv_f32(p: AttnParams)` reads the scratch and
+                // v (validated), writes o (validated, non-overlapping);
+                // F32_THREADS threads, StdSmem bytes of shared memory.
+                unsafe { stream.launch_builder(f).arg(&arg).launch(cfg) }?;
+            }
+            // `plan` follows `params.loop_order`, and the stats were matched
+            // against it above.
+            (plan, stats) => {
+                let given = match stats {
+                    StatsMut::LogSumExp(_) => "StatsMut::LogSumExp",
+                    StatsMut::Fa1 { .. } => "StatsMut::Fa1 { l, m }",
+                };
+                let expected = if matches!(plan, Plan::Fa1 { .. }) { "StatsMut::Fa1 { l, m }" } else { "StatsMut::LogSumExp" };
+                return Err(FlashAttnError::StatsMismatch { loop_order: params.loop_order, expected, given });
+            }
+        }
+        Ok(())
+    }
+
+    /// The dispatch decision for a validated problem on this device.
+    pub fn plan<T: AttnElem>(&self, problem: &Problem, params: &ForwardParams) -> Result<Plan> {
+        let key = DispatchKey {
+            dtype: T::DTYPE,
+            headdim: problem.dims.headdim,
+            causal: params.causal,
+            loop_order: params.loop_order,
+            arch: self.compute_capability(),
+        };
+        dispatch::plan(&key, &problem.dims, params.block, &self.limits())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn c(shape: [usize; 4]) -> (TensorLayout, usize) {
+        let l = TensorLayout::contiguous(shape);
+        (l, l.required_len().unwrap())
+    }
+
+    fn run(q: [usize; 4], k: [usize; 4], v: [usize; 4], o: [usize; 4]) -> Result<Problem> {
+        let (q, k, v, o) = (c(q), c(k), c(v), c(o));
+        validate((&q.0, q.1), (&k.0, k.1), (&v.0, v.1), (&o.0, o.1), &ForwardParams::default())
+    }
+
+    #[test]
+    fn accepts_cross_attention() {
+        let p = run([2, 5, 3, 8], [2, 7, 3, 8], [2, 7, 3, 8], [2, 5, 3, 8]).unwrap();
+        assert_eq!(p.dims, Dims { batch: 2, nheads: 3, seqlen_q: 5, seqlen_k: 7, headdim: 8 });
+        assert_eq!(p.softmax_scale, 1.0 / 8f32.sqrt());
+    }
+
+    #[test]
+    fn names_the_argument_and_value() {
+        let e = run([2, 5, 3, 8], [2, 7, 4, 8], [2, 7, 3, 8], [2, 5, 3, 8]).unwrap_err();
+        assert!(matches!(e, FlashAttnError::ShapeMismatch { argument: "k", axis: "nheads", actual: 4, expected: 3, .. }), "{e}");
+        let e = run([2, 5, 3, 8], [2, 7, 3, 8], [2, 6, 3, 8], [2, 5, 3, 8]).unwrap_err();
+        assert!(matches!(e, FlashAttnError::ShapeMismatch { argument: "v", axis: "seqlen", actual: 6, expected: 7, .. }));
+        let e = run([2, 5, 3, 257], [2, 7, 3, 257], [2, 7, 3, 257], [2, 5, 3, 257]).unwrap_err();
+        assert!(matches!(e, FlashAttnError::HeadDimOutOfRange { argument: "q", headdim: 257 }));
+        let e = run([2, 0, 3, 8], [2, 7, 3, 8], [2, 7, 3, 8], [2, 0, 3, 8]).unwrap_err();
+        assert!(matches!(e, FlashAttnError::ZeroSizedDim { argument: "q", axis: "seqlen", .. }));
+        let e = run([2, 5, 3, 8], [2, 7, 3, 8], [2, 7, 3, 8], [2, 5, 3, 4]).unwrap_err();
+        assert!(matches!(e, FlashAttnError::ShapeMismatch { argument: "o", axis: "headdim", actual: 4, expected: 8, .. }));
+        assert!(e.to_string().contains("`o`"));
+    }
+
+    #[test]
+    fn short_buffers_and_overflowing_strides() {
+        let (l, n) = c([2, 5, 3, 8]);
+        let p = ForwardParams::default();
+        let e = validate((&l, n - 1), (&l, n), (&l, n), (&l, n), &p).unwrap_err();
+        assert!(matches!(e, FlashAttnError::BufferTooShort { argument: "q", required: 240, len: 239, .. }));
+        let big = TensorLayout::new([2, 5, 3, 8], [usize::MAX - 10, 24, 8]);
+        let e = validate((&l, n), (&big, n), (&l, n), (&l, n), &p).unwrap_err();
+        assert!(matches!(e, FlashAttnError::StrideOverflow { argument: "k", .. }));
+        let huge = TensorLayout::contiguous([1, usize::MAX / 4, 4, 256]);
+        let e = validate((&huge, usize::MAX), (&l, n), (&l, n), (&l, n), &p).unwrap_err();
+        assert!(matches!(e, FlashAttnError::DimTooLarge { argument: "q", axis: "seqlen", .. }));
+    }
+
+    #[test]
+    fn strided_inputs_and_overlapping_outputs() {
+        // q as a slice of a packed qkv tensor: seqlen stride 3·h·d.
+        let q = TensorLayout::new([2, 5, 3, 8], [5 * 72, 72, 8]);
+        let n = q.required_len().unwrap();
+        let (o, on) = c([2, 5, 3, 8]);
+        let p = ForwardParams::default();
+        validate((&q, n), (&q, n), (&q, n), (&o, on), &p).unwrap();
+        // o with a zero seqlen stride: every row would be written by many blocks.
+        let bad = TensorLayout::new([2, 5, 3, 8], [120, 0, 8]);
+        let e = validate((&q, n), (&q, n), (&q, n), (&bad, on), &p).unwrap_err();
+        assert!(matches!(e, FlashAttnError::OverlappingOutput { argument: "o", .. }));
+        // heads interleaved with overlapping rows
+        let bad = TensorLayout::new([2, 5, 3, 8], [120, 24, 4]);
+        assert!(bad.may_overlap());
+        // transposed but valid: (batch, nheads, seqlen, headdim) memory order
+        let ok = TensorLayout::new([2, 5, 3, 8], [120, 8, 40]);
+        assert!(!ok.may_overlap());
+    }
+
+    #[test]
+    fn softmax_scale_must_be_finite() {
+        let (l, n) = c([1, 1, 1, 1]);
+        for bad in [f32::NAN, f32::INFINITY] {
+            let p = ForwardParams { softmax_scale: Some(bad), ..Default::default() };
+            let e = validate((&l, n), (&l, n), (&l, n), (&l, n), &p).unwrap_err();
+            assert!(matches!(e, FlashAttnError::InvalidSoftmaxScale { .. }));
+        }
+    }
+}

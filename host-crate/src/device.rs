@@ -1,0 +1,131 @@
+//! The loaded kernels of one device: [`FlashAttention`].
+
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
+
+use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute_enum};
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, LaunchConfig};
+use cudarc::nvrtc::Ptx;
+
+use crate::dispatch::{self, DeviceLimits, Launch};
+use crate::error::{FlashAttnError, Result};
+use crate::ptx::{self, PtxBuild};
+
+/// The flash-attn kernels loaded on one CUDA context: the embedded PTX
+/// build for the device's compute capability, loaded once, with every
+/// kernel's function handle and its dynamic shared-memory limit raised to
+/// the device's opt-in maximum. Cheap to share (`Send + Sync`); launches go
+/// to whatever stream of this context the caller passes.
+#[derive(Debug)]
+pub struct FlashAttention {
+    ctx: Arc<CudaContext>,
+    module: Arc<CudaModule>,
+    build: PtxBuild,
+    cc: (i32, i32),
+    device_name: String,
+    limits: DeviceLimits,
+    kernels: HashMap<&'static str, CudaFunction>,
+}
+
+impl FlashAttention {
+    /// Loads the PTX build for `ctx`'s device (the driver JIT-compiles it on
+    /// first load). Errors: [`FlashAttnError::UnsupportedDevice`] below sm_80,
+    /// [`FlashAttnError::Driver`] if loading fails.
+    pub fn new(ctx: &Arc<CudaContext>) -> Result<Self> {
+        let (major, minor) = ctx.compute_capability()?;
+        let device_name = ctx.name()?;
+        let build = ptx::for_compute_capability(major, minor).ok_or_else(|| FlashAttnError::UnsupportedDevice {
+            name: device_name.clone(),
+            major,
+            minor,
+        })?;
+        let max_smem = ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?;
+        let limits = DeviceLimits { max_smem_per_block: max_smem.max(0) as usize };
+        let module = ctx.load_module(Ptx::from_src(build.ptx))?;
+        let mut kernels = HashMap::new();
+        for &name in dispatch::F32_KERNELS {
+            let f = module.load_function(name)?;
+            f.set_attribute(CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, max_smem)?;
+            kernels.insert(name, f);
+        }
+        Ok(Self { ctx: ctx.clone(), module, build, cc: (major, minor), device_name, limits, kernels })
+    }
+
+    /// The context the kernels are loaded in.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// The loaded module (every kernel of the embedded PTX build).
+    pub fn module(&self) -> &Arc<CudaModule> {
+        &self.module
+    }
+
+    /// The PTX build in use (`"sm_80"` or `"sm_90"`).
+    pub fn ptx_build(&self) -> PtxBuild {
+        self.build
+    }
+
+    /// The device's compute capability `(major, minor)`.
+    pub fn compute_capability(&self) -> (i32, i32) {
+        self.cc
+    }
+
+    pub fn device_name(&self) -> &str {
+        &self.device_name
+    }
+
+    pub fn limits(&self) -> DeviceLimits {
+        self.limits
+    }
+
+    /// A loaded kernel by name (for tests and tools: registers, local memory).
+    pub fn function(&self, name: &str) -> Option<&CudaFunction> {
+        self.kernels.get(name)
+    }
+
+    /// The function and launch configuration of one planned launch.
+    pub(crate) fn prepare(&self, l: &Launch) -> Result<(&CudaFunction, LaunchConfig)> {
+        let f = self.kernels.get(l.kernel).ok_or(FlashAttnError::Unsupported {
+            argument: "q",
+            dtype: "f32",
+            what: "this PTX build (kernel missing)",
+        })?;
+        let cfg = LaunchConfig { grid_dim: (l.grid, 1, 1), block_dim: (l.threads, 1, 1), shared_mem_bytes: l.smem_bytes };
+        Ok((f, cfg))
+    }
+}
+
+/// Why no GPU can be used, or the first device's context.
+///
+/// Never panics: cudarc panics when `libcuda` cannot be loaded, so its
+/// presence is checked first, and any other panic inside the driver
+/// bindings is caught and reported as [`FlashAttnError::NoGpu`].
+pub fn try_default_context() -> Result<Arc<CudaContext>> {
+    // SAFETY: only tries to dlopen the driver library.
+    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        return Err(FlashAttnError::NoGpu { reason: "the CUDA driver library (libcuda) was not found".into() });
+    }
+    let r = std::panic::catch_unwind(|| -> Result<Arc<CudaContext>> {
+        let n =
+            CudaContext::device_count().map_err(|e| FlashAttnError::NoGpu { reason: format!("cuInit/cuDeviceGetCount: {e}") })?;
+        if n < 1 {
+            return Err(FlashAttnError::NoGpu { reason: "the CUDA driver reports no device".into() });
+        }
+        Ok(CudaContext::new(0)?)
+    });
+    r.unwrap_or_else(|_| Err(FlashAttnError::NoGpu { reason: "the CUDA driver bindings panicked while starting".into() }))
+}
+
+/// The process-wide [`FlashAttention`] on device 0, created on first use;
+/// the error says why there is none (kept, so the probe runs once).
+pub fn default_flash_attention() -> std::result::Result<Arc<FlashAttention>, String> {
+    static DEFAULT: OnceLock<std::result::Result<Arc<FlashAttention>, String>> = OnceLock::new();
+    DEFAULT
+        .get_or_init(|| {
+            let ctx = try_default_context().map_err(|e| e.to_string())?;
+            std::panic::catch_unwind(|| FlashAttention::new(&ctx).map(Arc::new).map_err(|e| e.to_string()))
+                .unwrap_or_else(|_| Err("the CUDA driver bindings panicked while loading the kernels".into()))
+        })
+        .clone()
+}

@@ -1,0 +1,103 @@
+//! The one error type of the library.
+//!
+//! Every invalid argument is reported with the argument's name (as in
+//! `flash_attn_func(q, k, v, softmax_scale, causal)`) and the offending
+//! value; driver failures are wrapped unchanged.
+
+use crate::api::LoopOrder;
+use cudarc::driver::DriverError;
+
+/// Errors of the flash-attn API.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum FlashAttnError {
+    /// A CUDA driver call failed (including out-of-memory and launch errors).
+    #[error("CUDA driver error: {0}")]
+    Driver(#[from] DriverError),
+
+    /// No CUDA driver or no GPU: the device API cannot run (the ndarray API
+    /// falls back to the CPU instead).
+    #[error("no usable CUDA GPU: {reason}")]
+    NoGpu { reason: String },
+
+    /// The GPU is older than the oldest embedded PTX build (sm_80).
+    #[error("unsupported device `{name}`: compute capability {major}.{minor}; flash-attn needs sm_80 (Ampere) or newer")]
+    UnsupportedDevice { name: String, major: i32, minor: i32 },
+
+    /// A tensor has a zero-sized axis.
+    #[error("`{argument}`: the {axis} axis is zero-sized (shape {shape:?}, layout (batch, seqlen, nheads, headdim))")]
+    ZeroSizedDim { argument: &'static str, axis: &'static str, shape: [usize; 4] },
+
+    /// Head dim outside the supported range.
+    #[error("`{argument}`: headdim {headdim} is out of range (supported: 1..=256)")]
+    HeadDimOutOfRange { argument: &'static str, headdim: usize },
+
+    /// Two tensors disagree on an axis.
+    #[error("`{argument}`: {axis} is {actual}, but must equal {expected} ({rule})")]
+    ShapeMismatch { argument: &'static str, axis: &'static str, actual: usize, expected: usize, rule: &'static str },
+
+    /// An axis is larger than the kernels index (32-bit sequence, batch and head counts).
+    #[error("`{argument}`: {axis} = {value} exceeds the supported maximum {max}")]
+    DimTooLarge { argument: &'static str, axis: &'static str, value: usize, max: usize },
+
+    /// The largest offset the shape and strides address does not fit in `usize`.
+    #[error("`{argument}`: shape {shape:?} with strides {strides:?} (+ contiguous headdim) overflows the address space")]
+    StrideOverflow { argument: &'static str, shape: [usize; 4], strides: [usize; 3] },
+
+    /// A buffer is shorter than its shape and strides need.
+    #[error("`{argument}`: buffer holds {len} elements, but shape {shape:?} with strides {strides:?} needs {required}")]
+    BufferTooShort { argument: &'static str, len: usize, required: usize, shape: [usize; 4], strides: [usize; 3] },
+
+    /// A row-statistics buffer (`lse`, `l`, `m`) is shorter than `batch·nheads·seqlen_q`.
+    #[error("`{argument}`: buffer holds {len} f32, but (batch, nheads, seqlen_q) needs {required}")]
+    StatsTooShort { argument: &'static str, len: usize, required: usize },
+
+    /// An output whose strides make distinct elements share memory.
+    #[error(
+        "`{argument}`: strides {strides:?} make distinct elements of shape {shape:?} overlap \
+         (each stride must exceed the span of the faster-varying axes)"
+    )]
+    OverlappingOutput { argument: &'static str, shape: [usize; 4], strides: [usize; 3] },
+
+    /// `softmax_scale` is NaN or infinite.
+    #[error("`softmax_scale` = {value} is not a finite number")]
+    InvalidSoftmaxScale { value: f32 },
+
+    /// `block = Some((br, bc))` with a zero or over-large size.
+    #[error("`block`: (br, bc) = ({br}, {bc}) is invalid: {reason}")]
+    InvalidBlock { br: usize, bc: usize, reason: &'static str },
+
+    /// `block = Some((br, bc))` whose tiles do not fit the device's shared memory.
+    #[error(
+        "`block`: (br, bc) = ({br}, {bc}) with headdim {headdim} needs {smem_bytes} bytes of shared memory \
+         for {loop_order:?}, but the device allows {max_smem_bytes} per block"
+    )]
+    BlockTooLarge { br: usize, bc: usize, headdim: usize, loop_order: LoopOrder, smem_bytes: usize, max_smem_bytes: usize },
+
+    /// The row statistics given to `forward_into` do not match the loop order.
+    #[error("`stats`: {loop_order:?} writes {expected}, but {given} was given")]
+    StatsMismatch { loop_order: LoopOrder, expected: &'static str, given: &'static str },
+
+    /// The element type (or combination) has no kernel yet.
+    #[error("`{argument}`: {dtype} is not supported by {what}")]
+    Unsupported { argument: &'static str, dtype: &'static str, what: &'static str },
+
+    /// A buffer or stream belongs to another CUDA context than the `FlashAttention`.
+    #[error("`{argument}` belongs to CUDA context of device {found}, but this FlashAttention runs on device {expected}")]
+    ContextMismatch { argument: &'static str, found: usize, expected: usize },
+
+    /// The standard-attention scratch matrix `batch·nheads·seqlen_q·seqlen_k` does not fit in `usize`.
+    #[error("the S/P scratch matrix of standard attention ({what}) is too large")]
+    ScratchTooLarge { what: String },
+
+    /// The CPU fallback (the reference implementation) refused its arguments.
+    #[error("CPU reference: {0}")]
+    Reference(#[from] crate::reference::RefError),
+
+    /// Building an `ndarray` result failed (not expected: shapes are validated first).
+    #[error("ndarray: {0}")]
+    Ndarray(#[from] ndarray::ShapeError),
+}
+
+/// `Result` with [`FlashAttnError`].
+pub type Result<T, E = FlashAttnError> = std::result::Result<T, E>;

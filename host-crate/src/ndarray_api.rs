@@ -1,0 +1,160 @@
+//! The `ndarray` API: `ArrayView4` in, `Array4` out, layout
+//! `(batch, seqlen, nheads, headdim)` as `flash_attn_func` has it.
+//!
+//! * On a GPU (sm_80 or newer, found through the CUDA driver), the inputs
+//!   are converted to f32, copied to the device, run by the f32 kernel of
+//!   `params.loop_order`, and copied back. `half::f16` and `half::bf16` go
+//!   through f32 as well for now (the tensor-core kernels are not routed
+//!   yet); the output is rounded back to the input type. The call blocks
+//!   until the result is on the host.
+//! * **Without a usable GPU** (no driver, no device, or an older device),
+//!   [`flash_attn_func`] falls back to the CPU: [`reference::fa2_forward`]
+//!   in f32 (half inputs converted to f32), whatever `params.loop_order`
+//!   says — same results up to rounding, much slower. [`default_backend`]
+//!   tells which path a call will take, and why.
+//!
+//! Both paths validate their arguments identically and return the same
+//! typed errors.
+//!
+//! [`reference::fa2_forward`]: crate::reference::fa2_forward
+
+use std::sync::Arc;
+
+use cudarc::driver::CudaStream;
+use flash_attn_common::RowState;
+use ndarray::{Array3, Array4, ArrayView4};
+
+use crate::api::{AttnElem, ForwardParams, RowStats, Tensor, TensorLayout, validate};
+use crate::device::{FlashAttention, default_flash_attention};
+use crate::error::Result;
+use crate::reference;
+
+/// Where [`flash_attn_func`] runs.
+#[derive(Clone, Debug)]
+pub enum Backend {
+    /// The process-wide [`FlashAttention`] on device 0.
+    Gpu(Arc<FlashAttention>),
+    /// The CPU reference, because no GPU can be used (`reason` says why).
+    Cpu { reason: String },
+}
+
+/// The backend of [`flash_attn_func`]; the GPU probe runs once per process.
+pub fn default_backend() -> Backend {
+    match default_flash_attention() {
+        Ok(fa) => Backend::Gpu(fa),
+        Err(reason) => Backend::Cpu { reason },
+    }
+}
+
+/// Attention forward: returns `O` `(batch, seqlen_q, nheads, headdim)` and
+/// the logsumexp `(batch, nheads, seqlen_q)` (natural log, −inf for a row
+/// that sees no key). Runs on the GPU when there is one, else on the CPU
+/// (see the module docs).
+pub fn flash_attn_func<T: AttnElem>(
+    q: ArrayView4<'_, T>,
+    k: ArrayView4<'_, T>,
+    v: ArrayView4<'_, T>,
+    params: &ForwardParams,
+) -> Result<(Array4<T>, Array3<f32>)> {
+    match default_backend() {
+        Backend::Gpu(fa) => {
+            let stream = fa.context().default_stream();
+            flash_attn_func_on(&fa, &stream, q, k, v, params)
+        }
+        Backend::Cpu { .. } => flash_attn_func_cpu(q, k, v, params),
+    }
+}
+
+fn layout_of<T>(a: &ArrayView4<'_, T>) -> (TensorLayout, usize) {
+    let d = a.dim();
+    (TensorLayout::contiguous([d.0, d.1, d.2, d.3]), a.len())
+}
+
+fn check_arrays<T>(
+    q: &ArrayView4<'_, T>,
+    k: &ArrayView4<'_, T>,
+    v: &ArrayView4<'_, T>,
+    params: &ForwardParams,
+) -> Result<crate::api::Problem> {
+    let (ql, kl, vl) = (layout_of(q), layout_of(k), layout_of(v));
+    validate((&ql.0, ql.1), (&kl.0, kl.1), (&vl.0, vl.1), (&ql.0, ql.1), params)
+}
+
+/// [`flash_attn_func`] on an explicit [`FlashAttention`] and stream (the
+/// call synchronizes `stream` to copy the result back).
+pub fn flash_attn_func_on<T: AttnElem>(
+    fa: &FlashAttention,
+    stream: &Arc<CudaStream>,
+    q: ArrayView4<'_, T>,
+    k: ArrayView4<'_, T>,
+    v: ArrayView4<'_, T>,
+    params: &ForwardParams,
+) -> Result<(Array4<T>, Array3<f32>)> {
+    let problem = check_arrays(&q, &k, &v, params)?;
+    let upload = |a: &ArrayView4<'_, T>| -> Result<_> {
+        let host: Vec<f32> = a.iter().map(|x| x.to_f32()).collect();
+        Ok((stream.clone_htod(&host)?, layout_of(a).0))
+    };
+    let (qd, ql) = upload(&q)?;
+    let (kd, kl) = upload(&k)?;
+    let (vd, vl) = upload(&v)?;
+    let out = fa.forward::<f32, _, _, _>(stream, Tensor::new(&qd, ql), Tensor::new(&kd, kl), Tensor::new(&vd, vl), params)?;
+    let o: Vec<T> = stream.clone_dtoh(&out.o)?.into_iter().map(T::from_f32).collect();
+    let lse: Vec<f32> = match &out.stats {
+        RowStats::LogSumExp(lse) => stream.clone_dtoh(lse)?,
+        RowStats::Fa1 { l, m } => {
+            let (l, m) = (stream.clone_dtoh(l)?, stream.clone_dtoh(m)?);
+            l.into_iter().zip(m).map(|(l, m)| RowState { m, l }.lse()).collect()
+        }
+    };
+    let d = problem.dims;
+    let o = Array4::from_shape_vec((d.batch, d.seqlen_q, d.nheads, d.headdim), o)?;
+    let lse = Array3::from_shape_vec((d.batch, d.nheads, d.seqlen_q), lse)?;
+    Ok((o, lse))
+}
+
+/// The CPU path of [`flash_attn_func`]: [`reference::fa2_forward`] in f32,
+/// blocks `params.block` (default 64 × 64), for any `params.loop_order`.
+pub fn flash_attn_func_cpu<T: AttnElem>(
+    q: ArrayView4<'_, T>,
+    k: ArrayView4<'_, T>,
+    v: ArrayView4<'_, T>,
+    params: &ForwardParams,
+) -> Result<(Array4<T>, Array3<f32>)> {
+    let problem = check_arrays(&q, &k, &v, params)?;
+    let (q, k, v) = (q.mapv(|x| x.to_f32()), k.mapv(|x| x.to_f32()), v.mapv(|x| x.to_f32()));
+    let (br, bc) = params.block.unwrap_or((64, 64));
+    let out = reference::fa2_forward::<f32>(q.view(), k.view(), v.view(), params.causal, Some(problem.softmax_scale), br, bc)?;
+    Ok((out.o.mapv(T::from_f32), out.lse))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::FlashAttnError;
+
+    #[test]
+    fn cpu_path_matches_reference_and_converts_halves() {
+        let shape = (1, 3, 2, 4);
+        let q = Array4::from_shape_fn(shape, |(_, i, h, c)| (i as f32 * 0.3 - h as f32 * 0.2 + c as f32 * 0.1).sin());
+        let k = q.mapv(|x| x * 0.5 + 0.1);
+        let v = q.mapv(|x| x.cos());
+        let p = ForwardParams { causal: true, ..Default::default() };
+        let (o, lse) = flash_attn_func_cpu(q.view(), k.view(), v.view(), &p).unwrap();
+        let r = reference::fa2_forward::<f32>(q.view(), k.view(), v.view(), true, None, 64, 64).unwrap();
+        assert_eq!(o, r.o);
+        assert_eq!(lse, r.lse);
+        let qh = q.mapv(half::bf16::from_f32);
+        let (kh, vh) = (k.mapv(half::bf16::from_f32), v.mapv(half::bf16::from_f32));
+        let (oh, _) = flash_attn_func_cpu(qh.view(), kh.view(), vh.view(), &p).unwrap();
+        assert_eq!(oh.dim(), shape);
+    }
+
+    #[test]
+    fn cpu_path_reports_typed_errors() {
+        let q = Array4::<f32>::zeros((1, 3, 2, 4));
+        let k = Array4::<f32>::zeros((1, 5, 3, 4));
+        let e = flash_attn_func_cpu(q.view(), k.view(), k.view(), &ForwardParams::default()).unwrap_err();
+        assert!(matches!(e, FlashAttnError::ShapeMismatch { argument: "k", axis: "nheads", .. }), "{e}");
+    }
+}

@@ -1,0 +1,217 @@
+//! Standard attention (Algorithm 0 of seed 002), the baseline the papers
+//! compare against: `S = softmax_scale · Q Kᵀ` written to HBM, `P =
+//! softmax(S)` (masked, row by row) written over it, then `O = P V`. Three
+//! kernels, each a plain tiled loop; the `(batch, nheads, seqlen_q,
+//! seqlen_k)` f32 scratch matrix at `scratch_ptr` holds S, then P.
+//!
+//! Launch (see `host-crate/src/dispatch.rs`): `F32_THREADS` threads;
+//! `scores` and `pv` take `StdSmem::new().bytes()` of dynamic shared memory;
+//! any grid.x (every kernel strides over its work items).
+
+use crate::arch::{shfl::shfl_xor_f32, smem::dynamic_smem, sreg, sync::sync_threads};
+use crate::tile::{GlobalRows, Operand, SmemTile, block_gemm, tid};
+use flash_attn_common::smem_layout::{F32_THREADS, F32_WARPS, STD_TILE, StdSmem};
+use flash_attn_common::{AttnParams, LOG2_E, Real, RowState};
+
+/// The three `STD_TILE × STD_TILE` tiles: inputs A, B and the output C.
+#[inline(always)]
+fn tiles() -> (SmemTile, SmemTile, SmemTile) {
+    let lay = StdSmem::new();
+    let base = dynamic_smem::<f32>();
+    // SAFETY: the host sized the dynamic shared memory to `lay.bytes()`; the
+    // three regions are disjoint and inside it.
+    unsafe {
+        (
+            SmemTile::new(base, lay.a, STD_TILE, STD_TILE, lay.stride),
+            SmemTile::new(base, lay.b, STD_TILE, STD_TILE, lay.stride),
+            SmemTile::new(base, lay.c, STD_TILE, STD_TILE, lay.stride),
+        )
+    }
+}
+
+/// The S/P scratch matrix of head `bhi = b·nheads + h`: `seqlen_q × seqlen_k`.
+///
+/// # Safety
+/// `p.scratch_ptr` must hold `batch·nheads·seqlen_q·seqlen_k` f32.
+#[inline(always)]
+unsafe fn scratch(p: &AttnParams, bhi: usize) -> GlobalRows {
+    let (nq, nk) = (p.seqlen_q as usize, p.seqlen_k as usize);
+    // SAFETY: head bhi's matrix lies inside the scratch buffer.
+    unsafe { GlobalRows::matrix((p.scratch_ptr as *mut f32).wrapping_add(bhi * nq * nk), nk, nq, nk) }
+}
+
+/// Block-wide: `C = Σ_chunks A_chunk · B_chunk` over the reduction in
+/// chunks of `STD_TILE`, where `load(k0, kk)` fills A and B with chunk
+/// `[k0, k0 + kk)`; then `store(r, c, C[r][c])` for `r < m`, `c < n`,
+/// consecutive threads on consecutive columns.
+#[inline(always)]
+fn tiled_product(
+    (s_a, s_b, s_c): (SmemTile, SmemTile, SmemTile),
+    b_is_transposed: bool,
+    (m, n, kdim): (usize, usize, usize),
+    mut load: impl FnMut(&SmemTile, &SmemTile, usize, usize),
+    mut store: impl FnMut(usize, usize, f32),
+) {
+    let b_op = if b_is_transposed { Operand::rows(&s_b) } else { Operand::cols(&s_b) };
+    let mut k0 = 0;
+    while k0 < kdim {
+        let kk = STD_TILE.min(kdim - k0);
+        sync_threads(); // previous chunk done with s_a, s_b
+        load(&s_a, &s_b, k0, kk);
+        sync_threads();
+        block_gemm(Operand::rows(&s_a), b_op, m, n, kk, |r, c, acc| {
+            // Each element is owned by one thread in every chunk: no barrier needed.
+            s_c.set(r, c, if k0 == 0 { acc } else { s_c.get(r, c) + acc });
+        });
+        k0 += STD_TILE;
+    }
+    sync_threads(); // s_c complete
+    let mut idx = tid();
+    while idx < m * n {
+        store(idx / n, idx % n, s_c.get(idx / n, idx % n));
+        idx += F32_THREADS as usize;
+    }
+    sync_threads(); // s_c read before the next work item overwrites it
+}
+
+/// `standard_scores_f32(params)`: `S[b, h] = softmax_scale · Q[b, :, h] K[b, :, h]ᵀ`,
+/// one `STD_TILE × STD_TILE` tile of S per work item.
+///
+/// # Safety
+/// q, k valid for their shapes and strides; `scratch_ptr` holds
+/// `batch·nheads·seqlen_q·seqlen_k` f32; dynamic shared memory
+/// `StdSmem::new().bytes()`, `F32_THREADS` threads.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn standard_scores_f32(p: AttnParams) {
+    let (nq, nk, d, nh) = (p.seqlen_q as usize, p.seqlen_k as usize, p.headdim as usize, p.nheads as usize);
+    let (tq, tk) = (nq.div_ceil(STD_TILE) as u64, nk.div_ceil(STD_TILE) as u64);
+    let total = p.batch as u64 * nh as u64 * tq * tk;
+    let mut w = sreg::block_idx_x() as u64;
+    while w < total {
+        let (tj, ti, bhi) = ((w % tk) as usize, (w / tk % tq) as usize, (w / tk / tq) as usize);
+        let (b, h) = (bhi / nh, bhi % nh);
+        let (i0, j0) = (ti * STD_TILE, tj * STD_TILE);
+        let (m, n) = (STD_TILE.min(nq - i0), STD_TILE.min(nk - j0));
+        // SAFETY: the host checked q, k against their strides and sized the scratch.
+        let (g_q, g_k, g_s) = unsafe {
+            (
+                GlobalRows::head(p.q_ptr, p.q_stride, b, h, nq, d),
+                GlobalRows::head(p.k_ptr, p.k_stride, b, h, nk, d),
+                scratch(&p, bhi),
+            )
+        };
+        tiled_product(
+            tiles(),
+            true,
+            (m, n, d),
+            |s_a, s_b, k0, kk| {
+                s_a.load(&g_q, i0, m, k0, kk);
+                s_b.load(&g_k, j0, n, k0, kk);
+            },
+            |r, c, s| g_s.set(i0 + r, j0 + c, s * p.softmax_scale),
+        );
+        w += sreg::grid_dim_x() as u64;
+    }
+}
+
+/// Merges the lane states of a warp; every lane ends with the row's state.
+#[inline(always)]
+fn warp_merge(mut s: RowState<f32>) -> RowState<f32> {
+    let mut mask = 16;
+    while mask > 0 {
+        let other = RowState { m: shfl_xor_f32(s.m, mask), l: shfl_xor_f32(s.l, mask) };
+        s = s.merge(other).0;
+        mask >>= 1;
+    }
+    s
+}
+
+/// `standard_softmax_f32(params)`: `P = softmax(S)` in place, row by row,
+/// keys past the causal limit set to 0, and the row's logsumexp to
+/// `lse_ptr`. One warp per row: each lane runs the online softmax
+/// ([`RowState`]) over its strided columns, the 32 states are merged, then
+/// a second pass writes P. Blocks of `F32_THREADS` threads, any grid.x.
+///
+/// # Safety
+/// `scratch_ptr` holds S as written by `standard_scores_f32`; `lse_ptr`
+/// holds `batch·nheads·seqlen_q` f32.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn standard_softmax_f32(p: AttnParams) {
+    let (nq, nk) = (p.seqlen_q as usize, p.seqlen_k as usize);
+    let rows = p.batch as u64 * p.nheads as u64 * nq as u64;
+    let lane = sreg::lane_id() as usize;
+    let mut row = sreg::block_idx_x() as u64 * F32_WARPS as u64 + sreg::warp_id() as u64;
+    while row < rows {
+        let (bhi, i) = ((row / nq as u64) as usize, (row % nq as u64) as usize);
+        // SAFETY: the host sized the scratch to batch·nheads·seqlen_q·seqlen_k.
+        let g_s = unsafe { scratch(&p, bhi) };
+        let limit = p.causal_key_limit(i as u32).clamp(0, nk as i64) as usize;
+
+        // Pass 1: running max and sum together.
+        let mut st = RowState::<f32>::new();
+        let mut c = lane;
+        while c < limit {
+            let s = g_s.get(i, c) * LOG2_E;
+            let (_, m_safe) = st.rescale(s);
+            st.accumulate((s - m_safe).exp2());
+            c += 32;
+        }
+        let st = warp_merge(st);
+
+        // Pass 2: normalize; masked keys get exactly 0.
+        let m_safe = RowState::<f32>::safe_max(st.m);
+        let inv_l = st.inv_l();
+        let mut c = lane;
+        while c < nk {
+            let p_ic = if c < limit { (g_s.get(i, c) * LOG2_E - m_safe).exp2() * inv_l } else { 0.0 };
+            g_s.set(i, c, p_ic);
+            c += 32;
+        }
+        if lane == 0 {
+            // SAFETY: row < batch·nheads·seqlen_q, the length of lse.
+            unsafe { *(p.lse_ptr as *mut f32).add(row as usize) = st.lse() };
+        }
+        row += sreg::grid_dim_x() as u64 * F32_WARPS as u64;
+    }
+}
+
+/// `standard_pv_f32(params)`: `O[b, :, h] = P[b, h] V[b, :, h]`, one
+/// `STD_TILE`-row by `STD_TILE`-column tile of O per work item.
+///
+/// # Safety
+/// v, o valid for their shapes and strides; `scratch_ptr` holds P as
+/// written by `standard_softmax_f32`; dynamic shared memory
+/// `StdSmem::new().bytes()`, `F32_THREADS` threads.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn standard_pv_f32(p: AttnParams) {
+    let (nq, nk, d, nh) = (p.seqlen_q as usize, p.seqlen_k as usize, p.headdim as usize, p.nheads as usize);
+    let (tq, td) = (nq.div_ceil(STD_TILE) as u64, d.div_ceil(STD_TILE) as u64);
+    let total = p.batch as u64 * nh as u64 * tq * td;
+    let mut w = sreg::block_idx_x() as u64;
+    while w < total {
+        let (tc, ti, bhi) = ((w % td) as usize, (w / td % tq) as usize, (w / td / tq) as usize);
+        let (b, h) = (bhi / nh, bhi % nh);
+        let (i0, c0) = (ti * STD_TILE, tc * STD_TILE);
+        let (m, n) = (STD_TILE.min(nq - i0), STD_TILE.min(d - c0));
+        // SAFETY: the host checked v, o against their strides and sized the
+        // scratch; tile (i0, c0) of head (b, h) of O is written by this block only.
+        let (g_p, g_v, g_o) = unsafe {
+            (
+                scratch(&p, bhi),
+                GlobalRows::head(p.v_ptr, p.v_stride, b, h, nk, d),
+                GlobalRows::head(p.o_ptr, p.o_stride, b, h, nq, d),
+            )
+        };
+        tiled_product(
+            tiles(),
+            false,
+            (m, n, nk),
+            |s_a, s_b, k0, kk| {
+                s_a.load(&g_p, i0, m, k0, kk);
+                s_b.load(&g_v, k0, kk, c0, n);
+            },
+            |r, c, o| g_o.set(i0 + r, c0 + c, o),
+        );
+        w += sreg::grid_dim_x() as u64;
+    }
+}

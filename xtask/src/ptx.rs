@@ -1,0 +1,296 @@
+//! PTX checks: assemble every embedded PTX with `ptxas -v` for the arch its
+//! `.target` names and fail on local-memory use (spill stores or loads, or a
+//! stack frame) in any function, or on a kernel missing an instruction it is
+//! meant to use ([`REQUIRED`]).
+//!
+//! The PTX files are the ones `host-crate/build.rs` embeds: we build
+//! `flash-attn` and take its build script's `OUT_DIR` from cargo's JSON
+//! messages, so the files checked are exactly the files compiled in.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::cargo;
+
+/// Instructions a kernel must contain, by kernel-name prefix: the PTX
+/// counterpart of "the instructions we meant are there" (DESIGN.md, tests
+/// tier 4). Each `(prefix, substrings)` applies to every `.entry` whose name
+/// starts with `prefix`; each substring must occur in that entry's body.
+/// (Only the entry's own body is searched: all device code is inlined into
+/// the entries by the fat-LTO build; a `.func` it calls is not searched.)
+pub const REQUIRED: &[(&str, &[&str])] = &[
+    // Tensor-core kernels (kernel-crate/src/tc): HMMA via mma.sync, fragments
+    // from shared memory via ldmatrix, global->shared copies via cp.async.
+    ("flash_fwd_tc_", &["mma.sync", "ldmatrix", "cp.async"]),
+];
+
+/// Where `ptxas` is: `$PTXAS`, then `PATH`, then the `nvidia-cuda-nvcc` pip
+/// wheel (`<site-packages>/nvidia/cu13/bin/ptxas`, or `cuda_nvcc/bin` for
+/// CUDA 12 wheels).
+pub fn find_ptxas() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("PTXAS").map(PathBuf::from).filter(|p| p.is_file()) {
+        return Some(p);
+    }
+    if let Some(path) = std::env::var_os("PATH")
+        && let Some(p) = std::env::split_paths(&path).map(|d| d.join("ptxas")).find(|p| p.is_file())
+    {
+        return Some(p);
+    }
+    let out = Command::new("python3")
+        .args(["-c", "import nvidia; print('\\n'.join(nvidia.__path__))"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())?;
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .flat_map(|dir| ["cu13/bin/ptxas", "cuda_nvcc/bin/ptxas"].map(|sub| Path::new(dir.trim()).join(sub)))
+        .find(|p| p.is_file())
+}
+
+/// One embedded PTX file.
+pub struct PtxFile {
+    pub path: PathBuf,
+    /// The `.target` directive (`sm_80`, `sm_90`, …): the `-arch` for ptxas.
+    pub target: String,
+    pub text: String,
+}
+
+/// Builds the library and returns its embedded PTX files, sorted by name.
+pub fn locate() -> Result<Vec<PtxFile>, String> {
+    let out_dir = cargo::build_script_out_dir("flash-attn")?;
+    let mut files = Vec::new();
+    let entries = std::fs::read_dir(&out_dir).map_err(|e| format!("{}: {e}", out_dir.display()))?;
+    for entry in entries {
+        let path = entry.map_err(|e| e.to_string())?.path();
+        let name = path.file_name().unwrap_or_default().to_string_lossy();
+        if name.starts_with("flash_attn_sm_") && name.ends_with(".ptx") {
+            let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+            let target = text
+                .lines()
+                .find_map(|l| l.trim().strip_prefix(".target "))
+                .map(|t| t.split([',', ' ']).next().unwrap_or("").to_string())
+                .ok_or_else(|| format!("{}: no .target directive", path.display()))?;
+            files.push(PtxFile { path, target, text });
+        }
+    }
+    if files.is_empty() {
+        return Err(format!("no flash_attn_sm_*.ptx in {}", out_dir.display()));
+    }
+    files.sort_by(|a, b| a.path.cmp(&b.path));
+    Ok(files)
+}
+
+/// The `.entry` kernels of a PTX text, with their bodies.
+pub fn entries(ptx: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let mut lines = ptx.lines();
+    while let Some(line) = lines.next() {
+        let Some(rest) = line.split_once(".entry ").map(|(_, r)| r) else { continue };
+        let name = rest.split(['(', ' ']).next().unwrap_or("").trim().to_string();
+        let mut body = String::new();
+        for l in lines.by_ref() {
+            if l == "}" {
+                break;
+            }
+            body.push_str(l);
+            body.push('\n');
+        }
+        out.push((name, body));
+    }
+    out
+}
+
+/// Local-memory figures of one function in `ptxas -v`.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct FnProps {
+    pub name: String,
+    pub stack: u64,
+    pub spill_stores: u64,
+    pub spill_loads: u64,
+}
+
+/// One kernel of the `ptxas -v` report.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct KernelReport {
+    pub name: String,
+    /// The `Used N registers, …` line.
+    pub usage: String,
+    /// The kernel's own properties and those of every function it calls.
+    pub functions: Vec<FnProps>,
+}
+
+/// Parses `ptxas -v` output (the `ptxas info` lines).
+pub fn parse_report(text: &str) -> Vec<KernelReport> {
+    let mut kernels: Vec<KernelReport> = Vec::new();
+    let mut pending: Option<String> = None; // "Function properties for X"
+    for line in text.lines() {
+        let l = line.trim();
+        if let Some(rest) = l.split_once("Compiling entry function '").map(|(_, r)| r) {
+            let name = rest.split('\'').next().unwrap_or("").to_string();
+            kernels.push(KernelReport { name, ..Default::default() });
+        } else if let Some(rest) = l.split_once("Function properties for ").map(|(_, r)| r) {
+            pending = Some(rest.trim().to_string());
+        } else if l.contains("bytes stack frame") {
+            let nums: Vec<u64> = l.split(',').filter_map(|part| part.split_whitespace().next()?.parse().ok()).collect();
+            if let (Some(name), Some(k), &[stack, st, ld]) = (pending.take(), kernels.last_mut(), nums.as_slice()) {
+                k.functions.push(FnProps { name, stack, spill_stores: st, spill_loads: ld });
+            }
+        } else if let Some(rest) = l.split_once(": Used ").map(|(_, r)| r)
+            && let Some(k) = kernels.last_mut().filter(|k| k.usage.is_empty())
+        {
+            k.usage = format!("Used {rest}");
+        }
+    }
+    kernels
+}
+
+/// Result of checking every PTX file.
+pub struct Summary {
+    pub files: usize,
+    pub kernels: usize,
+    pub targets: Vec<String>,
+    pub problems: Vec<String>,
+}
+
+/// Assembles each file with `ptxas -arch=<.target> -v`, printing the report
+/// (one line per kernel, or the full detail with `verbose`), and collects
+/// every problem: ptxas errors, spills, stack frames, missing instructions.
+pub fn check(ptxas: &Path, files: &[PtxFile], verbose: bool) -> Result<Summary, String> {
+    let mut sum = Summary { files: files.len(), kernels: 0, targets: Vec::new(), problems: Vec::new() };
+    for f in files {
+        let mut cmd = Command::new(ptxas);
+        cmd.arg(format!("-arch={}", f.target)).arg("-v").arg(&f.path).args(["-o", "/dev/null"]);
+        let shown = cargo::show(&cmd);
+        let out = cmd.output().map_err(|e| format!("cannot run `{shown}`: {e}"))?;
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        println!("\n== {} ({}): {} ==", f.path.display(), f.target, shown);
+        if !out.status.success() {
+            print!("{text}");
+            sum.problems.push(format!("{}: ptxas failed ({})", f.path.display(), out.status));
+            continue;
+        }
+        for l in text.lines().filter(|l| l.contains("warning")) {
+            println!("  {l}");
+        }
+        sum.targets.push(f.target.clone());
+        let report = parse_report(&text);
+        let ptx_entries = entries(&f.text);
+        for (name, _) in &ptx_entries {
+            if !report.iter().any(|k| &k.name == name) {
+                sum.problems.push(format!(
+                    "{} ({}): kernel {name} missing from the ptxas report",
+                    f.path.display(),
+                    f.target
+                ));
+            }
+        }
+        for k in &report {
+            sum.kernels += 1;
+            let own = k.functions.iter().find(|p| p.name == k.name).cloned().unwrap_or_default();
+            println!(
+                "  {:<48} {}; stack {} B, spill st/ld {}/{} B",
+                k.name, k.usage, own.stack, own.spill_stores, own.spill_loads
+            );
+            for p in &k.functions {
+                if verbose && p.name != k.name {
+                    println!(
+                        "      calls {}: stack {} B, spill st/ld {}/{} B",
+                        p.name, p.stack, p.spill_stores, p.spill_loads
+                    );
+                }
+                if p.stack != 0 || p.spill_stores != 0 || p.spill_loads != 0 {
+                    sum.problems.push(format!(
+                        "{} ({}): kernel {} function {}: {} bytes stack frame, {} bytes spill stores, {} bytes spill loads",
+                        f.path.display(),
+                        f.target,
+                        k.name,
+                        p.name,
+                        p.stack,
+                        p.spill_stores,
+                        p.spill_loads
+                    ));
+                }
+            }
+        }
+        for (name, body) in &ptx_entries {
+            for (prefix, needed) in REQUIRED {
+                for insn in needed.iter().filter(|i| name.starts_with(prefix) && !body.contains(*i)) {
+                    sum.problems.push(format!("{} ({}): kernel {name} has no `{insn}`", f.path.display(), f.target));
+                }
+            }
+        }
+    }
+    Ok(sum)
+}
+
+/// `cargo xtask ptx [--verbose]`.
+pub fn main(args: &[String]) -> Result<(), String> {
+    let mut verbose = false;
+    for a in args {
+        match a.as_str() {
+            "-v" | "--verbose" => verbose = true,
+            "-h" | "--help" => {
+                println!(
+                    "usage: cargo xtask ptx [--verbose]\n\nBuilds flash-attn (profile `{}`), prints the path of every embedded PTX and\nthe `ptxas -v` report per kernel (--verbose: also the functions each kernel calls).\nFails on spills, stack frames or missing instructions.",
+                    cargo::PROFILE
+                );
+                return Ok(());
+            }
+            other => return Err(format!("unknown argument `{other}` (try --help)")),
+        }
+    }
+    let files = locate()?;
+    println!("PTX embedded in flash-attn:");
+    for f in &files {
+        println!("  {} ({}, {} kernels, {} bytes)", f.path.display(), f.target, entries(&f.text).len(), f.text.len());
+    }
+    let Some(ptxas) = find_ptxas() else {
+        println!(
+            "ptxas report skipped: ptxas not found (PATH, $PTXAS, or `python3 -m pip install --user nvidia-cuda-nvcc`)"
+        );
+        return Ok(());
+    };
+    let sum = check(&ptxas, &files, verbose)?;
+    if sum.problems.is_empty() {
+        println!("\nptx: {} kernels in {} files, no spills, no stack frames", sum.kernels, sum.files);
+        Ok(())
+    } else {
+        Err(format!("{} problem(s):\n  {}", sum.problems.len(), sum.problems.join("\n  ")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_ptxas_report() {
+        let text = "ptxas info    : 0 bytes gmem
+ptxas info    : Compiling entry function 'k1' for 'sm_90'
+ptxas info    : Function properties for k1
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 40 registers, used 0 barriers
+ptxas info    : Compile time = 49.649 ms
+ptxas info    : Function properties for panic_fmt
+    8 bytes stack frame, 4 bytes spill stores, 4 bytes spill loads
+ptxas info    : Compiling entry function 'k2' for 'sm_90'
+ptxas info    : Function properties for k2
+    16 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 255 registers, used 1 barriers, 8192 bytes smem
+";
+        let r = parse_report(text);
+        assert_eq!(r.len(), 2);
+        assert_eq!(r[0].name, "k1");
+        assert_eq!(r[0].usage, "Used 40 registers, used 0 barriers");
+        assert_eq!(r[0].functions[1], FnProps { name: "panic_fmt".into(), stack: 8, spill_stores: 4, spill_loads: 4 });
+        assert_eq!(r[1].functions[0].stack, 16);
+    }
+
+    #[test]
+    fn splits_entries() {
+        let ptx = ".version 8.0\n.target sm_90\n.visible .entry a(\n.param .u64 p\n)\n{\n\tmma.sync x;\n\t{\n\t}\n}\n\n.visible .entry b(\n)\n{\n\tret;\n}\n";
+        let e = entries(ptx);
+        assert_eq!(e.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(), ["a", "b"]);
+        assert!(e[0].1.contains("mma.sync") && !e[1].1.contains("mma.sync"));
+    }
+}

@@ -1,0 +1,118 @@
+//! `cargo xtask test [ARGS]`: the project's test command (README, `.ci/run`).
+//!
+//! 1. make sure `rust-src` is installed (the kernels need `-Zbuild-std=core`);
+//! 2. `cargo test --workspace ARGS`, `ARGS` passed through
+//!    (e.g. `cargo xtask test -- --nocapture`, `cargo xtask test cpu_plan`);
+//! 3. when `ptxas` is found, assemble every embedded PTX for its arch and fail
+//!    on spills, stack frames or missing instructions ([`crate::ptx`]);
+//!    otherwise say `skipped: ptxas not found`;
+//! 4. one summary line.
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::Stdio;
+use std::time::Instant;
+
+use crate::{cargo, ptx};
+
+/// Totals of the `test result:` lines of `cargo test`.
+#[derive(Default, Debug, PartialEq)]
+struct Tally {
+    suites: u32,
+    passed: u64,
+    failed: u64,
+    ignored: u64,
+}
+
+impl Tally {
+    /// `test result: ok. 6 passed; 0 failed; 1 ignored; 0 measured; …`
+    fn add_line(&mut self, line: &str) {
+        let Some(rest) = line.trim().strip_prefix("test result: ") else { return };
+        self.suites += 1;
+        for part in rest.split(';') {
+            let mut words = part.split_whitespace().rev();
+            let (Some(what), Some(n)) = (words.next(), words.next()) else { continue };
+            let Ok(n) = n.parse::<u64>() else { continue };
+            match what {
+                "passed" => self.passed += n,
+                "failed" => self.failed += n,
+                "ignored" => self.ignored += n,
+                _ => {}
+            }
+        }
+    }
+}
+
+pub fn main(args: &[String]) -> Result<(), String> {
+    if args.iter().any(|a| a == "-h" || a == "--help") && !args.iter().any(|a| a == "--") {
+        println!(
+            "usage: cargo xtask test [ARGS]\n\nInstalls rust-src if missing, runs `cargo test --workspace ARGS`, then checks\nevery embedded PTX with `ptxas -v` (no spills, no stack frame, required\ninstructions present) when ptxas is found (PATH, $PTXAS, or the nvidia-cuda-nvcc\npip wheel); otherwise that step is skipped."
+        );
+        return Ok(());
+    }
+    let t0 = Instant::now();
+    cargo::ensure_rust_src()?;
+
+    // Workspace tests, streaming their output while counting the results.
+    let mut cmd = cargo::cargo();
+    cmd.args(["test", "--workspace"]).args(args).stdout(Stdio::piped());
+    let shown = cargo::show(&cmd);
+    println!("xtask: {shown}");
+    let mut child = cmd.spawn().map_err(|e| format!("cannot run `{shown}`: {e}"))?;
+    let mut tally = Tally::default();
+    let stdout = std::io::stdout();
+    for line in BufReader::new(child.stdout.take().unwrap()).lines() {
+        let line = line.map_err(|e| e.to_string())?;
+        tally.add_line(&line);
+        let _ = writeln!(stdout.lock(), "{line}");
+    }
+    let st = child.wait().map_err(|e| e.to_string())?;
+    let tests = format!(
+        "{} passed, {} failed, {} ignored in {} suites",
+        tally.passed, tally.failed, tally.ignored, tally.suites
+    );
+    if !st.success() {
+        println!("\nxtask test: FAILED: cargo test ({tests}) [{:.0} s]", t0.elapsed().as_secs_f64());
+        return Err(format!("`{shown}` failed ({st})"));
+    }
+
+    // PTX checks.
+    let ptx_line = match ptx::find_ptxas() {
+        None => "PTX checks skipped: ptxas not found".to_string(),
+        Some(ptxas) => {
+            println!("\nxtask: checking the embedded PTX with {}", ptxas.display());
+            let files = ptx::locate()?;
+            let sum = ptx::check(&ptxas, &files, false)?;
+            if !sum.problems.is_empty() {
+                println!("\nPTX problems:\n  {}", sum.problems.join("\n  "));
+                println!(
+                    "\nxtask test: FAILED: {} PTX problem(s) (tests: {tests}) [{:.0} s]",
+                    sum.problems.len(),
+                    t0.elapsed().as_secs_f64()
+                );
+                return Err(format!("{} PTX problem(s)", sum.problems.len()));
+            }
+            format!(
+                "ptxas: {} kernels in {} PTX files ({}) assembled, no spills, no stack frames",
+                sum.kernels,
+                sum.files,
+                sum.targets.join(", ")
+            )
+        }
+    };
+    println!("\nxtask test: OK: {tests}; {ptx_line} [{:.0} s]", t0.elapsed().as_secs_f64());
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tallies_test_results() {
+        let mut t = Tally::default();
+        t.add_line("test result: ok. 6 passed; 0 failed; 1 ignored; 0 measured; 0 filtered out; finished in 12.54s");
+        t.add_line("test result: FAILED. 2 passed; 3 failed; 0 ignored; 0 measured; 0 filtered out; finished in 0.1s");
+        t.add_line("running 6 tests");
+        assert_eq!(t, Tally { suites: 2, passed: 8, failed: 3, ignored: 1 });
+    }
+}
