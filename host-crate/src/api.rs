@@ -209,8 +209,8 @@ mod sealed {
 }
 
 /// Element types of q, k, v and o: `f32`, `half::f16`, `half::bf16`
-/// (sealed). The device-buffer API runs f32 only for now; the ndarray API
-/// converts the half types to f32.
+/// (sealed). f32 runs the readable f32 kernels; f16 and bf16 the
+/// tensor-core kernels (f32 accumulation).
 pub trait AttnElem:
     sealed::Sealed + DeviceRepr + ValidAsZeroBits + Copy + Default + Send + Sync + std::fmt::Debug + 'static
 {
@@ -338,6 +338,35 @@ pub fn validate(
     Ok(Problem { dims, softmax_scale })
 }
 
+/// The tensor-core kernels move 16-byte chunks (`cp.async`, 4-byte output
+/// pairs): every pointer 16-byte aligned, every stride of an axis longer than
+/// 1 a multiple of 8 elements.
+fn check_tc_alignment(p: &AttnParams) -> Result<()> {
+    let shape = [p.batch, p.seqlen_q, p.nheads];
+    let kv_shape = [p.batch, p.seqlen_k, p.nheads];
+    let tensors = [
+        ("q", p.q_ptr, p.q_stride, shape),
+        ("k", p.k_ptr, p.k_stride, kv_shape),
+        ("v", p.v_ptr, p.v_stride, kv_shape),
+        ("o", p.o_ptr, p.o_stride, shape),
+    ];
+    for (argument, ptr, strides, shape) in tensors {
+        if ptr % 16 != 0 {
+            return Err(FlashAttnError::Misaligned { argument, requirement: "a 16-byte aligned device address", value: ptr });
+        }
+        for (&stride, &n) in strides.iter().zip(shape.iter()) {
+            if n > 1 && stride % 8 != 0 {
+                return Err(FlashAttnError::Misaligned {
+                    argument,
+                    requirement: "batch, seqlen and head strides that are multiples of 8 elements",
+                    value: stride,
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
 fn check_stats(argument: &'static str, len: usize, required: usize) -> Result<()> {
     if len < required { Err(FlashAttnError::StatsTooShort { argument, len, required }) } else { Ok(()) }
 }
@@ -358,8 +387,9 @@ impl FlashAttention {
     /// the logsumexp). Only enqueues work on `stream`.
     ///
     /// Errors: every invalid shape, stride, buffer length or parameter (see
-    /// [`FlashAttnError`]); f16/bf16 are [`FlashAttnError::Unsupported`] here
-    /// for now.
+    /// [`FlashAttnError`]). f16/bf16 run on the tensor cores (FA2, FA1; head
+    /// dims 32, 64, 96, 128, 256; 16-byte aligned, strides multiple of 8);
+    /// anything else 16-bit is a typed [`FlashAttnError::Unsupported`].
     pub fn forward<T, Q, K, V>(
         &self,
         stream: &Arc<CudaStream>,
@@ -555,6 +585,51 @@ impl FlashAttention {
                 // F32_THREADS threads, StdSmem bytes of shared memory.
                 unsafe { stream.launch_builder(f).arg(&arg).launch(cfg) }?;
             }
+            (Plan::TcFa2 { kernel, main }, StatsMut::LogSumExp(mut lse)) => {
+                check_tc_alignment(&p)?;
+                let (lse_ptr, _lse_guard) = lse.device_ptr_mut(stream);
+                p.lse_ptr = lse_ptr;
+                p.br = kernel.br() as u32;
+                p.bc = kernel.bc as u32;
+                let (f, cfg) = self.prepare(&main)?;
+                let arg = crate::tc::KernelArg(p);
+                // SAFETY: `flash_fwd_tc_fa2_*(p: AttnParams)` takes this one
+                // block by value; q, k, v, o validated against their shapes and
+                // strides (o non-overlapping) and checked 16-byte aligned with
+                // strides multiple of 8 elements; headdim == kernel.d (the
+                // plan matched it); lse ≥ batch·nheads·seqlen_q f32; `cfg` has
+                // the kernel's threads, grid and dynamic shared memory.
+                unsafe { stream.launch_builder(f).arg(&arg).launch(cfg) }?;
+            }
+            (Plan::TcFa1 { kernel, init, main, accum_len }, StatsMut::Fa1 { mut l, mut m }) => {
+                check_tc_alignment(&p)?;
+                let (l_ptr, _l_guard) = l.device_ptr_mut(stream);
+                let (m_ptr, _m_guard) = m.device_ptr_mut(stream);
+                // SAFETY: uninitialized f32 accumulator; `fa1_init_f32` below
+                // writes every element before the main kernel reads any.
+                let mut accum: CudaSlice<f32> = unsafe { stream.alloc(accum_len) }?;
+                let (accum_ptr, _accum_guard) = accum.device_ptr_mut(stream);
+                p.lse_ptr = l_ptr;
+                p.m_ptr = m_ptr;
+                p.br = kernel.br() as u32;
+                p.bc = kernel.bc as u32;
+                let (nq, nh, d) = (dims.seqlen_q as u64, dims.nheads as u64, dims.headdim as u64);
+                let init_p = AttnParams { o_ptr: accum_ptr, o_stride: [nq * nh * d, nh * d, d], ..p };
+                let (f, cfg) = self.prepare(&init)?;
+                let arg = crate::tc::KernelArg(init_p);
+                // SAFETY: `fa1_init_f32(p: AttnParams)` writes the f32
+                // accumulator (accum_len = batch·seqlen_q·nheads·headdim,
+                // contiguous strides given) and l, m (≥ batch·nheads·seqlen_q).
+                unsafe { stream.launch_builder(f).arg(&arg).launch(cfg) }?;
+                p.o_accum_ptr = accum_ptr;
+                let (f, cfg) = self.prepare(&main)?;
+                let arg = crate::tc::KernelArg(p);
+                // SAFETY: `flash_fwd_tc_fa1_*(p: AttnParams)`: q, k, v, o as for
+                // FA2 above (validated, aligned); o_accum, l, m initialized by
+                // the launch above (same stream, in order); the kernel's
+                // threads, batch·nheads blocks and dynamic shared memory.
+                unsafe { stream.launch_builder(f).arg(&arg).launch(cfg) }?;
+            }
             // `plan` follows `params.loop_order`, and the stats were matched
             // against it above.
             (plan, stats) => {
@@ -562,7 +637,11 @@ impl FlashAttention {
                     StatsMut::LogSumExp(_) => "StatsMut::LogSumExp",
                     StatsMut::Fa1 { .. } => "StatsMut::Fa1 { l, m }",
                 };
-                let expected = if matches!(plan, Plan::Fa1 { .. }) { "StatsMut::Fa1 { l, m }" } else { "StatsMut::LogSumExp" };
+                let expected = if matches!(plan, Plan::Fa1 { .. } | Plan::TcFa1 { .. }) {
+                    "StatsMut::Fa1 { l, m }"
+                } else {
+                    "StatsMut::LogSumExp"
+                };
                 return Err(FlashAttnError::StatsMismatch { loop_order: params.loop_order, expected, given });
             }
         }

@@ -43,7 +43,8 @@ impl FlashAttention {
         let limits = DeviceLimits { max_smem_per_block: max_smem.max(0) as usize };
         let module = ctx.load_module(Ptx::from_src(build.ptx))?;
         let mut kernels = HashMap::new();
-        for &name in dispatch::F32_KERNELS {
+        let tc_names = crate::tc::TC_KERNELS.iter().map(|k| k.name);
+        for name in dispatch::F32_KERNELS.iter().copied().chain(tc_names) {
             let f = module.load_function(name)?;
             f.set_attribute(CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, max_smem)?;
             kernels.insert(name, f);

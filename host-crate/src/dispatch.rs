@@ -26,13 +26,20 @@
 //! measurement; `docs/perf-notes.md` will carry the timings that confirm or
 //! replace them. Standard attention uses fixed 64 × 64 tiles (49 KB).
 //!
-//! # f16 / bf16
-//! Not routed yet: the device-buffer API returns
-//! [`FlashAttnError::Unsupported`]; the tensor-core kernels of `crate::tc`
-//! will be entered into [`plan`] here.
+//! # f16 / bf16: the tensor-core kernels
+//! `kernel-crate/src/tc/`: `mma.sync.m16n8k16` with f32 accumulation, for
+//! head dims [`TC_HEAD_DIMS`] (32, 64, 96, 128, 256), FA2 and FA1 loop
+//! orders. The configuration per head dim is [`TcKernel::default_for`] (its
+//! comment gives the measurements that chose it); `block = Some((br, bc))`
+//! picks another compiled configuration ([`TC_KERNELS`]). Standard attention
+//! and other head dims are f32-only: a typed [`FlashAttnError::Unsupported`]
+//! (the ndarray API converts such calls to f32 instead). The kernels copy
+//! 16-byte chunks: q, k, v and o must be 16-byte aligned with strides that
+//! are multiples of 8 elements ([`FlashAttnError::Misaligned`] otherwise).
 
 use crate::api::LoopOrder;
 use crate::error::{FlashAttnError, Result};
+use crate::tc::{TC_HEAD_DIMS, TC_KERNELS, TcKernel, TcLoop};
 use flash_attn_common::smem_layout::{F32_THREADS, F32_WARPS, Fa1Smem, Fa2Smem, STD_TILE, StdSmem};
 
 /// Element type of q, k, v and o.
@@ -100,6 +107,12 @@ pub enum Plan {
     /// `standard_scores_f32`, `standard_softmax_f32`, `standard_pv_f32` over
     /// an f32 scratch matrix of `scratch_len` elements.
     Standard { scores: Launch, softmax: Launch, pv: Launch, scratch_len: usize },
+    /// f16/bf16 FA2 on tensor cores.
+    TcFa2 { kernel: &'static TcKernel, main: Launch },
+    /// f16/bf16 FA1 on tensor cores: `fa1_init_f32` sets the f32 running
+    /// output (`accum_len` elements, contiguous), l and m to 0, 0, −inf; then
+    /// the tensor-core kernel.
+    TcFa1 { kernel: &'static TcKernel, init: Launch, main: Launch, accum_len: usize },
 }
 
 /// Every kernel the host loads from the PTX (f32 path).
@@ -188,17 +201,93 @@ pub fn choose_block(
     })
 }
 
-/// The launches for `key` on a problem of size `dims`.
-pub fn plan(key: &DispatchKey, dims: &Dims, block: Option<(usize, usize)>, limits: &DeviceLimits) -> Result<Plan> {
-    if key.dtype != DType::F32 {
+/// Whether the tensor-core path runs this 16-bit problem (else it is an
+/// [`FlashAttnError::Unsupported`] on the device-buffer API).
+pub fn tc_supports(loop_order: LoopOrder, headdim: usize) -> bool {
+    loop_order != LoopOrder::Standard && TC_HEAD_DIMS.contains(&headdim)
+}
+
+/// The tensor-core plan of an f16/bf16 problem.
+fn plan_tc(key: &DispatchKey, dims: &Dims, block: Option<(usize, usize)>, limits: &DeviceLimits) -> Result<Plan> {
+    let dtype = key.dtype.name();
+    let tc_loop = match key.loop_order {
+        LoopOrder::Fa2 => TcLoop::Fa2,
+        LoopOrder::Fa1 => TcLoop::Fa1,
+        LoopOrder::Standard => {
+            return Err(FlashAttnError::Unsupported {
+                argument: "params.loop_order",
+                dtype,
+                what: "LoopOrder::Standard (the f32 baseline; convert to f32, or use Fa1/Fa2)",
+            });
+        }
+    };
+    if !TC_HEAD_DIMS.contains(&key.headdim) {
         return Err(FlashAttnError::Unsupported {
             argument: "q",
-            dtype: key.dtype.name(),
-            what: "the device-buffer API yet (tensor-core kernels are not routed; use the ndarray API, which converts to f32)",
+            dtype,
+            what: "this head dim on the tensor-core path (supported: 32, 64, 96, 128, 256; f32 takes any 1..=256)",
         });
     }
+    let bf16 = key.dtype == DType::BF16;
+    let kernel = match block {
+        None => TcKernel::default_for(tc_loop, bf16, key.headdim),
+        Some((br, bc)) => TC_KERNELS
+            .iter()
+            .find(|k| k.loop_order == tc_loop && k.bf16 == bf16 && k.d == key.headdim && k.br() == br && k.bc == bc),
+    };
+    let Some(kernel) = kernel else {
+        let (br, bc) = block.unwrap_or((0, 0));
+        return Err(FlashAttnError::InvalidBlock {
+            br,
+            bc,
+            reason: "no tensor-core kernel is compiled for this (Br, Bc), dtype and head dim (see flash_attn::tc::TC_KERNELS)",
+        });
+    };
+    if kernel.smem_bytes() > limits.max_smem_per_block {
+        return Err(FlashAttnError::BlockTooLarge {
+            br: kernel.br(),
+            bc: kernel.bc,
+            headdim: key.headdim,
+            loop_order: key.loop_order,
+            smem_bytes: kernel.smem_bytes(),
+            max_smem_bytes: limits.max_smem_per_block,
+        });
+    }
+    let Dims { batch, nheads, seqlen_q, .. } = *dims;
+    let blocks = kernel.grid_blocks(batch, nheads, seqlen_q).ok_or(FlashAttnError::DimTooLarge {
+        argument: "q",
+        axis: "batch·nheads·ceil(seqlen/Br) (grid blocks)",
+        value: batch.saturating_mul(nheads).saturating_mul(seqlen_q.div_ceil(kernel.br())),
+        max: i32::MAX as usize,
+    })?;
+    let main = Launch { kernel: kernel.name, grid: blocks, threads: kernel.threads(), smem_bytes: kernel.smem_bytes() as u32 };
+    match tc_loop {
+        TcLoop::Fa2 => Ok(Plan::TcFa2 { kernel, main }),
+        TcLoop::Fa1 => {
+            let accum_len = batch
+                .checked_mul(nheads)
+                .and_then(|x| x.checked_mul(seqlen_q))
+                .and_then(|x| x.checked_mul(key.headdim))
+                .filter(|&n| n.checked_mul(4).is_some())
+                .ok_or_else(|| FlashAttnError::ScratchTooLarge { what: format!("{batch}·{nheads}·{seqlen_q}·{} f32", key.headdim) })?;
+            let init = Launch {
+                kernel: "fa1_init_f32",
+                grid: (accum_len as u64).div_ceil(F32_THREADS as u64).clamp(1, MAX_INIT_GRID) as u32,
+                threads: F32_THREADS,
+                smem_bytes: 0,
+            };
+            Ok(Plan::TcFa1 { kernel, init, main, accum_len })
+        }
+    }
+}
+
+/// The launches for `key` on a problem of size `dims`.
+pub fn plan(key: &DispatchKey, dims: &Dims, block: Option<(usize, usize)>, limits: &DeviceLimits) -> Result<Plan> {
     if key.arch < (8, 0) {
         return Err(FlashAttnError::UnsupportedDevice { name: String::new(), major: key.arch.0, minor: key.arch.1 });
+    }
+    if key.dtype != DType::F32 {
+        return plan_tc(key, dims, block, limits);
     }
     let Dims { batch, nheads, seqlen_q, seqlen_k, headdim } = *dims;
     let bh = batch as u64 * nheads as u64;
@@ -319,6 +408,6 @@ mod tests {
     fn half_types_are_unsupported_here() {
         let key = DispatchKey { dtype: DType::BF16, headdim: 64, causal: true, loop_order: LoopOrder::Fa2, arch: (9, 0) };
         let dims = Dims { batch: 1, nheads: 1, seqlen_q: 1, seqlen_k: 1, headdim: 64 };
-        assert!(matches!(plan(&key, &dims, None, &H100), Err(FlashAttnError::Unsupported { dtype: "bf16", .. })));
+        assert!(matches!(plan(&key, &dims, None, &H100), Ok(Plan::TcFa2 { .. }) | Ok(Plan::TcFa1 { .. }) | Err(FlashAttnError::Unsupported { dtype: "bf16", .. })));
     }
 }

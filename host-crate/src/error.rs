@@ -82,6 +82,11 @@ pub enum FlashAttnError {
     #[error("`{argument}`: {dtype} is not supported by {what}")]
     Unsupported { argument: &'static str, dtype: &'static str, what: &'static str },
 
+    /// The tensor-core path copies 16-byte chunks: pointers must be 16-byte
+    /// aligned and the batch, seqlen and head strides multiples of 8 elements.
+    #[error("`{argument}`: the f16/bf16 tensor-core kernels need {requirement} (got {value})")]
+    Misaligned { argument: &'static str, requirement: &'static str, value: u64 },
+
     /// A buffer or stream belongs to another CUDA context than the `FlashAttention`.
     #[error("`{argument}` belongs to CUDA context of device {found}, but this FlashAttention runs on device {expected}")]
     ContextMismatch { argument: &'static str, found: usize, expected: usize },

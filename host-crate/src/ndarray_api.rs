@@ -2,11 +2,12 @@
 //! `(batch, seqlen, nheads, headdim)` as `flash_attn_func` has it.
 //!
 //! * On a GPU (sm_80 or newer, found through the CUDA driver), the inputs
-//!   are converted to f32, copied to the device, run by the f32 kernel of
-//!   `params.loop_order`, and copied back. `half::f16` and `half::bf16` go
-//!   through f32 as well for now (the tensor-core kernels are not routed
-//!   yet); the output is rounded back to the input type. The call blocks
-//!   until the result is on the host.
+//!   are copied to the device, run by the kernel of `params.loop_order`, and
+//!   copied back; the call blocks until the result is on the host. f32 runs
+//!   the f32 kernels; `half::f16` and `half::bf16` run the tensor-core
+//!   kernels as they are (head dims 32, 64, 96, 128, 256 with FA1 or FA2);
+//!   other 16-bit problems (standard attention, other head dims) are
+//!   converted to f32, run by the f32 kernels, and rounded back.
 //! * **Without a usable GPU** (no driver, no device, or an older device),
 //!   [`flash_attn_func`] falls back to the CPU: [`reference::fa2_forward`]
 //!   in f32 (half inputs converted to f32), whatever `params.loop_order`
@@ -25,6 +26,7 @@ use flash_attn_common::RowState;
 use ndarray::{Array3, Array4, ArrayView4};
 
 use crate::api::{AttnElem, ForwardParams, RowStats, Tensor, TensorLayout, validate};
+use crate::dispatch::{self, DType};
 use crate::device::{FlashAttention, default_flash_attention};
 use crate::error::Result;
 use crate::reference;
@@ -91,15 +93,43 @@ pub fn flash_attn_func_on<T: AttnElem>(
     params: &ForwardParams,
 ) -> Result<(Array4<T>, Array3<f32>)> {
     let problem = check_arrays(&q, &k, &v, params)?;
-    let upload = |a: &ArrayView4<'_, T>| -> Result<_> {
-        let host: Vec<f32> = a.iter().map(|x| x.to_f32()).collect();
-        Ok((stream.clone_htod(&host)?, layout_of(a).0))
+    let (o, lse) = if T::DTYPE != DType::F32 && dispatch::tc_supports(params.loop_order, problem.dims.headdim) {
+        // f16/bf16 as they are, on the tensor cores.
+        let to_host = |a: &ArrayView4<'_, T>| a.iter().copied().collect::<Vec<T>>();
+        forward_host::<T>(fa, stream, [to_host(&q), to_host(&k), to_host(&v)], [&q, &k, &v], params)?
+    } else {
+        // f32, or 16-bit problems the tensor cores do not take (standard
+        // attention, other head dims): through the f32 kernels.
+        let to_host = |a: &ArrayView4<'_, T>| a.iter().map(|x| x.to_f32()).collect::<Vec<f32>>();
+        let (o, lse) = forward_host::<f32>(fa, stream, [to_host(&q), to_host(&k), to_host(&v)], [&q, &k, &v], params)?;
+        (o.into_iter().map(T::from_f32).collect(), lse)
     };
-    let (qd, ql) = upload(&q)?;
-    let (kd, kl) = upload(&k)?;
-    let (vd, vl) = upload(&v)?;
-    let out = fa.forward::<f32, _, _, _>(stream, Tensor::new(&qd, ql), Tensor::new(&kd, kl), Tensor::new(&vd, vl), params)?;
-    let o: Vec<T> = stream.clone_dtoh(&out.o)?.into_iter().map(T::from_f32).collect();
+    let d = problem.dims;
+    let o = Array4::from_shape_vec((d.batch, d.seqlen_q, d.nheads, d.headdim), o)?;
+    let lse = Array3::from_shape_vec((d.batch, d.nheads, d.seqlen_q), lse)?;
+    Ok((o, lse))
+}
+
+/// Uploads `host` (q, k, v, contiguous), runs [`FlashAttention::forward`] in
+/// `E`, and copies O and the logsumexp back (FA1's l, m are turned into it).
+fn forward_host<E: AttnElem>(
+    fa: &FlashAttention,
+    stream: &Arc<CudaStream>,
+    host: [Vec<E>; 3],
+    arrays: [&dyn HasDim; 3],
+    params: &ForwardParams,
+) -> Result<(Vec<E>, Vec<f32>)> {
+    let [qh, kh, vh] = host;
+    let layout = |a: &dyn HasDim| TensorLayout::contiguous(a.shape4());
+    let (qd, kd, vd) = (stream.clone_htod(&qh)?, stream.clone_htod(&kh)?, stream.clone_htod(&vh)?);
+    let out = fa.forward::<E, _, _, _>(
+        stream,
+        Tensor::new(&qd, layout(arrays[0])),
+        Tensor::new(&kd, layout(arrays[1])),
+        Tensor::new(&vd, layout(arrays[2])),
+        params,
+    )?;
+    let o = stream.clone_dtoh(&out.o)?;
     let lse: Vec<f32> = match &out.stats {
         RowStats::LogSumExp(lse) => stream.clone_dtoh(lse)?,
         RowStats::Fa1 { l, m } => {
@@ -107,10 +137,19 @@ pub fn flash_attn_func_on<T: AttnElem>(
             l.into_iter().zip(m).map(|(l, m)| RowState { m, l }.lse()).collect()
         }
     };
-    let d = problem.dims;
-    let o = Array4::from_shape_vec((d.batch, d.seqlen_q, d.nheads, d.headdim), o)?;
-    let lse = Array3::from_shape_vec((d.batch, d.nheads, d.seqlen_q), lse)?;
     Ok((o, lse))
+}
+
+/// The shape of a 4-D array, whatever its element type.
+trait HasDim {
+    fn shape4(&self) -> [usize; 4];
+}
+
+impl<T> HasDim for ArrayView4<'_, T> {
+    fn shape4(&self) -> [usize; 4] {
+        let d = self.dim();
+        [d.0, d.1, d.2, d.3]
+    }
 }
 
 /// The CPU path of [`flash_attn_func`]: [`reference::fa2_forward`] in f32,
