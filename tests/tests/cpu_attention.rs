@@ -228,9 +228,9 @@ fn seed_worked_example_n4_d2_step_by_step() {
     ];
     for (j, (st, (o, l, m))) in steps.iter().zip(expected).enumerate() {
         for r in 0..4 {
-            for x in 0..2 {
+            for (x, &want) in o[r].iter().enumerate() {
                 let got = st.o[[0, r, 0, x]];
-                assert!((got - o[r][x]).abs() < 1e-13, "j={} O[{r}][{x}] = {got}, want {}", j + 1, o[r][x]);
+                assert!((got - want).abs() < 1e-13, "j={} O[{r}][{x}] = {got}, want {want}", j + 1);
             }
             let (gl, gm) = (st.l[[0, 0, r]], st.m[[0, 0, r]]);
             assert!((gl - l[r]).abs() < 1e-13, "j={} l[{r}] = {gl}, want {}", j + 1, l[r]);

@@ -4,9 +4,9 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-/// The profile xtask builds the library and its binaries with: `test`
-/// (opt-level 2, see the root `Cargo.toml`), the profile `cargo test` uses, so
-/// `cargo xtask test`, `ptx` and `run` share one build.
+/// The profile xtask builds its binaries (`fa-run`) with: `test` (opt-level 2,
+/// see the root `Cargo.toml`), the profile `cargo test` uses, so they share
+/// most of the build of `cargo xtask test`.
 pub const PROFILE: &str = "test";
 
 /// The workspace root (the parent of `xtask/`).
@@ -36,6 +36,23 @@ pub fn show(cmd: &Command) -> String {
         s.push_str(&a.to_string_lossy());
     }
     s
+}
+
+/// The profile arguments among `cargo test` arguments (`--release`,
+/// `--profile P`, `--profile=P`), up to a `--`.
+pub fn profile_args(args: &[String]) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut it = args.iter().take_while(|a| *a != "--");
+    while let Some(a) = it.next() {
+        if a == "--release" || a == "-r" || a.starts_with("--profile=") {
+            out.push(a.clone());
+        } else if a == "--profile"
+            && let Some(p) = it.next()
+        {
+            out.extend([a.clone(), p.clone()]);
+        }
+    }
+    out
 }
 
 /// The `channel` of `rust-toolchain.toml` (e.g. `nightly-2026-05-20`).
@@ -77,11 +94,16 @@ pub fn ensure_rust_src() -> Result<(), String> {
     if core.is_dir() { Ok(()) } else { Err(format!("rust-src installed but {} still missing", core.display())) }
 }
 
-/// Builds `package` with [`PROFILE`] (build output on stderr as usual) and
-/// returns the `OUT_DIR` its build script ran with, from cargo's JSON messages.
-pub fn build_script_out_dir(package: &str) -> Result<PathBuf, String> {
+/// Builds what `cargo test --workspace` builds (`--no-run`, with
+/// `profile_args` such as `--release`; build output on stderr as usual) and
+/// returns the `OUT_DIR` the build script of `package` ran with, from cargo's
+/// JSON messages. The same unit graph as the test run, so after `cargo test`
+/// nothing is rebuilt (a `cargo build -p` would resolve features differently
+/// and rebuild dependencies).
+pub fn build_script_out_dir(package: &str, profile_args: &[String]) -> Result<PathBuf, String> {
     let mut cmd = cargo();
-    cmd.args(["build", "--package", package, "--profile", PROFILE, "--message-format=json-render-diagnostics"])
+    cmd.args(["test", "--workspace", "--no-run", "--message-format=json-render-diagnostics"])
+        .args(profile_args)
         .stdout(Stdio::piped());
     let shown = show(&cmd);
     let mut child = cmd.spawn().map_err(|e| format!("cannot run `{shown}`: {e}"))?;
@@ -137,6 +159,14 @@ fn json_str(line: &str, key: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn finds_profile_args() {
+        let a = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(profile_args(&a(&["--release", "cpu_plan", "--", "--release"])), a(&["--release"]));
+        assert_eq!(profile_args(&a(&["--profile", "bench", "x"])), a(&["--profile", "bench"]));
+        assert!(profile_args(&a(&["--", "--nocapture"])).is_empty());
+    }
 
     #[test]
     fn reads_cargo_json() {

@@ -7,14 +7,17 @@
 //!   ([`ptx`]); ends with a one-line summary.
 //! * `cargo xtask ptx`: build the library, print the PTX paths and the `ptxas
 //!   -v` report of every kernel.
+//! * `cargo xtask stage [DIR]`: a self-contained folder for a GPU machine
+//!   (test binaries, `fa-run`, `fa-bench`, `run.sh`) ([`stage`]).
 //! * `cargo xtask run [ARGS]`: the main job; for now the CPU reference on the
 //!   GPT-2 shape with the tiling plan and the HBM-traffic model ([`run`]).
 //!
 //! xtask itself has **no dependencies**, on purpose: it must be able to run
 //! (and install `rust-src`) before anything compiles the kernels. Commands that
 //! need the library run a binary of the `flash-attn-tests` crate (`fa-run`,
-//! `fa-bench`) through a nested cargo ([`cargo`]), built with the `test`
-//! profile (opt-level 2) so that `cargo xtask test`, `ptx` and `run` share one
+//! `fa-bench`) through a nested cargo ([`cargo`]); `fa-run` is built with the
+//! `test` profile (opt-level 2), and `ptx` reads the PTX of the very build
+//! `cargo test --workspace` made, so `test`, `ptx` and `run` share most of one
 //! build. A new command is a module with a `pub fn main(args: &[String]) ->
 //! Result<(), String>` and one line in [`COMMANDS`].
 
@@ -22,6 +25,7 @@ mod bench;
 mod cargo;
 mod ptx;
 mod run;
+mod stage;
 mod test;
 
 use std::process::ExitCode;
@@ -33,6 +37,7 @@ const COMMANDS: &[(&str, &str, Command)] = &[
     ("test", "rust-src check, `cargo test --workspace [ARGS]`, then ptxas checks of every PTX", test::main),
     ("ptx", "build the library; print each PTX path and the `ptxas -v` report per kernel", ptx::main),
     ("run", "CPU reference (FA1, FA2 vs standard) on the GPT-2 shape + tiling plan + HBM model", run::main),
+    ("stage", "release test binaries, fa-run, fa-bench and a run.sh in one folder for a GPU box (default bundle/)", stage::main),
     (
         "bench",
         "FA2/FA1/standard vs PyTorch SDPA on the paper shapes: table, JSON, SVG plots (release build)",

@@ -3,9 +3,10 @@
 //! stack frame) in any function, or on a kernel missing an instruction it is
 //! meant to use ([`REQUIRED`]).
 //!
-//! The PTX files are the ones `host-crate/build.rs` embeds: we build
-//! `flash-attn` and take its build script's `OUT_DIR` from cargo's JSON
-//! messages, so the files checked are exactly the files compiled in.
+//! The PTX files are the ones `host-crate/build.rs` embeds: we build what
+//! `cargo test --workspace` builds and take the `flash-attn` build script's
+//! `OUT_DIR` from cargo's JSON messages, so the files checked are exactly the
+//! files compiled into the library the tests ran.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -19,9 +20,18 @@ use crate::cargo;
 /// (Only the entry's own body is searched: all device code is inlined into
 /// the entries by the fat-LTO build; a `.func` it calls is not searched.)
 pub const REQUIRED: &[(&str, &[&str])] = &[
-    // Tensor-core kernels (kernel-crate/src/tc): HMMA via mma.sync, fragments
-    // from shared memory via ldmatrix, global->shared copies via cp.async.
-    ("flash_fwd_tc_", &["mma.sync", "ldmatrix", "cp.async"]),
+    // Tensor-core kernels (kernel-crate/src/tc), FA2 and FA1: HMMA via
+    // mma.sync m16n8k16, fragments from shared memory via ldmatrix (V through
+    // the transposing x4 form), global->shared 16-byte copies via cp.async.cg.
+    (
+        "flash_fwd_tc_",
+        &[
+            "mma.sync.aligned.m16n8k16",
+            "ldmatrix.sync.aligned",
+            "ldmatrix.sync.aligned.m8n8.x4.trans",
+            "cp.async.cg.shared.global",
+        ],
+    ),
 ];
 
 /// Where `ptxas` is: `$PTXAS`, then `PATH`, then the `nvidia-cuda-nvcc` pip
@@ -55,9 +65,10 @@ pub struct PtxFile {
     pub text: String,
 }
 
-/// Builds the library and returns its embedded PTX files, sorted by name.
-pub fn locate() -> Result<Vec<PtxFile>, String> {
-    let out_dir = cargo::build_script_out_dir("flash-attn")?;
+/// Builds the library (as `cargo test --workspace [profile_args]` does) and
+/// returns its embedded PTX files, sorted by name.
+pub fn locate(profile_args: &[String]) -> Result<Vec<PtxFile>, String> {
+    let out_dir = cargo::build_script_out_dir("flash-attn", profile_args)?;
     let mut files = Vec::new();
     let entries = std::fs::read_dir(&out_dir).map_err(|e| format!("{}: {e}", out_dir.display()))?;
     for entry in entries {
@@ -212,34 +223,50 @@ pub fn check(ptxas: &Path, files: &[PtxFile], verbose: bool) -> Result<Summary, 
                 }
             }
         }
-        for (name, body) in &ptx_entries {
-            for (prefix, needed) in REQUIRED {
-                for insn in needed.iter().filter(|i| name.starts_with(prefix) && !body.contains(*i)) {
-                    sum.problems.push(format!("{} ({}): kernel {name} has no `{insn}`", f.path.display(), f.target));
-                }
-            }
+        for p in missing_instructions(&ptx_entries) {
+            sum.problems.push(format!("{} ({}): {p}", f.path.display(), f.target));
         }
     }
     Ok(sum)
 }
 
-/// `cargo xtask ptx [--verbose]`.
+/// The [`REQUIRED`] check of one PTX file's entries: each kernel missing a
+/// required instruction, and each prefix no kernel has (so the check cannot
+/// pass by the kernels disappearing or being renamed).
+pub fn missing_instructions(ptx_entries: &[(String, String)]) -> Vec<String> {
+    let mut problems = Vec::new();
+    for (prefix, needed) in REQUIRED {
+        let kernels: Vec<_> = ptx_entries.iter().filter(|(name, _)| name.starts_with(prefix)).collect();
+        if kernels.is_empty() {
+            problems.push(format!("no kernel named `{prefix}*` (required instructions {needed:?})"));
+        }
+        for (name, body) in kernels {
+            for insn in needed.iter().filter(|i| !body.contains(*i)) {
+                problems.push(format!("kernel {name} has no `{insn}`"));
+            }
+        }
+    }
+    problems
+}
+
+/// `cargo xtask ptx [--verbose] [--release]`.
 pub fn main(args: &[String]) -> Result<(), String> {
     let mut verbose = false;
+    let mut profile = Vec::new();
     for a in args {
         match a.as_str() {
             "-v" | "--verbose" => verbose = true,
+            "--release" => profile.push(a.clone()),
             "-h" | "--help" => {
                 println!(
-                    "usage: cargo xtask ptx [--verbose]\n\nBuilds flash-attn (profile `{}`), prints the path of every embedded PTX and\nthe `ptxas -v` report per kernel (--verbose: also the functions each kernel calls).\nFails on spills, stack frames or missing instructions.",
-                    cargo::PROFILE
+                    "usage: cargo xtask ptx [--verbose] [--release]\n\nBuilds what `cargo test --workspace` builds, prints the path of every PTX embedded\nin flash-attn and the `ptxas -v` report per kernel (--verbose: also the functions\neach kernel calls). Fails on spills, stack frames or missing instructions."
                 );
                 return Ok(());
             }
             other => return Err(format!("unknown argument `{other}` (try --help)")),
         }
     }
-    let files = locate()?;
+    let files = locate(&profile)?;
     println!("PTX embedded in flash-attn:");
     for f in &files {
         println!("  {} ({}, {} kernels, {} bytes)", f.path.display(), f.target, entries(&f.text).len(), f.text.len());
@@ -292,5 +319,22 @@ ptxas info    : Used 255 registers, used 1 barriers, 8192 bytes smem
         let e = entries(ptx);
         assert_eq!(e.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(), ["a", "b"]);
         assert!(e[0].1.contains("mma.sync") && !e[1].1.contains("mma.sync"));
+    }
+
+    #[test]
+    fn requires_tensor_core_instructions_per_kernel() {
+        let full = "\tcp.async.cg.shared.global [%r1], [%rd1], 16, %r2;\n\tldmatrix.sync.aligned.m8n8.x4.shared.b16 {%r3, %r4, %r5, %r6}, [%r7];\n\tldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%r3, %r4, %r5, %r6}, [%r7];\n\tmma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%f1, %f2, %f3, %f4}, {%r3, %r4, %r5, %r6}, {%r8, %r9}, {%f1, %f2, %f3, %f4};\n";
+        let e = |name: &str, body: &str| (name.to_string(), body.to_string());
+        assert!(missing_instructions(&[e("flash_fwd_tc_fa2_f16_d64", full), e("fa2_forward_f32", "ret;")]).is_empty());
+        // FA1 without the transposing ldmatrix for V, and without cp.async.
+        let no_trans = full.replace(".x4.trans", ".x4").replace("cp.async.cg", "ld.global");
+        let p = missing_instructions(&[e("flash_fwd_tc_fa2_f16_d64", full), e("flash_fwd_tc_fa1_bf16_d64", &no_trans)]);
+        assert_eq!(p.len(), 2, "{p:?}");
+        assert!(p[0].contains("flash_fwd_tc_fa1_bf16_d64") && p[0].contains("ldmatrix.sync.aligned.m8n8.x4.trans"));
+        assert!(p[1].contains("cp.async.cg.shared.global"));
+        // No tensor-core kernel at all is a problem too.
+        let p = missing_instructions(&[e("fa2_forward_f32", "ret;")]);
+        assert_eq!(p.len(), 1);
+        assert!(p[0].contains("flash_fwd_tc_"));
     }
 }

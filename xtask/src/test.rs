@@ -80,7 +80,7 @@ pub fn main(args: &[String]) -> Result<(), String> {
         None => "PTX checks skipped: ptxas not found".to_string(),
         Some(ptxas) => {
             println!("\nxtask: checking the embedded PTX with {}", ptxas.display());
-            let files = ptx::locate()?;
+            let files = ptx::locate(&cargo::profile_args(args))?;
             let sum = ptx::check(&ptxas, &files, false)?;
             if !sum.problems.is_empty() {
                 println!("\nPTX problems:\n  {}", sum.problems.join("\n  "));

@@ -4,7 +4,7 @@
 //! the FlashAttention papers.
 //!
 //! Shapes: batch × seqlen = `--tokens` (16384), hidden = `--hidden` (2048),
-//! nheads = hidden / d; layout (batch, seqlen, nheads, headdim). FLOPs =
+//! nheads = ⌊hidden / d⌋ (d = 96: 21); layout (batch, seqlen, nheads, headdim). FLOPs =
 //! 4·B·H·N²·d, halved when causal.
 //!
 //! Method (`shared/GPU-NOTES.md`, "Method"): CUDA events around the kernel
@@ -312,8 +312,8 @@ fn parse_args() -> Result<Opts, String> {
                 "--dims: {d} is not a tensor-core head dim ({TC_HEAD_DIMS:?})"
             ));
         }
-        if !o.hidden.is_multiple_of(d) {
-            return Err(format!("--dims: {d} does not divide --hidden {}", o.hidden));
+        if d > o.hidden {
+            return Err(format!("--dims: {d} is larger than --hidden {}", o.hidden));
         }
     }
     for &n in &o.seqlens {
@@ -349,8 +349,14 @@ impl Cfg {
     fn batch(&self, o: &Opts) -> usize {
         o.tokens / self.n
     }
+    /// `hidden / d`, rounded down where `d` does not divide it (d = 96:
+    /// 21 heads, 2016 wide).
     fn heads(&self, o: &Opts) -> usize {
         o.hidden / self.d
+    }
+    /// Elements of q, k, v and o: `batch · N · nheads · d`.
+    fn elems(&self, o: &Opts) -> usize {
+        o.tokens * self.heads(o) * self.d
     }
     fn flops(&self, o: &Opts) -> f64 {
         let f =
@@ -383,6 +389,8 @@ struct Meas {
     max_ms: f64,
     reps: usize,
     note: String,
+    /// Our tensor-core kernel that ran (its name carries its configuration).
+    kernel: Option<&'static str>,
 }
 
 impl Meas {
@@ -450,7 +458,8 @@ fn progress(
         ),
         None => format!("n/a ({})", m.note),
     };
-    eprintln!("[ours  {i:3}/{total}] {} {imp:15} {what}", c.label());
+    let k = m.kernel.map_or(String::new(), |k| format!(" {k}"));
+    eprintln!("[ours  {i:3}/{total}] {} {imp:15} {what}{k}", c.label());
 }
 
 // ---------------------------------------------------------------------------
@@ -667,7 +676,7 @@ impl Gpu {
     /// FA1's contract: O accumulator = 0, l = 0, m = −inf before every launch.
     fn fa1_init(&self, o: &Opts, c: &Cfg) -> Res<()> {
         let rows = c.batch(o) * c.heads(o) * c.n;
-        self.memset32(dptr(&self.o_accum, &self.stream), 0, o.tokens * o.hidden)?;
+        self.memset32(dptr(&self.o_accum, &self.stream), 0, c.elems(o))?;
         self.memset32(dptr(&self.lse, &self.stream), 0, rows)?;
         self.memset32(
             dptr(&self.m, &self.stream),
@@ -697,7 +706,7 @@ impl Gpu {
         c: &Cfg,
         set: usize,
     ) -> Result<(), FlashAttnError> {
-        let elems = o.tokens * o.hidden;
+        let elems = c.elems(o);
         let layout = TensorLayout::contiguous([c.batch(o), c.n, c.heads(o), c.d]);
         let params = ForwardParams {
             causal: c.causal,
@@ -794,16 +803,18 @@ impl Gpu {
             max_ms: ts[reps - 1],
             reps,
             note,
+            kernel: None,
         })
     }
 
     /// Poisons the outputs, runs `w` on set 0, and compares sampled rows
     /// with the reference.
     fn check(&mut self, o: &Opts, c: &Cfg, w: Which, refs: &[RefRow]) -> Res<Check> {
-        let elems = o.tokens * o.hidden;
+        // The whole O buffer is poisoned; this configuration writes `elems`.
+        let (all, elems) = (o.tokens * o.hidden, c.elems(o));
         let rows = c.batch(o) * c.heads(o) * c.n;
         // 0xFFFF is NaN in f16 and bf16; 0xFFFFFFFF is NaN in f32.
-        self.memset32(dptr(&self.o, &self.stream), u32::MAX, elems / 2)?;
+        self.memset32(dptr(&self.o, &self.stream), u32::MAX, all / 2)?;
         self.memset32(dptr(&self.lse, &self.stream), u32::MAX, rows)?;
         self.pre(o, c, w)?;
         self.go(o, c, w, 0)?;
@@ -811,7 +822,10 @@ impl Gpu {
         let out = self.stream.clone_dtoh(&self.o)?;
         let lse = self.stream.clone_dtoh(&self.lse)?;
         let dt = c.dtype;
-        let nonfinite = out.iter().filter(|&&b| !dt.value(b).is_finite()).count();
+        let nonfinite = out[..elems]
+            .iter()
+            .filter(|&&b| !dt.value(b).is_finite())
+            .count();
         let (h, n, d) = (c.heads(o), c.n, c.d);
         let (mut num, mut den, mut nnum) = (0f64, 0f64, 0f64);
         let mut lse_err = 0f64;
@@ -1100,7 +1114,13 @@ fn run_ours(
             let m = match (plan(key), &std_err) {
                 (Err(why), _) => Meas::na(why),
                 (Ok(Which::Standard), Some(e)) => Meas::na(e.clone()),
-                (Ok(w), _) => gpu.time(o, c, w)?,
+                (Ok(w), _) => Meas {
+                    kernel: match w {
+                        Which::Tc(k) => Some(k.name),
+                        Which::Standard => None,
+                    },
+                    ..gpu.time(o, c, w)?
+                },
             };
             progress(ci + 1, total, c, key, &m, flops, o.reps);
             row.insert(key, m);
@@ -1209,6 +1229,7 @@ fn run_torch(o: &Opts, cfgs: &[Cfg], results: &mut Results) -> TorchInfo {
             max_ms: r["max_ms"].as_f64().unwrap_or(0.0),
             reps: r["reps"].as_u64().unwrap_or(0) as usize,
             note: r["note"].as_str().unwrap_or("").to_string(),
+            kernel: None,
         };
         results.entry(c).or_default().insert(imp.key, m);
     }
@@ -1317,6 +1338,24 @@ fn markdown(
             for (i, n) in notes.iter().enumerate() {
                 writeln!(s, "[{}] {n}  ", i + 1).unwrap();
             }
+        }
+        let mut kernels: Vec<&str> = results
+            .values()
+            .flat_map(|r| r.values().filter_map(|m| m.kernel))
+            .collect();
+        kernels.sort();
+        kernels.dedup();
+        if !kernels.is_empty() {
+            writeln!(
+                s,
+                "\nOur kernels: {}",
+                kernels
+                    .iter()
+                    .map(|k| format!("`{k}`"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+            .unwrap();
         }
     }
     if !checks.is_empty() {
@@ -1526,7 +1565,7 @@ fn json_report(
                     impls.insert(
                         k.to_string(),
                         json!({"ms": m.ms, "min_ms": m.ms.map(|_| m.min_ms), "max_ms": m.ms.map(|_| m.max_ms),
-                               "reps": m.reps, "tflops": m.tflops(flops), "note": m.note}),
+                               "reps": m.reps, "tflops": m.tflops(flops), "note": m.note, "kernel": m.kernel}),
                     );
                 }
             }
@@ -1685,7 +1724,7 @@ fn main() {
         format!("{} (sm_{}{}, {} PTX)", d.name, d.cc.0, d.cc.1, d.arch)
     });
     let header = format!(
-        "## fa-bench: {dev_line}, PyTorch {}\n\n{} tokens (batch × seqlen), hidden {} (nheads = hidden / d); FLOPs = 4·B·H·N²·d, halved when causal. \
+        "## fa-bench: {dev_line}, PyTorch {}\n\n{} tokens (batch × seqlen), hidden {} (nheads = ⌊hidden / d⌋); FLOPs = 4·B·H·N²·d, halved when causal. \
          CUDA events around each kernel, {} warm-up runs, median of {} runs, inputs random normal rotated among {} sets ({:.0} MB).",
         torch.version.as_deref().unwrap_or("n/a"),
         o.tokens,
@@ -1757,7 +1796,7 @@ fn main() {
 mod tests {
     use super::*;
 
-    fn small_opts(causal: bool) -> (Opts, Cfg) {
+    fn small_opts(causal: bool, d: usize) -> (Opts, Cfg) {
         let o = Opts {
             dtypes: vec![Dtype::Bf16],
             dims: vec![64],
@@ -1783,7 +1822,7 @@ mod tests {
             o,
             Cfg {
                 dtype: Dtype::Bf16,
-                d: 64,
+                d,
                 causal,
                 n: 256,
             },
@@ -1805,8 +1844,10 @@ mod tests {
 
     #[test]
     fn naive_attention_is_close_to_the_f64_reference() {
-        for causal in [false, true] {
-            let (o, c) = small_opts(causal);
+        for (causal, d) in [(false, 64), (true, 64), (false, 96), (true, 32)] {
+            let (o, c) = small_opts(causal, d);
+            // d = 96 does not divide hidden = 128: one 96-wide head.
+            assert!(c.elems(&o) <= o.tokens * o.hidden && c.heads(&o) == 128 / d);
             let elems = o.tokens * o.hidden;
             let host: [Vec<u16>; 3] = std::array::from_fn(|j| {
                 let mut v = vec![0u16; elems];
