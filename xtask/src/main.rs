@@ -9,7 +9,8 @@
 //!   -v` report of every kernel.
 //! * `cargo xtask stage [DIR]`: a self-contained folder for a GPU machine
 //!   (test binaries, `fa-run`, `fa-bench`, `run.sh`) ([`stage`]).
-//! * `cargo xtask run [ARGS]`: the main job; for now the CPU reference on the
+//! * `cargo xtask run [ARGS]`: the main job: standard, FA1 and FA2 on the GPU
+//!   (f32 and bf16 tensor cores) against the CPU reference, or without a GPU the CPU reference on the
 //!   GPT-2 shape with the tiling plan and the HBM-traffic model ([`run`]).
 //!
 //! xtask itself has **no dependencies**, on purpose: it must be able to run
@@ -36,7 +37,7 @@ type Command = fn(&[String]) -> Result<(), String>;
 const COMMANDS: &[(&str, &str, Command)] = &[
     ("test", "rust-src check, `cargo test --workspace [ARGS]`, then ptxas checks of every PTX", test::main),
     ("ptx", "build the library; print each PTX path and the `ptxas -v` report per kernel", ptx::main),
-    ("run", "CPU reference (FA1, FA2 vs standard) on the GPT-2 shape + tiling plan + HBM model", run::main),
+    ("run", "the main job: standard, FA1, FA2 on the GPU (GPT-2 shape, N=8192) vs the CPU reference; plan + HBM model", run::main),
     ("stage", "release test binaries, fa-run, fa-bench and a run.sh in one folder for a GPU box (default bundle/)", stage::main),
     (
         "bench",
