@@ -8,6 +8,10 @@
 //!   `FA_SEED` is set; the seed is printed so a failure can be replayed).
 //! * [`rel_err`] and friends: the error measures of the project's method
 //!   (`‖out − ref‖ / ‖ref‖`, NaN never passes).
+//! * [`naive`]: naive attention computed in f16/bf16 on the CPU, the
+//!   yardstick of the 16-bit accuracy rule.
+
+pub mod naive;
 
 use std::sync::{Arc, OnceLock};
 

@@ -12,7 +12,7 @@
 //! a last pass converts it to the output type. `m_i` is stored in the base-2
 //! units of `RowState` (see `AttnParams::m_ptr`), as the f32 FA1 kernel does.
 
-use super::fa2::{clamp_keys, exp_row, mask, pv, qk, quad_sum, scale_sign, scaled_row_max};
+use super::fa2::{clamp_keys, exp_row, mask, pv, qk, quad_sum, row_max, scale_row, scale_sign};
 use super::tile::{SmemTile, tile_bytes};
 use super::{Elem16, pack};
 use crate::arch::cp_async::{cp_async_commit, cp_async_wait};
@@ -117,13 +117,13 @@ pub unsafe fn forward<
             // Block statistics m~_ij, P~_ij, l~_ij (base-2 domain).
             let mut blk = [RowState::<f32>::new(); 2];
             for r in 0..2 {
-                let m = scaled_row_max::<BCN>(&r_s, r, scale_log2);
-                let m_safe = RowState::<f32>::safe_max(m);
-                let sum = if masked {
-                    exp_row::<BCN, true>(&mut r_s, r, scale_log2, m_safe)
+                if masked {
+                    scale_row::<BCN, true>(&mut r_s, r, scale_log2);
                 } else {
-                    exp_row::<BCN, false>(&mut r_s, r, scale_log2, m_safe)
-                };
+                    scale_row::<BCN, false>(&mut r_s, r, scale_log2);
+                }
+                let m = row_max::<BCN>(&r_s, r);
+                let sum = exp_row::<BCN>(&mut r_s, r, RowState::<f32>::safe_max(m));
                 blk[r] = RowState { m, l: quad_sum(sum) };
             }
             let mut r_pv = [[[0f32; 4]; DN]; 1];

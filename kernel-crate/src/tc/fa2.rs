@@ -133,32 +133,45 @@ pub fn mask<const BCN: usize>(r_s: &mut [[f32; 4]; BCN], k0: usize, t: usize, li
     }
 }
 
-/// Row maximum (over the quad) of the scaled scores `scale · s` of the
-/// thread's row `r` (0: row g, 1: row g + 8), from the raw scores. The scale
-/// is never negative: the host folds its sign into Q (`AttnParams::q_sign`).
+/// Scales the raw scores of row `r` (0: row g, 1: row g + 8) in place to the
+/// base-2 domain, `scale · s`. The scale is never negative: the host's sign
+/// is folded into Q ([`sign`]). In `MASKED` blocks a −inf raw score
+/// (masked) stays −inf even for a zero scale (never `0 · −inf = NaN`).
+///
+/// Scaling before the maximum (FMUL, then FADD in [`exp_row`]) rather than
+/// one `fma(s, scale, −m)`: the maximum element then gives `exp2(0) = 1`
+/// exactly. With the FMA it gives `2^r`, `r` the f32 rounding of
+/// `s_max · scale`; at logits ~1e4 that is `1 + 3e-4`, which P rounds away
+/// in f16 before P·V but `l_i` keeps, an f16 ulp of error on rows that one
+/// key dominates (found by `gpu_half_large_logits_stay_finite`).
 #[inline(always)]
-pub fn scaled_row_max<const BCN: usize>(r_s: &[[f32; 4]; BCN], r: usize, scale_log2: f32) -> f32 {
+pub fn scale_row<const BCN: usize, const MASKED: bool>(r_s: &mut [[f32; 4]; BCN], r: usize, scale_log2: f32) {
+    for n in 0..BCN {
+        for e in 2 * r..2 * r + 2 {
+            let s = r_s[n][e];
+            r_s[n][e] = if MASKED && s == f32::NEG_INFINITY { s } else { s * scale_log2 };
+        }
+    }
+}
+
+/// Row maximum (over the quad) of the scaled scores of row `r`.
+#[inline(always)]
+pub fn row_max<const BCN: usize>(r_s: &[[f32; 4]; BCN], r: usize) -> f32 {
     let mut mx = f32::NEG_INFINITY;
     for n in 0..BCN {
         mx = mx.max(r_s[n][2 * r]).max(r_s[n][2 * r + 1]);
     }
-    let mx = quad_max(mx);
-    // A row with nothing visible stays -inf (also for a zero scale).
-    if mx == f32::NEG_INFINITY { mx } else { mx * scale_log2 }
+    quad_max(mx)
 }
 
-/// Replaces the raw scores of row `r` by `P = exp2(scale · s − m_safe)` (one
-/// FFMA and one `ex2` each) and returns the thread's partial row sum. In
-/// `MASKED` blocks a −inf raw score (masked) gives exactly 0 even for a zero
-/// scale (never `0 · −inf = NaN`).
+/// Replaces the scaled scores of row `r` by `P = exp2(s − m_safe)` and
+/// returns the thread's partial row sum.
 #[inline(always)]
-pub fn exp_row<const BCN: usize, const MASKED: bool>(r_s: &mut [[f32; 4]; BCN], r: usize, scale_log2: f32, m_safe: f32) -> f32 {
+pub fn exp_row<const BCN: usize>(r_s: &mut [[f32; 4]; BCN], r: usize, m_safe: f32) -> f32 {
     let mut sum = 0.0;
     for n in 0..BCN {
         for e in 2 * r..2 * r + 2 {
-            let s = r_s[n][e];
-            let x = if MASKED && s == f32::NEG_INFINITY { s } else { core::intrinsics::fmaf32(s, scale_log2, -m_safe) };
-            let pe = x.exp2();
+            let pe = (r_s[n][e] - m_safe).exp2();
             r_s[n][e] = pe;
             sum += pe;
         }
@@ -181,11 +194,11 @@ pub fn softmax_step<const BCN: usize, const DN: usize, const MT: usize, const MA
     let mut unchanged = true;
     for mt in 0..MT {
         for r in 0..2 {
-            let mx = scaled_row_max::<BCN>(&r_s[mt], r, scale_log2);
-            let (a, m_safe) = st[mt][r].rescale(mx);
+            scale_row::<BCN, MASKED>(&mut r_s[mt], r, scale_log2);
+            let (a, m_safe) = st[mt][r].rescale(row_max::<BCN>(&r_s[mt], r));
             alpha[mt][r] = a;
             unchanged &= a == 1.0;
-            let sum = exp_row::<BCN, MASKED>(&mut r_s[mt], r, scale_log2, m_safe);
+            let sum = exp_row::<BCN>(&mut r_s[mt], r, m_safe);
             st[mt][r].accumulate(sum);
         }
     }
