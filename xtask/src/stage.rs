@@ -73,7 +73,7 @@ pub fn main(args: &[String]) -> Result<(), String> {
     }
     let tests: Vec<PathBuf> = String::from_utf8_lossy(&out.stdout)
         .lines()
-        .filter(|l| l.contains("\"profile\"") && l.contains("\"test\":true"))
+        .filter(|l| is_test_harness(l))
         .filter_map(|l| json_string(l, "executable"))
         .map(PathBuf::from)
         .collect();
@@ -103,6 +103,16 @@ pub fn main(args: &[String]) -> Result<(), String> {
     set_executable(&run_sh)?;
     println!("stage: {} test binaries, fa-run, fa-bench and run.sh in {}", tests.len(), dir.display());
     Ok(())
+}
+
+/// Whether a compiler-artifact line is a test harness: its `"profile"`
+/// object says `"test":true` (the `"target"` object has a `"test"` field too,
+/// true for bins, which are not harnesses).
+fn is_test_harness(line: &str) -> bool {
+    let Some(start) = line.find("\"profile\":{") else { return false };
+    let profile = &line[start..];
+    let end = profile.find('}').unwrap_or(profile.len());
+    profile[..end].contains("\"test\":true")
 }
 
 /// The value of `"key":"..."` in one line of cargo's JSON output (cargo
