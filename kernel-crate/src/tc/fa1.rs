@@ -39,6 +39,7 @@ pub unsafe fn forward<
     const BCN: usize,
     const BCK: usize,
     const QREG: bool,
+    const SPLIT_WAIT: bool,
 >(
     p: &AttnParams,
 ) {

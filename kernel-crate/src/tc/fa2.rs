@@ -7,16 +7,17 @@
 //! from shared memory for d = 256), its S and O accumulators in registers.
 //!
 //! Per K/V block `j` (`Bc` keys):
-//! 1. wait for `K_j` and `V_j` (issued one iteration earlier), one barrier,
-//!    issue `cp.async` of `K_{j+1}`, `V_{j+1}` into the other buffers (double
-//!    buffering: the loads fly during steps 2–5);
+//! 1. wait for `K_j` (and `V_j`, unless `SPLIT_WAIT`; both were issued one
+//!    iteration earlier), barrier, issue `cp.async` of `K_{j+1}`, `V_{j+1}`
+//!    into the other buffers (double buffering: the loads fly during 2–5);
 //! 2. `S = Q·K_jᵀ` (`ldmatrix` of K, `mma.m16n8k16`);
 //! 3. scale by `softmax_scale·log2(e)`, mask (causal diagonal blocks and the
 //!    key tail only);
 //! 4. online softmax: row max over the quad (2 shuffles), `RowState::rescale`,
 //!    `P = exp2(S − m)`, per-thread partial `l_i`, `O *= alpha`;
-//! 5. `O += P·V_j` with P taken straight from the S accumulators as the A
-//!    operand and V through `ldmatrix.trans`.
+//! 5. (`SPLIT_WAIT`: wait for `V_j`, barrier), `O += P·V_j` with P taken
+//!    straight from the S accumulators as the A operand and V through
+//!    `ldmatrix.trans`.
 //!
 //! Epilogue: the quad sums `l_i`, `O /= l_i` once, store O and the logsumexp.
 
@@ -236,6 +237,7 @@ pub unsafe fn forward<
     const BCN: usize,
     const BCK: usize,
     const QREG: bool,
+    const SPLIT_WAIT: bool,
 >(
     p: &AttnParams,
 ) {
@@ -304,10 +306,16 @@ pub unsafe fn forward<
     // ---- main loop over K/V blocks -----------------------------------------
     for j in 0..n_blocks {
         // K_j and V_j were issued together one iteration ago (or in the
-        // prologue): wait for both, so that one barrier per K/V block makes
-        // them visible to every warp and frees buffers (j+1)&1 (last read in
-        // iteration j−1) for the prefetch below.
-        cp_async_wait::<0>();
+        // prologue). One barrier makes what landed visible to every warp and
+        // frees buffers (j+1)&1 (last read in iteration j−1) for the prefetch
+        // below. `SPLIT_WAIT` waits here for K_j only and for V_j just before
+        // P·V (a second barrier); else for both here (docs/perf-notes.md,
+        // step 5: d = 128 prefers the split, d = 256 the single barrier).
+        if SPLIT_WAIT {
+            cp_async_wait::<1>();
+        } else {
+            cp_async_wait::<0>();
+        }
         sync_threads();
         if QREG && j == 0 {
             for mt in 0..MT {
@@ -337,7 +345,15 @@ pub unsafe fn forward<
             softmax_step::<BCN, DN, MT, false>(&mut r_s, &mut r_o, &mut st, scale_log2);
         }
 
-        // SAFETY: V_j landed and a barrier passed (top of the iteration).
+        if SPLIT_WAIT {
+            if more {
+                cp_async_wait::<2>(); // V_j landed (K_{j+1}, V_{j+1} may fly)
+            } else {
+                cp_async_wait::<0>();
+            }
+            sync_threads();
+        }
+        // SAFETY: V_j landed and a barrier passed.
         unsafe { pv::<T, D, DN, BCN, BCK, MT>(&mut r_o, &r_s, s_v(j & 1), lane) };
     }
     if n_blocks == 0 {

@@ -52,7 +52,7 @@ pub fn pack<T: Elem16>(lo: f32, hi: f32) -> u32 {
 
 /// Kernel entry points: one per (loop order, dtype, head dim, warps, Bc).
 macro_rules! tc_kernels {
-    ($( $fa:ident $name:ident : $t:ty, d = $d:literal, w = $w:literal, mt = $mt:literal, bc = $bc:literal, qreg = $qreg:literal; )*) => {$(
+    ($( $fa:ident $name:ident : $t:ty, d = $d:literal, w = $w:literal, mt = $mt:literal, bc = $bc:literal, qreg = $qreg:literal, split = $split:literal; )*) => {$(
         /// Tensor-core forward kernel; grid and shared memory as the host's
         /// dispatch table computes them.
         ///
@@ -64,44 +64,44 @@ macro_rules! tc_kernels {
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(p: flash_attn_common::AttnParams) {
             // SAFETY: forwarded to the caller (the host's launch).
-            unsafe { $fa::forward::<$t, $d, { $d / 16 }, { $d / 8 }, $w, $mt, $bc, { $bc / 8 }, { $bc / 16 }, $qreg>(&p) }
+            unsafe { $fa::forward::<$t, $d, { $d / 16 }, { $d / 8 }, $w, $mt, $bc, { $bc / 8 }, { $bc / 16 }, $qreg, $split>(&p) }
         }
     )*};
 }
 
 tc_kernels! {
-    fa2 flash_fwd_tc_fa2_f16_d32_w4_m1_bc64: F16, d = 32, w = 4, mt = 1, bc = 64, qreg = true;
-    fa2 flash_fwd_tc_fa2_bf16_d32_w4_m1_bc64: Bf16, d = 32, w = 4, mt = 1, bc = 64, qreg = true;
-    fa2 flash_fwd_tc_fa2_f16_d32_w4_m2_bc64: F16, d = 32, w = 4, mt = 2, bc = 64, qreg = true;
-    fa2 flash_fwd_tc_fa2_bf16_d32_w4_m2_bc64: Bf16, d = 32, w = 4, mt = 2, bc = 64, qreg = true;
-    fa2 flash_fwd_tc_fa2_f16_d64_w4_m1_bc64: F16, d = 64, w = 4, mt = 1, bc = 64, qreg = true;
-    fa2 flash_fwd_tc_fa2_bf16_d64_w4_m1_bc64: Bf16, d = 64, w = 4, mt = 1, bc = 64, qreg = true;
-    fa2 flash_fwd_tc_fa2_f16_d64_w4_m2_bc64: F16, d = 64, w = 4, mt = 2, bc = 64, qreg = true;
-    fa2 flash_fwd_tc_fa2_bf16_d64_w4_m2_bc64: Bf16, d = 64, w = 4, mt = 2, bc = 64, qreg = true;
-    fa2 flash_fwd_tc_fa2_f16_d64_w4_m2_bc96: F16, d = 64, w = 4, mt = 2, bc = 96, qreg = false;
-    fa2 flash_fwd_tc_fa2_bf16_d64_w4_m2_bc96: Bf16, d = 64, w = 4, mt = 2, bc = 96, qreg = false;
-    fa2 flash_fwd_tc_fa2_f16_d96_w4_m1_bc64: F16, d = 96, w = 4, mt = 1, bc = 64, qreg = true;
-    fa2 flash_fwd_tc_fa2_bf16_d96_w4_m1_bc64: Bf16, d = 96, w = 4, mt = 1, bc = 64, qreg = true;
-    fa2 flash_fwd_tc_fa2_f16_d96_w4_m2_bc64: F16, d = 96, w = 4, mt = 2, bc = 64, qreg = false;
-    fa2 flash_fwd_tc_fa2_bf16_d96_w4_m2_bc64: Bf16, d = 96, w = 4, mt = 2, bc = 64, qreg = false;
-    fa2 flash_fwd_tc_fa2_f16_d128_w4_m1_bc64: F16, d = 128, w = 4, mt = 1, bc = 64, qreg = true;
-    fa2 flash_fwd_tc_fa2_bf16_d128_w4_m1_bc64: Bf16, d = 128, w = 4, mt = 1, bc = 64, qreg = true;
-    fa2 flash_fwd_tc_fa2_f16_d128_w4_m2_bc48: F16, d = 128, w = 4, mt = 2, bc = 48, qreg = false;
-    fa2 flash_fwd_tc_fa2_bf16_d128_w4_m2_bc48: Bf16, d = 128, w = 4, mt = 2, bc = 48, qreg = false;
-    fa2 flash_fwd_tc_fa2_f16_d128_w4_m2_bc32: F16, d = 128, w = 4, mt = 2, bc = 32, qreg = false;
-    fa2 flash_fwd_tc_fa2_bf16_d128_w4_m2_bc32: Bf16, d = 128, w = 4, mt = 2, bc = 32, qreg = false;
-    fa2 flash_fwd_tc_fa2_f16_d256_w8_m1_bc32: F16, d = 256, w = 8, mt = 1, bc = 32, qreg = false;
-    fa2 flash_fwd_tc_fa2_bf16_d256_w8_m1_bc32: Bf16, d = 256, w = 8, mt = 1, bc = 32, qreg = false;
-    fa2 flash_fwd_tc_fa2_f16_d256_w4_m1_bc32: F16, d = 256, w = 4, mt = 1, bc = 32, qreg = false;
-    fa2 flash_fwd_tc_fa2_bf16_d256_w4_m1_bc32: Bf16, d = 256, w = 4, mt = 1, bc = 32, qreg = false;
-    fa1 flash_fwd_tc_fa1_f16_d32_w4_m1_bc64: F16, d = 32, w = 4, mt = 1, bc = 64, qreg = false;
-    fa1 flash_fwd_tc_fa1_bf16_d32_w4_m1_bc64: Bf16, d = 32, w = 4, mt = 1, bc = 64, qreg = false;
-    fa1 flash_fwd_tc_fa1_f16_d64_w4_m1_bc64: F16, d = 64, w = 4, mt = 1, bc = 64, qreg = false;
-    fa1 flash_fwd_tc_fa1_bf16_d64_w4_m1_bc64: Bf16, d = 64, w = 4, mt = 1, bc = 64, qreg = false;
-    fa1 flash_fwd_tc_fa1_f16_d96_w4_m1_bc64: F16, d = 96, w = 4, mt = 1, bc = 64, qreg = false;
-    fa1 flash_fwd_tc_fa1_bf16_d96_w4_m1_bc64: Bf16, d = 96, w = 4, mt = 1, bc = 64, qreg = false;
-    fa1 flash_fwd_tc_fa1_f16_d128_w4_m1_bc64: F16, d = 128, w = 4, mt = 1, bc = 64, qreg = false;
-    fa1 flash_fwd_tc_fa1_bf16_d128_w4_m1_bc64: Bf16, d = 128, w = 4, mt = 1, bc = 64, qreg = false;
-    fa1 flash_fwd_tc_fa1_f16_d256_w4_m1_bc32: F16, d = 256, w = 4, mt = 1, bc = 32, qreg = false;
-    fa1 flash_fwd_tc_fa1_bf16_d256_w4_m1_bc32: Bf16, d = 256, w = 4, mt = 1, bc = 32, qreg = false;
+    fa2 flash_fwd_tc_fa2_f16_d32_w4_m1_bc64: F16, d = 32, w = 4, mt = 1, bc = 64, qreg = true, split = true;
+    fa2 flash_fwd_tc_fa2_bf16_d32_w4_m1_bc64: Bf16, d = 32, w = 4, mt = 1, bc = 64, qreg = true, split = true;
+    fa2 flash_fwd_tc_fa2_f16_d32_w4_m2_bc64: F16, d = 32, w = 4, mt = 2, bc = 64, qreg = true, split = true;
+    fa2 flash_fwd_tc_fa2_bf16_d32_w4_m2_bc64: Bf16, d = 32, w = 4, mt = 2, bc = 64, qreg = true, split = true;
+    fa2 flash_fwd_tc_fa2_f16_d64_w4_m1_bc64: F16, d = 64, w = 4, mt = 1, bc = 64, qreg = true, split = false;
+    fa2 flash_fwd_tc_fa2_bf16_d64_w4_m1_bc64: Bf16, d = 64, w = 4, mt = 1, bc = 64, qreg = true, split = false;
+    fa2 flash_fwd_tc_fa2_f16_d64_w4_m2_bc64: F16, d = 64, w = 4, mt = 2, bc = 64, qreg = true, split = false;
+    fa2 flash_fwd_tc_fa2_bf16_d64_w4_m2_bc64: Bf16, d = 64, w = 4, mt = 2, bc = 64, qreg = true, split = false;
+    fa2 flash_fwd_tc_fa2_f16_d64_w4_m2_bc96: F16, d = 64, w = 4, mt = 2, bc = 96, qreg = false, split = false;
+    fa2 flash_fwd_tc_fa2_bf16_d64_w4_m2_bc96: Bf16, d = 64, w = 4, mt = 2, bc = 96, qreg = false, split = false;
+    fa2 flash_fwd_tc_fa2_f16_d96_w4_m1_bc64: F16, d = 96, w = 4, mt = 1, bc = 64, qreg = true, split = false;
+    fa2 flash_fwd_tc_fa2_bf16_d96_w4_m1_bc64: Bf16, d = 96, w = 4, mt = 1, bc = 64, qreg = true, split = false;
+    fa2 flash_fwd_tc_fa2_f16_d96_w4_m2_bc64: F16, d = 96, w = 4, mt = 2, bc = 64, qreg = false, split = false;
+    fa2 flash_fwd_tc_fa2_bf16_d96_w4_m2_bc64: Bf16, d = 96, w = 4, mt = 2, bc = 64, qreg = false, split = false;
+    fa2 flash_fwd_tc_fa2_f16_d128_w4_m1_bc64: F16, d = 128, w = 4, mt = 1, bc = 64, qreg = true, split = true;
+    fa2 flash_fwd_tc_fa2_bf16_d128_w4_m1_bc64: Bf16, d = 128, w = 4, mt = 1, bc = 64, qreg = true, split = true;
+    fa2 flash_fwd_tc_fa2_f16_d128_w4_m2_bc48: F16, d = 128, w = 4, mt = 2, bc = 48, qreg = false, split = true;
+    fa2 flash_fwd_tc_fa2_bf16_d128_w4_m2_bc48: Bf16, d = 128, w = 4, mt = 2, bc = 48, qreg = false, split = true;
+    fa2 flash_fwd_tc_fa2_f16_d128_w4_m2_bc32: F16, d = 128, w = 4, mt = 2, bc = 32, qreg = false, split = true;
+    fa2 flash_fwd_tc_fa2_bf16_d128_w4_m2_bc32: Bf16, d = 128, w = 4, mt = 2, bc = 32, qreg = false, split = true;
+    fa2 flash_fwd_tc_fa2_f16_d256_w8_m1_bc32: F16, d = 256, w = 8, mt = 1, bc = 32, qreg = false, split = false;
+    fa2 flash_fwd_tc_fa2_bf16_d256_w8_m1_bc32: Bf16, d = 256, w = 8, mt = 1, bc = 32, qreg = false, split = false;
+    fa2 flash_fwd_tc_fa2_f16_d256_w4_m1_bc32: F16, d = 256, w = 4, mt = 1, bc = 32, qreg = false, split = false;
+    fa2 flash_fwd_tc_fa2_bf16_d256_w4_m1_bc32: Bf16, d = 256, w = 4, mt = 1, bc = 32, qreg = false, split = false;
+    fa1 flash_fwd_tc_fa1_f16_d32_w4_m1_bc64: F16, d = 32, w = 4, mt = 1, bc = 64, qreg = false, split = false;
+    fa1 flash_fwd_tc_fa1_bf16_d32_w4_m1_bc64: Bf16, d = 32, w = 4, mt = 1, bc = 64, qreg = false, split = false;
+    fa1 flash_fwd_tc_fa1_f16_d64_w4_m1_bc64: F16, d = 64, w = 4, mt = 1, bc = 64, qreg = false, split = false;
+    fa1 flash_fwd_tc_fa1_bf16_d64_w4_m1_bc64: Bf16, d = 64, w = 4, mt = 1, bc = 64, qreg = false, split = false;
+    fa1 flash_fwd_tc_fa1_f16_d96_w4_m1_bc64: F16, d = 96, w = 4, mt = 1, bc = 64, qreg = false, split = false;
+    fa1 flash_fwd_tc_fa1_bf16_d96_w4_m1_bc64: Bf16, d = 96, w = 4, mt = 1, bc = 64, qreg = false, split = false;
+    fa1 flash_fwd_tc_fa1_f16_d128_w4_m1_bc64: F16, d = 128, w = 4, mt = 1, bc = 64, qreg = false, split = false;
+    fa1 flash_fwd_tc_fa1_bf16_d128_w4_m1_bc64: Bf16, d = 128, w = 4, mt = 1, bc = 64, qreg = false, split = false;
+    fa1 flash_fwd_tc_fa1_f16_d256_w4_m1_bc32: F16, d = 256, w = 4, mt = 1, bc = 32, qreg = false, split = false;
+    fa1 flash_fwd_tc_fa1_bf16_d256_w4_m1_bc32: Bf16, d = 256, w = 4, mt = 1, bc = 32, qreg = false, split = false;
 }
