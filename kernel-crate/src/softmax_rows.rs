@@ -2,23 +2,12 @@
 //! together (the online softmax of seeds 000/004), a second pass to write the
 //! normalized values. One warp per row; each lane keeps a [`RowState`] over
 //! its strided elements, then the 32 states are merged with butterfly
-//! shuffles ([`RowState::merge`]).
+//! shuffles ([`RowState::merge`]): [`warp_row_state`].
 
-use crate::arch::{shfl::shfl_xor_f32, sreg};
+use crate::arch::sreg;
+use crate::tile::rows::warp_row_state;
 use flash_attn_common::params::{SOFTMAX_ROWS_PER_BLOCK, SoftmaxParams};
 use flash_attn_common::{Real, RowState};
-
-/// Merges the lane states of a warp; every lane ends with the row's state.
-#[inline(always)]
-fn warp_merge(mut s: RowState<f32>) -> RowState<f32> {
-    let mut mask = 16;
-    while mask > 0 {
-        let other = RowState { m: shfl_xor_f32(s.m, mask), l: shfl_xor_f32(s.l, mask) };
-        s = s.merge(other).0;
-        mask >>= 1;
-    }
-    s
-}
 
 /// `softmax_rows_f32(params)`: grid `ceil(rows / 4)`, block 128 threads.
 ///
@@ -37,16 +26,8 @@ pub unsafe extern "ptx-kernel" fn softmax_rows_f32(p: SoftmaxParams) {
     let y = (p.y_ptr as *mut f32).wrapping_add(row as usize * cols);
 
     // Pass 1: running max and sum together.
-    let mut st = RowState::<f32>::new();
-    let mut c = lane as usize;
-    while c < cols {
-        // SAFETY: c < cols, inside row `row` of x.
-        let s = unsafe { *x.add(c) } * p.scale_log2;
-        let (_, m_safe) = st.rescale(s);
-        st.accumulate((s - m_safe).exp2());
-        c += 32;
-    }
-    let st = warp_merge(st);
+    // SAFETY: c < cols, inside row `row` of x.
+    let st = warp_row_state(cols, lane as usize, |c| unsafe { *x.add(c) } * p.scale_log2);
 
     // Pass 2: normalize.
     let m_safe = RowState::<f32>::safe_max(st.m);

@@ -8,7 +8,8 @@
 //! `scores` and `pv` take `StdSmem::new().bytes()` of dynamic shared memory;
 //! any grid.x (every kernel strides over its work items).
 
-use crate::arch::{shfl::shfl_xor_f32, smem::dynamic_smem, sreg, sync::sync_threads};
+use crate::arch::{smem::dynamic_smem, sreg, sync::sync_threads};
+use crate::tile::rows::warp_row_state;
 use crate::tile::{GlobalRows, Operand, SmemTile, block_gemm, tid};
 use flash_attn_common::smem_layout::{F32_THREADS, F32_WARPS, STD_TILE, StdSmem};
 use flash_attn_common::{AttnParams, LOG2_E, Real, RowState};
@@ -74,6 +75,37 @@ fn tiled_product(
     sync_threads(); // s_c read before the next work item overwrites it
 }
 
+/// One work item of `scores` and `pv`: the `m × n` tile at `(i0, j0)` of
+/// the `seqlen_q × ncols` output of head `bhi = b·nheads + h`.
+struct OutTile {
+    b: usize,
+    h: usize,
+    bhi: usize,
+    i0: usize,
+    j0: usize,
+    m: usize,
+    n: usize,
+}
+
+/// Runs `f` on this block's share of the `STD_TILE × STD_TILE` tiles of
+/// every head's `seqlen_q × ncols` output: work item `w` is tile column
+/// `w % tiles_per_row`, then tile row, then head; blocks stride over them
+/// by grid.x.
+#[inline(always)]
+fn for_each_out_tile(p: &AttnParams, ncols: usize, mut f: impl FnMut(OutTile)) {
+    let (nq, nh) = (p.seqlen_q as usize, p.nheads as usize);
+    let (tq, tn) = (nq.div_ceil(STD_TILE) as u64, ncols.div_ceil(STD_TILE) as u64);
+    let total = p.batch as u64 * nh as u64 * tq * tn;
+    let mut w = sreg::block_idx_x() as u64;
+    while w < total {
+        let (tj, ti, bhi) = ((w % tn) as usize, (w / tn % tq) as usize, (w / tn / tq) as usize);
+        let (i0, j0) = (ti * STD_TILE, tj * STD_TILE);
+        let (m, n) = (STD_TILE.min(nq - i0), STD_TILE.min(ncols - j0));
+        f(OutTile { b: bhi / nh, h: bhi % nh, bhi, i0, j0, m, n });
+        w += sreg::grid_dim_x() as u64;
+    }
+}
+
 /// `standard_scores_f32(params)`: `S[b, h] = softmax_scale · Q[b, :, h] K[b, :, h]ᵀ`,
 /// one `STD_TILE × STD_TILE` tile of S per work item.
 ///
@@ -83,47 +115,27 @@ fn tiled_product(
 /// `StdSmem::new().bytes()`, `F32_THREADS` threads.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn standard_scores_f32(p: AttnParams) {
-    let (nq, nk, d, nh) = (p.seqlen_q as usize, p.seqlen_k as usize, p.headdim as usize, p.nheads as usize);
-    let (tq, tk) = (nq.div_ceil(STD_TILE) as u64, nk.div_ceil(STD_TILE) as u64);
-    let total = p.batch as u64 * nh as u64 * tq * tk;
-    let mut w = sreg::block_idx_x() as u64;
-    while w < total {
-        let (tj, ti, bhi) = ((w % tk) as usize, (w / tk % tq) as usize, (w / tk / tq) as usize);
-        let (b, h) = (bhi / nh, bhi % nh);
-        let (i0, j0) = (ti * STD_TILE, tj * STD_TILE);
-        let (m, n) = (STD_TILE.min(nq - i0), STD_TILE.min(nk - j0));
+    let (nq, nk, d) = (p.seqlen_q as usize, p.seqlen_k as usize, p.headdim as usize);
+    for_each_out_tile(&p, nk, |t| {
         // SAFETY: the host checked q, k against their strides and sized the scratch.
         let (g_q, g_k, g_s) = unsafe {
             (
-                GlobalRows::head(p.q_ptr, p.q_stride, b, h, nq, d),
-                GlobalRows::head(p.k_ptr, p.k_stride, b, h, nk, d),
-                scratch(&p, bhi),
+                GlobalRows::head(p.q_ptr, p.q_stride, t.b, t.h, nq, d),
+                GlobalRows::head(p.k_ptr, p.k_stride, t.b, t.h, nk, d),
+                scratch(&p, t.bhi),
             )
         };
         tiled_product(
             tiles(),
             true,
-            (m, n, d),
+            (t.m, t.n, d),
             |s_a, s_b, k0, kk| {
-                s_a.load(&g_q, i0, m, k0, kk);
-                s_b.load(&g_k, j0, n, k0, kk);
+                s_a.load(&g_q, t.i0, t.m, k0, kk);
+                s_b.load(&g_k, t.j0, t.n, k0, kk);
             },
-            |r, c, s| g_s.set(i0 + r, j0 + c, s * p.softmax_scale),
+            |r, c, s| g_s.set(t.i0 + r, t.j0 + c, s * p.softmax_scale),
         );
-        w += sreg::grid_dim_x() as u64;
-    }
-}
-
-/// Merges the lane states of a warp; every lane ends with the row's state.
-#[inline(always)]
-fn warp_merge(mut s: RowState<f32>) -> RowState<f32> {
-    let mut mask = 16;
-    while mask > 0 {
-        let other = RowState { m: shfl_xor_f32(s.m, mask), l: shfl_xor_f32(s.l, mask) };
-        s = s.merge(other).0;
-        mask >>= 1;
-    }
-    s
+    });
 }
 
 /// `standard_softmax_f32(params)`: `P = softmax(S)` in place, row by row,
@@ -148,15 +160,7 @@ pub unsafe extern "ptx-kernel" fn standard_softmax_f32(p: AttnParams) {
         let limit = p.causal_key_limit(i as u32).clamp(0, nk as i64) as usize;
 
         // Pass 1: running max and sum together.
-        let mut st = RowState::<f32>::new();
-        let mut c = lane;
-        while c < limit {
-            let s = g_s.get(i, c) * LOG2_E;
-            let (_, m_safe) = st.rescale(s);
-            st.accumulate((s - m_safe).exp2());
-            c += 32;
-        }
-        let st = warp_merge(st);
+        let st = warp_row_state(limit, lane, |c| g_s.get(i, c) * LOG2_E);
 
         // Pass 2: normalize; masked keys get exactly 0.
         let m_safe = RowState::<f32>::safe_max(st.m);
@@ -184,34 +188,26 @@ pub unsafe extern "ptx-kernel" fn standard_softmax_f32(p: AttnParams) {
 /// `StdSmem::new().bytes()`, `F32_THREADS` threads.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn standard_pv_f32(p: AttnParams) {
-    let (nq, nk, d, nh) = (p.seqlen_q as usize, p.seqlen_k as usize, p.headdim as usize, p.nheads as usize);
-    let (tq, td) = (nq.div_ceil(STD_TILE) as u64, d.div_ceil(STD_TILE) as u64);
-    let total = p.batch as u64 * nh as u64 * tq * td;
-    let mut w = sreg::block_idx_x() as u64;
-    while w < total {
-        let (tc, ti, bhi) = ((w % td) as usize, (w / td % tq) as usize, (w / td / tq) as usize);
-        let (b, h) = (bhi / nh, bhi % nh);
-        let (i0, c0) = (ti * STD_TILE, tc * STD_TILE);
-        let (m, n) = (STD_TILE.min(nq - i0), STD_TILE.min(d - c0));
+    let (nq, nk, d) = (p.seqlen_q as usize, p.seqlen_k as usize, p.headdim as usize);
+    for_each_out_tile(&p, d, |t| {
         // SAFETY: the host checked v, o against their strides and sized the
-        // scratch; tile (i0, c0) of head (b, h) of O is written by this block only.
+        // scratch; tile (i0, j0) of head (b, h) of O is written by this block only.
         let (g_p, g_v, g_o) = unsafe {
             (
-                scratch(&p, bhi),
-                GlobalRows::head(p.v_ptr, p.v_stride, b, h, nk, d),
-                GlobalRows::head(p.o_ptr, p.o_stride, b, h, nq, d),
+                scratch(&p, t.bhi),
+                GlobalRows::head(p.v_ptr, p.v_stride, t.b, t.h, nk, d),
+                GlobalRows::head(p.o_ptr, p.o_stride, t.b, t.h, nq, d),
             )
         };
         tiled_product(
             tiles(),
             false,
-            (m, n, nk),
+            (t.m, t.n, nk),
             |s_a, s_b, k0, kk| {
-                s_a.load(&g_p, i0, m, k0, kk);
-                s_b.load(&g_v, k0, kk, c0, n);
+                s_a.load(&g_p, t.i0, t.m, k0, kk);
+                s_b.load(&g_v, k0, kk, t.j0, t.n);
             },
-            |r, c, o| g_o.set(i0 + r, c0 + c, o),
+            |r, c, o| g_o.set(t.i0 + r, t.j0 + c, o),
         );
-        w += sreg::grid_dim_x() as u64;
-    }
+    });
 }

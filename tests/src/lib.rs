@@ -5,18 +5,23 @@
 //!   a missing GPU is a failure instead, so a GPU run can never pass by
 //!   skipping.
 //! * [`Rng`]: fresh random inputs for every run (seeded from the clock unless
-//!   `FA_SEED` is set; the seed is printed so a failure can be replayed).
+//!   `FA_SEED` is set; the seed is printed so a failure can be replayed), or
+//!   seeded ones for the CPU property tests and the binaries.
 //! * [`rel_err`] and friends: the error measures of the project's method
 //!   (`‖out − ref‖ / ‖ref‖`, NaN never passes).
+//! * [`case`]: one attention problem of the GPU sweeps (`gpu_attention.rs`,
+//!   `gpu_half.rs`): its random inputs and its run through `forward_into`.
 //! * [`naive`]: naive attention computed in f16/bf16 on the CPU, the
 //!   yardstick of the 16-bit accuracy rule.
 
+pub mod case;
 pub mod naive;
 
 use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::{CudaContext, CudaStream};
 use flash_attn::FlashAttention;
+use ndarray::Array4;
 
 /// A GPU with the flash-attn kernels loaded, and a stream to work on.
 pub struct Gpu {
@@ -70,8 +75,15 @@ impl Rng {
         Self(seed)
     }
 
+    /// Starts the generator's state at `seed`.
     pub fn with_seed(seed: u64) -> Self {
         Self(seed)
+    }
+
+    /// Starts the state at `seed` mixed with the SplitMix64 increment (the
+    /// seeding of the CPU property tests, whose seeds proptest draws).
+    pub fn new(seed: u64) -> Self {
+        Self(seed ^ 0x9E37_79B9_7F4A_7C15)
     }
 
     pub fn next_u64(&mut self) -> u64 {
@@ -87,10 +99,15 @@ impl Rng {
         (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
     }
 
+    /// Uniform in `[-a, a)`.
+    pub fn sym(&mut self, a: f64) -> f64 {
+        (2.0 * self.unit() - 1.0) * a
+    }
+
     /// Uniform in `[-a, a]`, never exactly 0.
     pub fn nonzero(&mut self, a: f32) -> f32 {
         loop {
-            let x = ((2.0 * self.unit() - 1.0) * a as f64) as f32;
+            let x = self.sym(a as f64) as f32;
             if x != 0.0 {
                 return x;
             }
@@ -105,6 +122,11 @@ impl Rng {
     /// Uniform in `0..n`.
     pub fn below(&mut self, n: usize) -> usize {
         (self.next_u64() % n as u64) as usize
+    }
+
+    /// A `(b, n, h, d)` tensor uniform in `[-a, a)`.
+    pub fn tensor(&mut self, shape: (usize, usize, usize, usize), a: f64) -> Array4<f64> {
+        Array4::from_shape_simple_fn(shape, || self.sym(a))
     }
 }
 

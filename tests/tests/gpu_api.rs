@@ -157,11 +157,10 @@ fn gpu_typed_errors() {
     println!("{e}");
     assert!(matches!(e, FlashAttnError::Unsupported { dtype: "f16", .. }), "{e}");
 
-    // Row statistics of the wrong kind for the loop order.
+    // `forward_into` on x with an lse buffer of `lse_len`: the error.
     let mut o = s.clone_htod(&vec![0.0f32; n]).unwrap();
-    let mut lse = s.clone_htod(&vec![0.0f32; 16]).unwrap();
-    let p = ForwardParams { loop_order: LoopOrder::Fa1, ..Default::default() };
-    let e =
+    let mut forward_into_lse = |lse_len: usize, p: &ForwardParams| -> FlashAttnError {
+        let mut lse = s.clone_htod(&vec![0.0f32; lse_len]).unwrap();
         g.fa.forward_into(
             s,
             Tensor::new(&x, lay),
@@ -169,25 +168,18 @@ fn gpu_typed_errors() {
             Tensor::new(&x, lay),
             TensorMut::new(&mut o, lay),
             StatsMut::LogSumExp(lse.as_view_mut()),
-            &p,
+            p,
         )
-        .unwrap_err();
+        .unwrap_err()
+    };
+
+    // Row statistics of the wrong kind for the loop order.
+    let e = forward_into_lse(16, &ForwardParams { loop_order: LoopOrder::Fa1, ..Default::default() });
     println!("{e}");
     assert!(matches!(e, FlashAttnError::StatsMismatch { loop_order: LoopOrder::Fa1, .. }), "{e}");
 
     // An lse buffer that is too short.
-    let mut lse = s.clone_htod(&vec![0.0f32; 15]).unwrap();
-    let e =
-        g.fa.forward_into(
-            s,
-            Tensor::new(&x, lay),
-            Tensor::new(&x, lay),
-            Tensor::new(&x, lay),
-            TensorMut::new(&mut o, lay),
-            StatsMut::LogSumExp(lse.as_view_mut()),
-            &ForwardParams::default(),
-        )
-        .unwrap_err();
+    let e = forward_into_lse(15, &ForwardParams::default());
     println!("{e}");
     assert!(matches!(e, FlashAttnError::StatsTooShort { argument: "lse", len: 15, required: 16 }), "{e}");
 }

@@ -8,165 +8,21 @@
 //! that a failure.
 
 use flash_attn::reference::{self, AttnOutput};
-use flash_attn::{ForwardParams, LoopOrder, RowState, StatsMut, Tensor, TensorLayout, TensorMut};
-use flash_attn_tests::{Gpu, Rng, gpu, nonfinite_mismatches, rel_err};
-use ndarray::{Array3, Array4};
+use flash_attn::LoopOrder;
+use flash_attn_tests::case::{Case, GpuOut, Inputs, run_gpu, to64};
+use flash_attn_tests::{Rng, gpu, nonfinite_mismatches, rel_err};
 
 const TOL: f64 = 1e-4;
 const ORDERS: [LoopOrder; 3] = [LoopOrder::Fa1, LoopOrder::Fa2, LoopOrder::Standard];
 
-/// One problem: shapes, mask, scale, block, input amplitude, layouts.
-#[derive(Clone, Debug)]
-struct Case {
-    batch: usize,
-    nheads: usize,
-    seqlen_q: usize,
-    seqlen_k: usize,
-    headdim: usize,
-    causal: bool,
-    softmax_scale: Option<f32>,
-    block: Option<(usize, usize)>,
-    /// Inputs uniform in `[-amp, amp]`.
-    amp: f32,
-    /// q, k, v as slices of one packed `(batch, seqlen, 3, nheads, headdim)`
-    /// buffer (only when seqlen_q == seqlen_k), and O in `(batch, nheads,
-    /// seqlen, headdim)` memory order.
-    strided: bool,
-}
-
-impl Case {
-    fn new(batch: usize, nheads: usize, seqlen_q: usize, seqlen_k: usize, headdim: usize, causal: bool) -> Self {
-        Self { batch, nheads, seqlen_q, seqlen_k, headdim, causal, softmax_scale: None, block: None, amp: 1.0, strided: false }
-    }
-    fn q_shape(&self) -> [usize; 4] {
-        [self.batch, self.seqlen_q, self.nheads, self.headdim]
-    }
-    fn k_shape(&self) -> [usize; 4] {
-        [self.batch, self.seqlen_k, self.nheads, self.headdim]
-    }
-    fn params(&self, loop_order: LoopOrder) -> ForwardParams {
-        ForwardParams { causal: self.causal, softmax_scale: self.softmax_scale, loop_order, block: self.block }
-    }
-}
-
-/// Inputs in the contiguous `(batch, seqlen, nheads, headdim)` layout.
-struct Inputs {
-    q: Array4<f32>,
-    k: Array4<f32>,
-    v: Array4<f32>,
-}
-
-impl Inputs {
-    fn random(c: &Case, rng: &mut Rng) -> Self {
-        let qs = c.q_shape();
-        let ks = c.k_shape();
-        let arr = |s: [usize; 4], rng: &mut Rng| {
-            Array4::from_shape_vec((s[0], s[1], s[2], s[3]), rng.vec(s.iter().product(), c.amp)).unwrap()
-        };
-        Self { q: arr(qs, rng), k: arr(ks, rng), v: arr(ks, rng) }
-    }
-}
-
-/// What the GPU produced, downloaded.
-struct GpuOut {
-    o: Array4<f32>,
-    /// Natural-log logsumexp (for FA1 computed from l and m with `RowState::lse`).
-    lse: Array3<f32>,
-    /// FA1 only: l and m (m in base-2 units).
-    l_m: Option<(Array3<f32>, Array3<f32>)>,
-}
-
-fn to64(a: &Array4<f32>) -> Array4<f64> {
-    a.mapv(|x| x as f64)
-}
-
-fn reference_f64(c: &Case, x: &Inputs) -> AttnOutput<f64> {
+fn reference_f64(c: &Case, x: &Inputs<f32>) -> AttnOutput<f64> {
     let scale = c.softmax_scale.map(|s| s as f64);
     reference::standard_attention::<f64>(to64(&x.q).view(), to64(&x.k).view(), to64(&x.v).view(), c.causal, scale).unwrap()
 }
 
-/// Packs q, k, v into one `(batch, seqlen, 3, nheads, headdim)` buffer
-/// (the layout of a fused qkv projection) and returns it with their layouts.
-fn pack_qkv(x: &Inputs) -> (Vec<f32>, [TensorLayout; 3]) {
-    let (b, n, h, d) = x.q.dim();
-    let mut buf = vec![0.0f32; b * n * 3 * h * d];
-    for (t, a) in [&x.q, &x.k, &x.v].into_iter().enumerate() {
-        for ((bi, i, hi, c), &val) in a.indexed_iter() {
-            buf[(((bi * n + i) * 3 + t) * h + hi) * d + c] = val;
-        }
-    }
-    // All three share the strides; they start at offsets 0, h·d and 2·h·d.
-    let lay = TensorLayout::new([b, n, h, d], [n * 3 * h * d, 3 * h * d, d]);
-    (buf, [lay, lay, lay])
-}
-
-/// Runs one loop order through `forward_into`, with every output poisoned
-/// with NaN first.
-fn run_gpu(g: &Gpu, c: &Case, x: &Inputs, loop_order: LoopOrder) -> Result<GpuOut, flash_attn::FlashAttnError> {
-    let s = &g.stream;
-    let (b, nq, h, d) = (c.batch, c.seqlen_q, c.nheads, c.headdim);
-    let nstats = b * h * nq;
-    let params = c.params(loop_order);
-    let mut o_dev = s.clone_htod(&vec![f32::NAN; b * nq * h * d])?;
-    // O in (batch, nheads, seqlen, headdim) memory order when strided.
-    let o_layout = if c.strided {
-        TensorLayout::new([b, nq, h, d], [h * nq * d, d, nq * d])
-    } else {
-        TensorLayout::contiguous([b, nq, h, d])
-    };
-    let mut l_dev = s.clone_htod(&vec![f32::NAN; nstats])?;
-    let mut m_dev = s.clone_htod(&vec![f32::NAN; nstats])?;
-    let stats = match loop_order {
-        LoopOrder::Fa1 => StatsMut::Fa1 { l: l_dev.as_view_mut(), m: m_dev.as_view_mut() },
-        _ => StatsMut::LogSumExp(l_dev.as_view_mut()),
-    };
-    if c.strided {
-        let (buf, lays) = pack_qkv(x);
-        let dev = s.clone_htod(&buf)?;
-        let (hd, ntot) = (h * d, buf.len());
-        let (qv, kv, vv) = (dev.slice(0..ntot), dev.slice(hd..ntot), dev.slice(2 * hd..ntot));
-        g.fa.forward_into(
-            s,
-            Tensor::new(&qv, lays[0]),
-            Tensor::new(&kv, lays[1]),
-            Tensor::new(&vv, lays[2]),
-            TensorMut::new(&mut o_dev, o_layout),
-            stats,
-            &params,
-        )?;
-    } else {
-        let q = s.clone_htod(x.q.as_slice().unwrap())?;
-        let k = s.clone_htod(x.k.as_slice().unwrap())?;
-        let v = s.clone_htod(x.v.as_slice().unwrap())?;
-        g.fa.forward_into(
-            s,
-            Tensor::new(&q, TensorLayout::contiguous(c.q_shape())),
-            Tensor::new(&k, TensorLayout::contiguous(c.k_shape())),
-            Tensor::new(&v, TensorLayout::contiguous(c.k_shape())),
-            TensorMut::new(&mut o_dev, o_layout),
-            stats,
-            &params,
-        )?;
-    }
-    s.synchronize()?;
-    let o_raw = s.clone_dtoh(&o_dev)?;
-    let o = Array4::from_shape_fn((b, nq, h, d), |(bi, i, hi, ci)| {
-        o_raw[bi * o_layout.strides[0] + i * o_layout.strides[1] + hi * o_layout.strides[2] + ci]
-    });
-    let l = Array3::from_shape_vec((b, h, nq), s.clone_dtoh(&l_dev)?).unwrap();
-    let m = Array3::from_shape_vec((b, h, nq), s.clone_dtoh(&m_dev)?).unwrap();
-    Ok(match loop_order {
-        LoopOrder::Fa1 => {
-            let lse = Array3::from_shape_fn((b, h, nq), |ix| RowState { m: m[ix], l: l[ix] }.lse());
-            GpuOut { o, lse, l_m: Some((l, m)) }
-        }
-        _ => GpuOut { o, lse: l, l_m: None },
-    })
-}
-
 /// Compares one GPU result with the reference; returns a description of
 /// the failure, if any.
-fn check(c: &Case, x: &Inputs, loop_order: LoopOrder, out: &GpuOut, r: &AttnOutput<f64>, tol: f64) -> Result<String, String> {
+fn check(c: &Case, x: &Inputs<f32>, loop_order: LoopOrder, out: &GpuOut<f32>, r: &AttnOutput<f64>, tol: f64) -> Result<String, String> {
     let o: Vec<f64> = out.o.iter().map(|&v| v as f64).collect();
     let ro: Vec<f64> = r.o.iter().copied().collect();
     let lse: Vec<f64> = out.lse.iter().map(|&v| v as f64).collect();
@@ -217,7 +73,7 @@ fn sweep(test: &str, cases: &[Case], tol: f64) {
     let mut rng = Rng::fresh(test);
     let mut failures = Vec::new();
     for c in cases {
-        let x = Inputs::random(c, &mut rng);
+        let x = Inputs::<f32>::random(c, &mut rng);
         let r = reference_f64(c, &x);
         for lo in ORDERS {
             match run_gpu(g, c, &x, lo) {
@@ -308,22 +164,8 @@ fn gpu_large_logits_stay_finite() {
     }
     if gpu("gpu_large_logits_stay_finite").is_some() {
         let mut rng = Rng::fresh("gpu_large_logits_stay_finite");
-        let x = Inputs::random(&cases[0], &mut rng);
-        let max_logit =
-            x.q.outer_iter()
-                .zip(x.k.outer_iter())
-                .map(|(qb, kb)| {
-                    let mut m = 0.0f64;
-                    for qi in qb.outer_iter() {
-                        for kj in kb.outer_iter() {
-                            for (qh, kh) in qi.outer_iter().zip(kj.outer_iter()) {
-                                m = m.max(qh.iter().zip(kh.iter()).map(|(a, b)| (*a as f64) * (*b as f64)).sum::<f64>().abs());
-                            }
-                        }
-                    }
-                    m
-                })
-                .fold(0.0, f64::max);
+        let x = Inputs::<f32>::random(&cases[0], &mut rng);
+        let max_logit = x.max_abs_logit();
         println!("largest |logit| of a sample input of the first case: {max_logit:.3e}");
         assert!(max_logit > 3e3, "the inputs should give logits of order 1e4");
     }
@@ -339,7 +181,7 @@ fn gpu_nan_and_inf_inputs_behave_as_the_reference() {
     let Some(g) = gpu("gpu_nan_and_inf_inputs_behave_as_the_reference") else { return };
     let mut rng = Rng::fresh("gpu_nan_and_inf_inputs_behave_as_the_reference");
     let mut failures = Vec::new();
-    type Poison = fn(&mut Inputs, &mut Rng);
+    type Poison = fn(&mut Inputs<f32>, &mut Rng);
     let poisons: [(&str, bool, Poison); 5] = [
         ("NaN in one q element", true, |x, rng| {
             let (b, n, h, d) = x.q.dim();
@@ -370,7 +212,7 @@ fn gpu_nan_and_inf_inputs_behave_as_the_reference() {
                 continue;
             }
             let c = Case::new(2, 2, 70, 70, 16, causal);
-            let mut x = Inputs::random(&c, &mut rng);
+            let mut x = Inputs::<f32>::random(&c, &mut rng);
             poison(&mut x, &mut rng);
             let (q, k, v) = (to64(&x.q), to64(&x.k), to64(&x.v));
             let r = reference::fa2_forward::<f64>(q.view(), k.view(), v.view(), causal, None, 16, 16).unwrap();
@@ -395,7 +237,7 @@ fn gpu_results_are_deterministic() {
     let Some(g) = gpu("gpu_results_are_deterministic") else { return };
     let mut rng = Rng::fresh("gpu_results_are_deterministic");
     let c = Case::new(2, 4, 300, 257, 64, true);
-    let x = Inputs::random(&c, &mut rng);
+    let x = Inputs::<f32>::random(&c, &mut rng);
     for lo in ORDERS {
         let a = run_gpu(g, &c, &x, lo).unwrap();
         let b = run_gpu(g, &c, &x, lo).unwrap();

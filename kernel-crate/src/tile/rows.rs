@@ -1,6 +1,7 @@
-//! One warp per tile row: warp reductions and the online-softmax step over a
-//! row of scores, written with [`RowState`] — the code the CPU property
-//! tests check.
+//! One warp per row: warp reductions, the online softmax of a whole row
+//! (`standard`, `softmax_rows`) and the online-softmax step over a row of a
+//! block of scores (`fa1`, `fa2`), written with [`RowState`] — the code the
+//! CPU property tests check.
 
 use super::SmemTile;
 use crate::arch::{shfl::shfl_xor_f32, sreg};
@@ -27,6 +28,37 @@ pub fn warp_sum(mut x: f32) -> f32 {
         mask >>= 1;
     }
     x
+}
+
+/// Merges the lane states of a warp ([`RowState::merge`], butterfly
+/// shuffles); every lane ends with the row's state.
+#[inline(always)]
+pub fn warp_merge(mut s: RowState<f32>) -> RowState<f32> {
+    let mut mask = 16;
+    while mask > 0 {
+        let other = RowState { m: shfl_xor_f32(s.m, mask), l: shfl_xor_f32(s.l, mask) };
+        s = s.merge(other).0;
+        mask >>= 1;
+    }
+    s
+}
+
+/// The online softmax of one row of base-2 scores, on all lanes of one warp:
+/// each lane runs a [`RowState`] (running maximum and sum together) over its
+/// strided columns `lane, lane + 32, …` below `ncols`, reading column `c`
+/// with `score(c)`; then the 32 states are merged ([`warp_merge`]). Every
+/// lane returns the row's state.
+#[inline(always)]
+pub fn warp_row_state(ncols: usize, lane: usize, mut score: impl FnMut(usize) -> f32) -> RowState<f32> {
+    let mut st = RowState::<f32>::new();
+    let mut c = lane;
+    while c < ncols {
+        let s = score(c);
+        let (_, m_safe) = st.rescale(s);
+        st.accumulate((s - m_safe).exp2());
+        c += 32;
+    }
+    warp_merge(st)
 }
 
 /// Rows `r < nrows` of a tile, one warp each (`warp, warp + 8, …`). The

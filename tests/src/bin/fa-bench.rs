@@ -39,6 +39,7 @@ use flash_attn::{
     AttnElem, AttnParams, FlashAttention, FlashAttnError, ForwardParams, LoopOrder, StatsMut,
     Tensor, TensorLayout, TensorMut,
 };
+use flash_attn_tests::Rng;
 use serde_json::{Value, json};
 
 const TORCH_SCRIPT: &str = include_str!("bench_torch.py");
@@ -466,14 +467,6 @@ fn progress(
 // Inputs
 // ---------------------------------------------------------------------------
 
-fn splitmix64(x: &mut u64) -> u64 {
-    *x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    let mut z = *x;
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
 /// Fills `out` with standard-normal values rounded to `dt` (Box–Muller),
 /// in parallel; deterministic in `seed` whatever the thread count.
 fn fill_normal(dt: Dtype, seed: u64, out: &mut [u16]) {
@@ -487,11 +480,11 @@ fn fill_normal(dt: Dtype, seed: u64, out: &mut [u16]) {
             s.spawn(move || {
                 for (c, chunk) in part.chunks_mut(CHUNK).enumerate() {
                     let global = (t * per / CHUNK + c) as u64;
-                    let mut st = seed ^ global.wrapping_mul(0xD1B5_4A32_D192_ED03);
+                    let mut rng = Rng::with_seed(seed ^ global.wrapping_mul(0xD1B5_4A32_D192_ED03));
                     for pair in chunk.chunks_mut(2) {
-                        let u1 =
-                            ((splitmix64(&mut st) >> 11) + 1) as f64 * (1.0 / (1u64 << 53) as f64);
-                        let u2 = (splitmix64(&mut st) >> 11) as f64 * (1.0 / (1u64 << 53) as f64);
+                        // u1 in (0, 1]: ln(u1) stays finite.
+                        let u1 = ((rng.next_u64() >> 11) + 1) as f64 * (1.0 / (1u64 << 53) as f64);
+                        let u2 = rng.unit();
                         let r = (-2.0 * u1.ln()).sqrt();
                         let (sn, cs) = (std::f64::consts::TAU * u2).sin_cos();
                         pair[0] = dt.bits((r * cs) as f32);
@@ -903,8 +896,8 @@ struct RefRow {
 
 fn sample_rows(o: &Opts, c: &Cfg) -> Vec<(usize, usize, usize)> {
     let (bn, hn, n) = (c.batch(o), c.heads(o), c.n);
-    let mut st = o.seed ^ (c.n as u64 * 31 + c.d as u64 * 7 + c.causal as u64);
-    let mut rnd = |m: usize| (splitmix64(&mut st) % m as u64) as usize;
+    let mut r = Rng::with_seed(o.seed ^ (c.n as u64 * 31 + c.d as u64 * 7 + c.causal as u64));
+    let mut rnd = |m: usize| r.below(m);
     let mut pairs = vec![(0, 0), (bn - 1, hn - 1), (rnd(bn), rnd(hn))];
     pairs.dedup();
     let mut out = Vec::new();
