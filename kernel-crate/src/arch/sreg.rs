@@ -54,3 +54,14 @@ pub fn lane_id() -> u32 {
 pub fn warp_id() -> u32 {
     thread_idx_x() >> 5
 }
+
+/// `%ctaid.x` and `%tid.x` read again: an opaque read (not merged with
+/// earlier reads by LLVM), so indices derived from them can be recomputed
+/// after a long loop instead of being kept live across it.
+#[inline(always)]
+pub fn block_and_thread_idx_fresh() -> (u32, u32) {
+    let (b, t): (u32, u32);
+    // SAFETY: reading special registers has no side effects.
+    unsafe { core::arch::asm!("mov.u32 {b}, %ctaid.x;\n\tmov.u32 {t}, %tid.x;", b = out(reg32) b, t = out(reg32) t, options(nomem, nostack)) };
+    (b, t)
+}

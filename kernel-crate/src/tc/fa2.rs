@@ -361,11 +361,22 @@ pub unsafe fn forward<
     }
 
     // ---- epilogue: one 1/l, store O and the logsumexp -----------------------
+    // Block coordinates derived again from the special registers rather
+    // than kept live across the K/V loop: at d = 128, Bc = 64 that register
+    // is the difference between a spill and none.
+    let (idx, tid) = sreg::block_and_thread_idx_fresh();
+    let (idx, tid) = (idx as usize, tid as usize);
+    let bh = idx / num_m;
+    let mb = if p.causal != 0 { num_m - 1 - idx % num_m } else { idx % num_m };
+    let (b, h) = (bh / p.nheads as usize, bh % p.nheads as usize);
+    let (warp, lane) = (tid / 32, tid % 32);
+    let (g, t) = (lane / 4, lane % 4);
+    let row_base = (mb * br + warp * 16 * MT + g) as u32;
     let [os0, os1, os2] = p.o_stride;
     let g_o = (p.o_ptr as *mut u16).wrapping_add((b as u64 * os0 + h as u64 * os2) as usize);
     for mt in 0..MT {
         for r in 0..2 {
-            let row = q0 + w_row0 + 16 * mt + g + 8 * r;
+            let row = (row_base + (16 * mt + 8 * r) as u32) as usize;
             st[mt][r].l = quad_sum(st[mt][r].l);
             let inv_l = st[mt][r].inv_l();
             if row < nq {
