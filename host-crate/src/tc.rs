@@ -59,24 +59,28 @@ table! {
     Fa2 flash_fwd_tc_fa2_bf16_d64_w4_m2_bc64 true 64 4 2 64;
     Fa2 flash_fwd_tc_fa2_f16_d64_w4_m2_bc96 false 64 4 2 96;
     Fa2 flash_fwd_tc_fa2_bf16_d64_w4_m2_bc96 true 64 4 2 96;
+    Fa2 flash_fwd_tc_fa2_f16_d64_w4_m2_bc128 false 64 4 2 128;
+    Fa2 flash_fwd_tc_fa2_bf16_d64_w4_m2_bc128 true 64 4 2 128;
     Fa2 flash_fwd_tc_fa2_f16_d96_w4_m1_bc64 false 96 4 1 64;
     Fa2 flash_fwd_tc_fa2_bf16_d96_w4_m1_bc64 true 96 4 1 64;
     Fa2 flash_fwd_tc_fa2_f16_d96_w4_m2_bc64 false 96 4 2 64;
     Fa2 flash_fwd_tc_fa2_bf16_d96_w4_m2_bc64 true 96 4 2 64;
+    Fa2 flash_fwd_tc_fa2_f16_d96_w4_m2_bc80 false 96 4 2 80;
+    Fa2 flash_fwd_tc_fa2_bf16_d96_w4_m2_bc80 true 96 4 2 80;
+    Fa2 flash_fwd_tc_fa2_f16_d96_w4_m2_bc96 false 96 4 2 96;
+    Fa2 flash_fwd_tc_fa2_bf16_d96_w4_m2_bc96 true 96 4 2 96;
     Fa2 flash_fwd_tc_fa2_f16_d128_w4_m1_bc64 false 128 4 1 64;
     Fa2 flash_fwd_tc_fa2_bf16_d128_w4_m1_bc64 true 128 4 1 64;
+    Fa2 flash_fwd_tc_fa2_f16_d128_w4_m2_bc32 false 128 4 2 32;
+    Fa2 flash_fwd_tc_fa2_bf16_d128_w4_m2_bc32 true 128 4 2 32;
     Fa2 flash_fwd_tc_fa2_f16_d128_w4_m2_bc48 false 128 4 2 48;
     Fa2 flash_fwd_tc_fa2_bf16_d128_w4_m2_bc48 true 128 4 2 48;
     Fa2 flash_fwd_tc_fa2_f16_d128_w4_m2_bc64 false 128 4 2 64;
     Fa2 flash_fwd_tc_fa2_bf16_d128_w4_m2_bc64 true 128 4 2 64;
-    Fa2 flash_fwd_tc_fa2_f16_d96_w4_m2_bc80 false 96 4 2 80;
-    Fa2 flash_fwd_tc_fa2_bf16_d96_w4_m2_bc80 true 96 4 2 80;
-    Fa2 flash_fwd_tc_fa2_f16_d128_w4_m2_bc32 false 128 4 2 32;
-    Fa2 flash_fwd_tc_fa2_bf16_d128_w4_m2_bc32 true 128 4 2 32;
-    Fa2 flash_fwd_tc_fa2_f16_d256_w8_m1_bc32 false 256 8 1 32;
-    Fa2 flash_fwd_tc_fa2_bf16_d256_w8_m1_bc32 true 256 8 1 32;
     Fa2 flash_fwd_tc_fa2_f16_d256_w4_m1_bc32 false 256 4 1 32;
     Fa2 flash_fwd_tc_fa2_bf16_d256_w4_m1_bc32 true 256 4 1 32;
+    Fa2 flash_fwd_tc_fa2_f16_d256_w8_m1_bc32 false 256 8 1 32;
+    Fa2 flash_fwd_tc_fa2_bf16_d256_w8_m1_bc32 true 256 8 1 32;
     Fa1 flash_fwd_tc_fa1_f16_d32_w4_m1_bc64 false 32 4 1 64;
     Fa1 flash_fwd_tc_fa1_bf16_d32_w4_m1_bc64 true 32 4 1 64;
     Fa1 flash_fwd_tc_fa1_f16_d64_w4_m1_bc64 false 64 4 1 64;
@@ -132,15 +136,15 @@ impl TcKernel {
         // FA2 (measured on the H100, docs/perf-notes.md): two m-tiles per
         // warp (32 query rows) halve the shared-memory traffic per mma and
         // win by 20–35% over one; Bc is the largest that stays free of
-        // spills at 255 registers (d = 128: Bc = 64, +7% over Bc = 48 once
-        // the epilogue stopped holding block indices across the K/V loop;
-        // d = 96: Bc = 80, +2–5% over 64); d = 64 re-reads Q from shared
-        // memory to afford Bc = 96 (+6% over Bc = 64 with Q in registers);
-        // d = 256 fits one m-tile only, and 4 warps (2 blocks/SM) beat 8.
+        // spills at 255 registers (steps 6–7 of the notes: d = 128 Bc = 64
+        // +7% over 48, d = 64 Bc = 128 +5–7% over 96, d = 96 Bc = 96 +1–6%
+        // over 80); d ≥ 64 re-reads Q from shared memory to afford the larger
+        // Bc; d = 32 keeps Q in registers (Bc = 128 measured 1–3% slower than
+        // 64); d = 256 fits one m-tile only, and 4 warps (2 blocks/SM) beat 8.
         let (warps, mt, bc) = match (loop_order, d) {
             (TcLoop::Fa2, 32) => (4, 2, 64),
-            (TcLoop::Fa2, 64) => (4, 2, 96),
-            (TcLoop::Fa2, 96) => (4, 2, 80),
+            (TcLoop::Fa2, 64) => (4, 2, 128),
+            (TcLoop::Fa2, 96) => (4, 2, 96),
             (TcLoop::Fa2, 128) => (4, 2, 64),
             (TcLoop::Fa2, 256) => (4, 1, 32),
             (TcLoop::Fa1, 256) => (4, 1, 32),

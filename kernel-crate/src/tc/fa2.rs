@@ -124,11 +124,19 @@ pub unsafe fn pv<T: Elem16, const D: usize, const DN: usize, const BCN: usize, c
 
 /// Masks (to −inf) the raw scores of keys at or past each row's limit
 /// (`lim[r]` for the thread's rows `g` and `g + 8` of the m-tile).
+///
+/// The limits are turned once into 32-bit offsets from the thread's first
+/// column (`k0 + 2t`), clamped to `[−1, Bc]`, so each element costs one
+/// 32-bit compare against a constant. (The 64-bit compares this replaced
+/// cost enough registers to make d = 64, Bc = 128 spill.)
 #[inline(always)]
 pub fn mask<const BCN: usize>(r_s: &mut [[f32; 4]; BCN], k0: usize, t: usize, lim: [i64; 2]) {
+    let col0 = (k0 + 2 * t) as i64;
+    let bc = (8 * BCN) as i64;
+    let rel = [(lim[0] - col0).clamp(-1, bc) as i32, (lim[1] - col0).clamp(-1, bc) as i32];
     for n in 0..BCN {
         for e in 0..4 {
-            if (k0 + n * 8 + 2 * t + (e & 1)) as i64 >= lim[e >> 1] {
+            if (n * 8 + (e & 1)) as i32 >= rel[e >> 1] {
                 r_s[n][e] = f32::NEG_INFINITY;
             }
         }
