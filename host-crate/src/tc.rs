@@ -137,10 +137,11 @@ impl TcKernel {
         // warp (32 query rows) halve the shared-memory traffic per mma and
         // win by 20–35% over one; Bc is the largest that stays free of
         // spills at 255 registers (steps 6–7 of the notes: d = 128 Bc = 64
-        // +7% over 48, d = 64 Bc = 128 +5–7% over 96, d = 96 Bc = 96 +1–6%
-        // over 80); d ≥ 64 re-reads Q from shared memory to afford the larger
-        // Bc; d = 32 keeps Q in registers (Bc = 128 measured 1–3% slower than
-        // 64); d = 256 fits one m-tile only, and 4 warps (2 blocks/SM) beat 8.
+        // +7% over 48, d = 64 Bc = 128 +4–7% over 96, d = 96 Bc = 96 −1 to
+        // +6% over 80); d ≥ 64 re-reads Q from shared memory to afford the
+        // larger Bc; d = 32 keeps Q in registers (Bc = 128 measured up to 3%
+        // slower than 64); d = 256 fits one m-tile only, and 4 warps
+        // (2 blocks/SM) beat 8.
         let (warps, mt, bc) = match (loop_order, d) {
             (TcLoop::Fa2, 32) => (4, 2, 64),
             (TcLoop::Fa2, 64) => (4, 2, 128),
