@@ -1430,14 +1430,14 @@ fn svg_plot(
     writeln!(
         s,
         r#"<text x="{}" y="28" text-anchor="middle" font-size="15" font-weight="bold">{}</text>"#,
-        (x0 + x1) / 2.0,
+        w / 2.0, // centred on the image: the subtitle is wider than the plot area
         esc(title)
     )
     .unwrap();
     writeln!(
         s,
         r##"<text x="{}" y="46" text-anchor="middle" fill="#555">{}</text>"##,
-        (x0 + x1) / 2.0,
+        w / 2.0,
         esc(subtitle)
     )
     .unwrap();
