@@ -176,17 +176,23 @@ pub fn row_max<const BCN: usize>(r_s: &[[f32; 4]; BCN], r: usize) -> f32 {
 
 /// Replaces the scaled scores of row `r` by `P = exp2(s − m_safe)` and
 /// returns the thread's partial row sum.
+///
+/// Four independent partial sums (element `i` of the row goes to `i % 4`),
+/// then a tree: a dependency chain of `Bc/16 + 2` adds instead of `Bc/4`
+/// (ncu showed the softmax stalled on fixed-latency dependencies with two
+/// warps per scheduler; docs/perf-notes.md step 8). The same for the row
+/// maximum made d = 96, Bc = 96 spill.
 #[inline(always)]
 pub fn exp_row<const BCN: usize>(r_s: &mut [[f32; 4]; BCN], r: usize, m_safe: f32) -> f32 {
-    let mut sum = 0.0;
+    let mut sum = [0.0f32; 4];
     for n in 0..BCN {
-        for e in 2 * r..2 * r + 2 {
-            let pe = (r_s[n][e] - m_safe).exp2();
-            r_s[n][e] = pe;
-            sum += pe;
+        for e in 0..2 {
+            let pe = (r_s[n][2 * r + e] - m_safe).exp2();
+            r_s[n][2 * r + e] = pe;
+            sum[(2 * n + e) % 4] += pe;
         }
     }
-    sum
+    (sum[0] + sum[1]) + (sum[2] + sum[3])
 }
 
 /// One online-softmax step for the warp's `MT` m-tiles (`RowState`: the same
