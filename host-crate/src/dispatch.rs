@@ -29,8 +29,9 @@
 //! # f16 / bf16: the tensor-core kernels
 //! `kernel-crate/src/tc/`: `mma.sync.m16n8k16` with f32 accumulation, for
 //! head dims [`TC_HEAD_DIMS`] (32, 64, 96, 128, 256), FA2 and FA1 loop
-//! orders. The configuration per head dim is [`TcKernel::default_for`] (its
-//! comment gives the measurements that chose it); `block = Some((br, bc))`
+//! orders. The configuration per head dim is the first of
+//! [`TcKernel::preferred`] that fits the device's shared memory (its comment
+//! gives the measurements behind the order); `block = Some((br, bc))`
 //! picks another compiled configuration ([`TC_KERNELS`]). Standard attention
 //! and other head dims are f32-only: a typed [`FlashAttnError::Unsupported`]
 //! (the ndarray API converts such calls to f32 instead). The kernels copy
@@ -230,7 +231,11 @@ fn plan_tc(key: &DispatchKey, dims: &Dims, block: Option<(usize, usize)>, limits
     }
     let bf16 = key.dtype == DType::BF16;
     let kernel = match block {
-        None => TcKernel::default_for(tc_loop, bf16, key.headdim),
+        // The tuned default, or the fastest smaller tile that fits this
+        // device's shared memory (falls through to BlockTooLarge below only
+        // when none does).
+        None => TcKernel::default_fitting(tc_loop, bf16, key.headdim, limits.max_smem_per_block)
+            .or_else(|| TcKernel::default_for(tc_loop, bf16, key.headdim)),
         Some((br, bc)) => TC_KERNELS
             .iter()
             .find(|k| k.loop_order == tc_loop && k.bf16 == bf16 && k.d == key.headdim && k.br() == br && k.bc == bc),
@@ -377,6 +382,32 @@ mod tests {
         assert_eq!(choose_block(LoopOrder::Fa2, 256, None, &H100).unwrap(), (64, 32));
         assert_eq!(choose_block(LoopOrder::Fa2, 256, None, &A100).unwrap(), (32, 32));
         assert_eq!(choose_block(LoopOrder::Fa1, 256, None, &H100).unwrap(), (64, 32));
+    }
+
+    #[test]
+    fn tensor_core_defaults_fall_back_to_tiles_that_fit() {
+        use crate::tc::{TC_HEAD_DIMS, TcKernel, TcLoop};
+        for lo in [TcLoop::Fa2, TcLoop::Fa1] {
+            for bf16 in [false, true] {
+                for &d in TC_HEAD_DIMS {
+                    let best = TcKernel::default_for(lo, bf16, d).unwrap();
+                    // The H100 gets the tuned default itself.
+                    assert_eq!(TcKernel::default_fitting(lo, bf16, d, H100.max_smem_per_block), Some(best));
+                    for dev in [&A100, &SM89] {
+                        let k = TcKernel::default_fitting(lo, bf16, d, dev.max_smem_per_block)
+                            .unwrap_or_else(|| panic!("{lo:?} d={d}: no tile fits {} B", dev.max_smem_per_block));
+                        assert!(k.smem_bytes() <= dev.max_smem_per_block);
+                        assert_eq!((k.loop_order, k.bf16, k.d), (lo, bf16, d));
+                    }
+                }
+            }
+        }
+        // d = 256: 8 warps × Bc = 64 need 198 KB; the A100 gets 4 warps × Bc = 32.
+        let k = TcKernel::default_fitting(TcLoop::Fa2, true, 256, A100.max_smem_per_block).unwrap();
+        assert_eq!((k.warps, k.mt, k.bc), (4, 1, 32));
+        // d = 128 on sm_89 (99 KB): Bc = 48 instead of 64.
+        let k = TcKernel::default_fitting(TcLoop::Fa2, false, 128, SM89.max_smem_per_block).unwrap();
+        assert_eq!((k.warps, k.mt, k.bc), (4, 2, 48));
     }
 
     #[test]

@@ -77,6 +77,8 @@ table! {
     Fa2 flash_fwd_tc_fa2_bf16_d128_w4_m2_bc48 true 128 4 2 48;
     Fa2 flash_fwd_tc_fa2_f16_d128_w4_m2_bc64 false 128 4 2 64;
     Fa2 flash_fwd_tc_fa2_bf16_d128_w4_m2_bc64 true 128 4 2 64;
+    Fa2 flash_fwd_tc_fa2_f16_d256_w8_m1_bc64 false 256 8 1 64;
+    Fa2 flash_fwd_tc_fa2_bf16_d256_w8_m1_bc64 true 256 8 1 64;
     Fa2 flash_fwd_tc_fa2_f16_d256_w4_m1_bc32 false 256 4 1 32;
     Fa2 flash_fwd_tc_fa2_bf16_d256_w4_m1_bc32 true 256 4 1 32;
     Fa2 flash_fwd_tc_fa2_f16_d256_w8_m1_bc32 false 256 8 1 32;
@@ -130,31 +132,50 @@ impl TcKernel {
         TC_KERNELS.iter().find(|k| k.name == name)
     }
 
-    /// The default configuration for a loop order, dtype and head dim
-    /// (`docs/perf-notes.md` records the measurements behind each choice).
-    pub fn default_for(loop_order: TcLoop, bf16: bool, d: usize) -> Option<&'static TcKernel> {
-        // FA2 (measured on the H100, docs/perf-notes.md): two m-tiles per
-        // warp (32 query rows) halve the shared-memory traffic per mma and
-        // win by 20–35% over one; Bc is the largest that stays free of
-        // spills at 255 registers (steps 6–7 of the notes: d = 128 Bc = 64
-        // +7% over 48, d = 64 Bc = 128 +4–7% over 96, d = 96 Bc = 96 −1 to
-        // +6% over 80); d ≥ 64 re-reads Q from shared memory to afford the
-        // larger Bc; d = 32 keeps Q in registers (Bc = 128 measured up to 3%
-        // slower than 64); d = 256 fits one m-tile only, and 4 warps
-        // (2 blocks/SM) beat 8.
-        let (warps, mt, bc) = match (loop_order, d) {
-            (TcLoop::Fa2, 32) => (4, 2, 64),
-            (TcLoop::Fa2, 64) => (4, 2, 128),
-            (TcLoop::Fa2, 96) => (4, 2, 96),
-            (TcLoop::Fa2, 128) => (4, 2, 64),
-            (TcLoop::Fa2, 256) => (4, 1, 32),
-            (TcLoop::Fa1, 256) => (4, 1, 32),
-            (TcLoop::Fa1, _) => (4, 1, 64),
-            _ => return None,
+    /// The configurations for a loop order, dtype and head dim, fastest
+    /// first as measured on the H100 (`docs/perf-notes.md` records the
+    /// measurements behind the order).
+    pub fn preferred(loop_order: TcLoop, bf16: bool, d: usize) -> impl Iterator<Item = &'static TcKernel> {
+        // FA2: two m-tiles per warp (32 query rows) halve the shared-memory
+        // traffic per mma and win by 20–35% over one; Bc is the largest that
+        // stays free of spills at 255 registers (steps 6–7 of the notes:
+        // d = 128 Bc = 64 +7% over 48, d = 64 Bc = 128 +4–7% over 96, d = 96
+        // Bc = 96 −1 to +6% over 80); d ≥ 64 re-reads Q from shared memory
+        // to afford the larger Bc; d = 32 keeps Q in registers (Bc = 128
+        // measured up to 3% slower than 64); d = 256 fits one m-tile per warp
+        // only: 8 warps with Bc = 64 (1 block/SM) beat 4 warps with Bc = 32
+        // (2 blocks/SM) by 3–9% (step 9), and 8 warps with Bc = 32 are last.
+        // The larger tiles need more shared memory than some GPUs have, hence
+        // the smaller fallbacks ([`TcKernel::default_fitting`]).
+        let order: &[(usize, usize, usize)] = match (loop_order, d) {
+            (TcLoop::Fa2, 32) => &[(4, 2, 64), (4, 1, 64)],
+            (TcLoop::Fa2, 64) => &[(4, 2, 128), (4, 2, 96), (4, 2, 64), (4, 1, 64)],
+            (TcLoop::Fa2, 96) => &[(4, 2, 96), (4, 2, 80), (4, 2, 64), (4, 1, 64)],
+            (TcLoop::Fa2, 128) => &[(4, 2, 64), (4, 2, 48), (4, 2, 32), (4, 1, 64)],
+            (TcLoop::Fa2, 256) => &[(8, 1, 64), (4, 1, 32), (8, 1, 32)],
+            (TcLoop::Fa1, 256) => &[(4, 1, 32)],
+            (TcLoop::Fa1, _) => &[(4, 1, 64)],
+            _ => &[],
         };
-        TC_KERNELS.iter().find(|k| {
-            k.loop_order == loop_order && k.bf16 == bf16 && k.d == d && k.warps == warps && k.mt == mt && k.bc == bc
+        order.iter().filter_map(move |&(warps, mt, bc)| {
+            TC_KERNELS.iter().find(|k| {
+                k.loop_order == loop_order && k.bf16 == bf16 && k.d == d && k.warps == warps && k.mt == mt && k.bc == bc
+            })
         })
+    }
+
+    /// The default configuration for a loop order, dtype and head dim: the
+    /// fastest measured on the H100, whatever shared memory it needs.
+    pub fn default_for(loop_order: TcLoop, bf16: bool, d: usize) -> Option<&'static TcKernel> {
+        Self::preferred(loop_order, bf16, d).next()
+    }
+
+    /// The fastest configuration whose shared memory fits `max_smem_bytes`
+    /// per block (the device's opt-in limit): the H100 default, or a smaller
+    /// tile on GPUs with less shared memory (A100: 163 KB, sm_86/sm_89:
+    /// 99 KB).
+    pub fn default_fitting(loop_order: TcLoop, bf16: bool, d: usize, max_smem_bytes: usize) -> Option<&'static TcKernel> {
+        Self::preferred(loop_order, bf16, d).find(|k| k.smem_bytes() <= max_smem_bytes)
     }
 }
 

@@ -98,6 +98,8 @@ tc_kernels! {
     fa2 flash_fwd_tc_fa2_bf16_d128_w4_m2_bc48: Bf16, d = 128, w = 4, mt = 2, bc = 48, qreg = false, split = true;
     fa2 flash_fwd_tc_fa2_f16_d128_w4_m2_bc64: F16, d = 128, w = 4, mt = 2, bc = 64, qreg = false, split = true;
     fa2 flash_fwd_tc_fa2_bf16_d128_w4_m2_bc64: Bf16, d = 128, w = 4, mt = 2, bc = 64, qreg = false, split = true;
+    fa2 flash_fwd_tc_fa2_f16_d256_w8_m1_bc64: F16, d = 256, w = 8, mt = 1, bc = 64, qreg = false, split = false;
+    fa2 flash_fwd_tc_fa2_bf16_d256_w8_m1_bc64: Bf16, d = 256, w = 8, mt = 1, bc = 64, qreg = false, split = false;
     fa2 flash_fwd_tc_fa2_f16_d256_w4_m1_bc32: F16, d = 256, w = 4, mt = 1, bc = 32, qreg = false, split = false;
     fa2 flash_fwd_tc_fa2_bf16_d256_w4_m1_bc32: Bf16, d = 256, w = 4, mt = 1, bc = 32, qreg = false, split = false;
     fa2 flash_fwd_tc_fa2_f16_d256_w8_m1_bc32: F16, d = 256, w = 8, mt = 1, bc = 32, qreg = false, split = false;
