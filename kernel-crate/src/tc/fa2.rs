@@ -232,6 +232,34 @@ pub fn softmax_step<const BCN: usize, const DN: usize, const MT: usize, const MA
     }
 }
 
+/// Where a thread stands: its block's (batch, head) `bh = b·nheads + h` and
+/// Q block `mb` (from `blockIdx.x`, Q blocks fastest, longest first when
+/// causal), its warp, lane, quad row `g` and quad lane `t`.
+#[derive(Clone, Copy)]
+pub struct BlockPos {
+    pub bh: usize,
+    pub mb: usize,
+    pub b: usize,
+    pub h: usize,
+    pub tid: usize,
+    pub warp: usize,
+    pub lane: usize,
+    pub g: usize,
+    pub t: usize,
+}
+
+impl BlockPos {
+    /// From the block and thread indices; `num_m = ceil(seqlen_q / Br)`.
+    #[inline(always)]
+    pub fn new(p: &AttnParams, num_m: usize, block_idx: u32, thread_idx: u32) -> Self {
+        let (idx, tid) = (block_idx as usize, thread_idx as usize);
+        let bh = idx / num_m;
+        let mb = if p.causal != 0 { num_m - 1 - idx % num_m } else { idx % num_m };
+        let (warp, lane) = (tid / 32, tid % 32);
+        Self { bh, mb, b: bh / p.nheads as usize, h: bh % p.nheads as usize, tid, warp, lane, g: lane / 4, t: lane % 4 }
+    }
+}
+
 /// The FA2 forward kernel body (see the module docs). Each warp owns `MT`
 /// m-tiles of 16 query rows: `Br = 16·MT·NW`.
 ///
@@ -259,15 +287,9 @@ pub unsafe fn forward<
     // ---- prologue: who am I, what do I read --------------------------------
     let br = 16 * MT * NW;
     let nt = 32 * NW;
-    let tid = sreg::thread_idx_x() as usize;
-    let (warp, lane) = (tid / 32, tid % 32);
-    let (g, t) = (lane / 4, lane % 4);
     let (nq, nk) = (p.seqlen_q as usize, p.seqlen_k as usize);
     let num_m = nq.div_ceil(br);
-    let idx = sreg::block_idx_x() as usize;
-    let bh = idx / num_m;
-    let mb = if p.causal != 0 { num_m - 1 - idx % num_m } else { idx % num_m };
-    let (b, h) = (bh / p.nheads as usize, bh % p.nheads as usize);
+    let BlockPos { bh, mb, b, h, tid, warp, lane, g, t } = BlockPos::new(p, num_m, sreg::block_idx_x(), sreg::thread_idx_x());
     let q0 = mb * br;
     let w_row0 = warp * 16 * MT; // first row of this warp's m-tiles, in the block
 
@@ -379,12 +401,7 @@ pub unsafe fn forward<
     // than kept live across the K/V loop: at d = 128, Bc = 64 that register
     // is the difference between a spill and none.
     let (idx, tid) = sreg::block_and_thread_idx_fresh();
-    let (idx, tid) = (idx as usize, tid as usize);
-    let bh = idx / num_m;
-    let mb = if p.causal != 0 { num_m - 1 - idx % num_m } else { idx % num_m };
-    let (b, h) = (bh / p.nheads as usize, bh % p.nheads as usize);
-    let (warp, lane) = (tid / 32, tid % 32);
-    let (g, t) = (lane / 4, lane % 4);
+    let BlockPos { bh, mb, b, h, warp, g, t, .. } = BlockPos::new(p, num_m, idx, tid);
     let row_base = (mb * br + warp * 16 * MT + g) as u32;
     let [os0, os1, os2] = p.o_stride;
     let g_o = (p.o_ptr as *mut u16).wrapping_add((b as u64 * os0 + h as u64 * os2) as usize);
