@@ -34,36 +34,7 @@ use crate::device::FlashAttention;
 use crate::dispatch::{self, DType, Dims, DispatchKey, Plan};
 use crate::error::{FlashAttnError, Result};
 
-/// Order of the two loops over query and key/value blocks.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum LoopOrder {
-    /// FlashAttention (Algorithm 1): K/V blocks outer, Q blocks inner; O, l
-    /// and m go through HBM at every step. One thread block per head.
-    Fa1,
-    /// FlashAttention-2: Q blocks across the grid, K/V blocks inner, O on
-    /// chip, one final `1/l`; writes the logsumexp.
-    #[default]
-    Fa2,
-    /// Standard attention: S and P materialized in HBM (a scratch matrix of
-    /// `batch·nheads·seqlen_q·seqlen_k` f32), the baseline.
-    Standard,
-}
-
-/// User parameters of a forward pass (names as in `flash_attn_func`).
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct ForwardParams {
-    /// Causal mask, aligned to the bottom-right corner when
-    /// `seqlen_q != seqlen_k` (query `i` sees keys `j <= i + seqlen_k - seqlen_q`).
-    pub causal: bool,
-    /// Scale of `QKᵀ` before the softmax; `None` means `1 / sqrt(headdim)`.
-    pub softmax_scale: Option<f32>,
-    pub loop_order: LoopOrder,
-    /// `(Br, Bc)` query and key block sizes for FA1/FA2 (ignored by
-    /// `Standard`); `None` picks the default for the head dim and device
-    /// (see `dispatch`). A size whose tiles do not fit the device's shared
-    /// memory is an error.
-    pub block: Option<(usize, usize)>,
-}
+pub use crate::params::{AlibiShape, ForwardParams, LoopOrder, Resolved};
 
 /// Shape and element strides of one `(batch, seqlen, nheads, headdim)`
 /// tensor; the head dimension is contiguous (stride 1).

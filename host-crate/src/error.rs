@@ -4,7 +4,7 @@
 //! `flash_attn_func(q, k, v, softmax_scale, causal)`) and the offending
 //! value; driver failures are wrapped unchanged.
 
-use crate::api::LoopOrder;
+use crate::params::LoopOrder;
 use cudarc::driver::DriverError;
 
 /// Errors of the flash-attn API.
@@ -58,6 +58,11 @@ pub enum FlashAttnError {
          (each stride must exceed the span of the faster-varying axes)"
     )]
     OverlappingOutput { argument: &'static str, shape: [usize; 4], strides: [usize; 3] },
+
+    /// An argument's value is outside what it may be (window, softcap,
+    /// ALiBi slopes, varlen prefix sums, GQA head counts, ...).
+    #[error("`{argument}` = {value}: {reason}")]
+    InvalidArgument { argument: &'static str, value: String, reason: &'static str },
 
     /// `softmax_scale` is NaN or infinite.
     #[error("`softmax_scale` = {value} is not a finite number")]

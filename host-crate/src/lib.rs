@@ -19,12 +19,14 @@ pub mod device;
 pub mod dispatch;
 pub mod error;
 pub mod ndarray_api;
+pub mod params;
 pub mod ptx;
 pub mod reference;
 pub mod tc;
 
+pub use params::{AlibiShape, ForwardParams, LoopOrder, Resolved};
 pub use api::{
-    AttnElem, ForwardOutput, ForwardParams, LoopOrder, RowStats, StatsMut, Tensor, TensorLayout, TensorMut,
+    AttnElem, ForwardOutput, RowStats, StatsMut, Tensor, TensorLayout, TensorMut,
     default_softmax_scale,
 };
 pub use device::FlashAttention;

@@ -14,6 +14,7 @@
 #![cfg_attr(not(feature = "std"), no_std)]
 #![cfg_attr(target_arch = "nvptx64", feature(asm_experimental_arch))]
 
+pub mod mask;
 pub mod params;
 pub mod plan;
 pub mod real;
@@ -21,7 +22,8 @@ pub mod smem_layout;
 pub mod softmax;
 pub mod tc;
 
-pub use params::AttnParams;
+pub use mask::{KeyWindow, ScoreMod, UNBOUNDED};
+pub use params::{AttnParams, SeqInfo};
 pub use plan::{HbmTraffic, PlanError, TilingPlan};
 pub use real::Real;
 pub use softmax::{LN_2, LOG2_E, RowState};

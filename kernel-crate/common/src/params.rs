@@ -6,8 +6,10 @@
 //! element strides for the first three axes; the head dimension is contiguous.
 
 /// Parameters of one attention launch. Pointers are device addresses.
+/// `Default` is all zeros (features off) but for the window sides, which
+/// are [`crate::mask::UNBOUNDED`].
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AttnParams {
     pub q_ptr: u64,
     pub k_ptr: u64,
@@ -46,9 +48,167 @@ pub struct AttnParams {
     /// Block sizes `Br` (query rows) and `Bc` (key rows) of this launch.
     pub br: u32,
     pub bc: u32,
+    // ---- inference features (../shared/INFERENCE.md; zero = off) ----------
+    /// Heads of k and v (GQA/MQA): query head `h` reads KV head
+    /// `h / (nheads / nheads_k)`. Equal to `nheads` for MHA.
+    pub nheads_k: u32,
+    /// Window sides after [`crate::mask::normalize_window`] ([`crate::mask::UNBOUNDED`]
+    /// = −1 for none; causal has `window_right == 0`).
+    pub window_left: i32,
+    pub window_right: i32,
+    /// Softcap `cap` (0 = off): the kernels compute
+    /// `cap·log2(e)·tanh(q·k · softcap_pre)` with `softcap_pre = scale/cap`.
+    pub softcap: f32,
+    pub softcap_pre: f32,
+    /// ALiBi: f32 slopes, `slope(b, h) = alibi_ptr[b·alibi_batch_stride + h]`
+    /// (`alibi_batch_stride` 0 for slopes of shape `(nheads)`); 0 = off.
+    pub alibi_ptr: u64,
+    pub alibi_batch_stride: u32,
+    /// Varlen (packed batches): 0 = dense. Otherwise q/o rows of sequence `b`
+    /// are `cu_seqlens_q[b]..cu_seqlens_q[b+1]` (i32 device arrays of
+    /// `batch + 1` prefix sums; the batch stride is unused), likewise k/v
+    /// with `cu_seqlens_k`; `seqlen_q`/`seqlen_k` hold the maxima (grid size
+    /// only). The kernels clamp every value they read to `0..=total_q` /
+    /// `0..=total_k` (and a sequence's length to the maximum), so device
+    /// content the host cannot check never makes them read or write out of
+    /// bounds. LSE is unpadded `(nheads, total_q)`.
+    pub cu_seqlens_q_ptr: u64,
+    pub cu_seqlens_k_ptr: u64,
+    /// Optional (0 = none): keys actually used per sequence, i32 `(batch)`,
+    /// clamped to the sequence's segment.
+    pub seqused_k_ptr: u64,
+    /// Rows in the q/o (`total_q`) and k/v (`total_k`) buffers (varlen).
+    pub total_q: u32,
+    pub total_k: u32,
+}
+
+impl Default for AttnParams {
+    fn default() -> Self {
+        Self {
+            q_ptr: 0,
+            k_ptr: 0,
+            v_ptr: 0,
+            o_ptr: 0,
+            lse_ptr: 0,
+            m_ptr: 0,
+            scratch_ptr: 0,
+            o_accum_ptr: 0,
+            q_stride: [0; 3],
+            k_stride: [0; 3],
+            v_stride: [0; 3],
+            o_stride: [0; 3],
+            batch: 0,
+            nheads: 0,
+            seqlen_q: 0,
+            seqlen_k: 0,
+            headdim: 0,
+            causal: 0,
+            softmax_scale: 0.0,
+            softmax_scale_log2: 0.0,
+            br: 0,
+            bc: 0,
+            nheads_k: 0,
+            window_left: crate::mask::UNBOUNDED,
+            window_right: crate::mask::UNBOUNDED,
+            softcap: 0.0,
+            softcap_pre: 0.0,
+            alibi_ptr: 0,
+            alibi_batch_stride: 0,
+            cu_seqlens_q_ptr: 0,
+            cu_seqlens_k_ptr: 0,
+            seqused_k_ptr: 0,
+            total_q: 0,
+            total_k: 0,
+        }
+    }
+}
+
+/// One sequence of a launch, as a kernel sees it: where its rows start in
+/// q/o and k/v, its lengths and its lse base.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SeqInfo {
+    /// Row offsets (elements = rows × seqlen stride) in q/o and in k/v.
+    pub q_row0: u64,
+    pub k_row0: u64,
+    pub seqlen_q: u32,
+    pub seqlen_k: u32,
+    /// Index of row 0 of this (sequence, head) in the lse buffer.
+    pub lse_base: u64,
 }
 
 impl AttnParams {
+    /// Whether this launch is varlen (packed batch).
+    #[inline(always)]
+    pub fn is_varlen(&self) -> bool {
+        self.cu_seqlens_q_ptr != 0
+    }
+
+    /// KV head read by query head `h` (GQA/MQA).
+    #[inline(always)]
+    pub fn kv_head(&self, h: u32) -> u32 {
+        let nk = if self.nheads_k == 0 { self.nheads } else { self.nheads_k };
+        h / (self.nheads / nk)
+    }
+
+    /// The window rule of a sequence with these lengths.
+    #[inline(always)]
+    pub fn key_window(&self, seqlen_q: u32, seqlen_k: u32) -> crate::mask::KeyWindow {
+        crate::mask::KeyWindow::new(seqlen_q, seqlen_k, self.window_left, self.window_right)
+    }
+
+    /// Sequence `b` of head `h`: dense (batch strides) or varlen (prefix sums,
+    /// clamped; see the field docs).
+    ///
+    /// # Safety
+    /// For varlen, the `cu_seqlens_*` pointers hold `batch + 1` i32 and
+    /// `seqused_k_ptr` (if set) `batch` i32 (host-checked lengths).
+    #[inline(always)]
+    pub unsafe fn seq(&self, b: u32, h: u32) -> SeqInfo {
+        if !self.is_varlen() {
+            return SeqInfo {
+                q_row0: 0,
+                k_row0: 0,
+                seqlen_q: self.seqlen_q,
+                seqlen_k: self.seqlen_k,
+                lse_base: (b as u64 * self.nheads as u64 + h as u64) * self.seqlen_q as u64,
+            };
+        }
+        let rd = |p: u64, i: u32, hi: u32| -> u32 {
+            // SAFETY: i ≤ batch, within the array (caller).
+            let x = unsafe { *(p as *const i32).add(i as usize) };
+            if x < 0 { 0 } else if x as u32 > hi { hi } else { x as u32 }
+        };
+        let q0 = rd(self.cu_seqlens_q_ptr, b, self.total_q);
+        let q1 = rd(self.cu_seqlens_q_ptr, b + 1, self.total_q).max(q0);
+        let k0 = rd(self.cu_seqlens_k_ptr, b, self.total_k);
+        let k1 = rd(self.cu_seqlens_k_ptr, b + 1, self.total_k).max(k0);
+        let mut sk = (k1 - k0).min(self.seqlen_k);
+        if self.seqused_k_ptr != 0 {
+            sk = rd(self.seqused_k_ptr, b, sk);
+        }
+        SeqInfo {
+            q_row0: q0 as u64,
+            k_row0: k0 as u64,
+            seqlen_q: (q1 - q0).min(self.seqlen_q),
+            seqlen_k: sk,
+            lse_base: h as u64 * self.total_q as u64 + q0 as u64,
+        }
+    }
+
+    /// ALiBi slope of (sequence `b`, head `h`) times `log2(e)` (0 when off).
+    ///
+    /// # Safety
+    /// `alibi_ptr`, if set, holds the slopes of the documented shape.
+    #[inline(always)]
+    pub unsafe fn alibi_slope_log2(&self, b: u32, h: u32) -> f32 {
+        if self.alibi_ptr == 0 {
+            return 0.0;
+        }
+        // SAFETY: caller.
+        let s = unsafe { *(self.alibi_ptr as *const f32).add((b as u64 * self.alibi_batch_stride as u64 + h as u64) as usize) };
+        s * crate::LOG2_E
+    }
+
     /// Causal mask, bottom-right aligned as FlashAttention >= 2.1: query row
     /// `i` may see key column `j` iff `j <= i + seqlen_k - seqlen_q`.
     /// Returns the exclusive bound on visible key columns for query row `i`

@@ -36,6 +36,18 @@ pub trait Real:
     /// Square root, correctly rounded (IEEE 754; PTX `sqrt.rn`).
     fn sqrt(self) -> Self;
     fn is_nan(self) -> bool;
+    /// Hyperbolic tangent (softcap). The default, used on the GPU, is
+    /// `sign(x)·(1 − 2/(e^{2|x|} + 1))` on `exp2`: its absolute error is a few
+    /// f32 ulps of 1 (so `cap·tanh(s/cap)` errs by ~`cap·1e-7`, far below a
+    /// 16-bit score's rounding), where PTX `tanh.approx` has a 2^-11
+    /// relative error. The host uses `std`'s.
+    #[inline(always)]
+    fn tanh(self) -> Self {
+        let two = Self::ONE + Self::ONE;
+        let a = if self < Self::ZERO { -self } else { self };
+        let t = Self::ONE - two / ((two * Self::LOG2_E * a).exp2() + Self::ONE);
+        if self < Self::ZERO { -t } else if self.is_nan() { self } else { t }
+    }
     /// The larger of the two; NaN propagates from either side.
     #[inline(always)]
     fn max_nan(self, other: Self) -> Self {
@@ -79,6 +91,10 @@ macro_rules! real_consts {
 impl Real for f64 {
     real_consts!(f64);
     #[inline(always)]
+    fn tanh(self) -> Self {
+        f64::tanh(self)
+    }
+    #[inline(always)]
     fn exp2(self) -> Self {
         f64::exp2(self)
     }
@@ -103,6 +119,10 @@ impl Real for f64 {
 #[cfg(feature = "std")]
 impl Real for f32 {
     real_consts!(f32);
+    #[inline(always)]
+    fn tanh(self) -> Self {
+        f32::tanh(self)
+    }
     #[inline(always)]
     fn exp2(self) -> Self {
         f32::exp2(self)
