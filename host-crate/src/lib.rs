@@ -23,10 +23,12 @@ pub mod params;
 pub mod ptx;
 pub mod reference;
 pub mod tc;
+pub mod varlen_api;
 
 pub use params::{AlibiShape, ForwardParams, LoopOrder, Resolved};
+pub use varlen_api::{Varlen, VarlenOutput};
 pub use api::{
-    AttnElem, ForwardOutput, RowStats, StatsMut, Tensor, TensorLayout, TensorMut,
+    AlibiSlopes, AttnElem, Extras, ForwardOutput, RowStats, StatsMut, Tensor, TensorLayout, TensorMut,
     default_softmax_scale,
 };
 pub use device::FlashAttention;

@@ -317,10 +317,12 @@ fn gpu_half_more_than_65535_blocks() {
                     causal: c.causal,
                     loop_order: LoopOrder::Fa2,
                     arch: g.fa.compute_capability(),
+                    features: Default::default(),
                 };
                 let dims = flash_attn::dispatch::Dims {
                     batch: c.batch,
                     nheads: c.nheads,
+                    nheads_k: c.nheads,
                     seqlen_q: c.seqlen_q,
                     seqlen_k: c.seqlen_k,
                     headdim: c.headdim,
