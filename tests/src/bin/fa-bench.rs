@@ -706,6 +706,7 @@ impl Gpu {
             softmax_scale: Some(1.0 / (c.d as f32).sqrt()),
             loop_order: LoopOrder::Standard,
             block: None,
+            ..Default::default()
         };
         let s = &self.sets[set % self.sets.len()];
         // SAFETY: u16 and T (f16 or bf16) have the same size and alignment,

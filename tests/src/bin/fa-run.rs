@@ -480,7 +480,7 @@ fn upload<T: AttnElem>(g: &Gpu, host: &[[Vec<f32>; 3]]) -> Res<Bufs<T>> {
 }
 
 fn params(order: LoopOrder, causal: bool) -> ForwardParams {
-    ForwardParams { causal, softmax_scale: None, loop_order: order, block: None }
+    ForwardParams { causal, softmax_scale: None, loop_order: order, block: None, ..Default::default() }
 }
 
 /// One `forward_into` on input set `set`.
