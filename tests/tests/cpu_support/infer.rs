@@ -1,0 +1,253 @@
+//! Helpers of the inference-feature CPU tests (`cpu_features.rs`,
+//! `cpu_varlen.rs`, `cpu_decode.rs`): an independent oracle that writes the
+//! score matrix straight from the formulas of `../shared/INFERENCE.md`
+//! (no library code: not `KeyWindow`, not `ScoreMod`, not `resolve`), the
+//! FA2 window normalization restated, random feature options, and the
+//! `1e-12` comparison.
+#![allow(dead_code)]
+
+use flash_attn::AlibiShape;
+use flash_attn::ForwardParams;
+use flash_attn::reference::{AttnOutput, HostAlibi};
+use ndarray::{Array3, Array4, ArrayView, ArrayView4, Dimension, s};
+use proptest::prelude::*;
+
+/// The options of one case as plain numbers: what the oracle computes with.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Feat {
+    pub causal: bool,
+    pub left: Option<usize>,
+    pub right: Option<usize>,
+    /// `None`: off (also tried as `Some(0.0)`, which is off too).
+    pub softcap: Option<f32>,
+    /// `softmax_scale`, or `None` for the default `1/√d`.
+    pub scale: Option<f32>,
+    pub alibi: Option<AlibiShape>,
+}
+
+impl Feat {
+    pub fn params(&self) -> ForwardParams {
+        ForwardParams {
+            causal: self.causal,
+            window_left: self.left,
+            window_right: self.right,
+            softcap: self.softcap,
+            softmax_scale: self.scale,
+            ..Default::default()
+        }
+    }
+
+    /// The scale the library uses (`f32`, default `1/√d` rounded to f32).
+    pub fn scale_f64(&self, d: usize) -> f64 {
+        self.scale.unwrap_or((1.0 / (d as f64).sqrt()) as f32) as f64
+    }
+
+    /// FA2's normalization, restated: causal forces right = 0; a side
+    /// `≥ n` (the call's `seqlen_k` / `max_seqlen_k` / cache capacity) is
+    /// unbounded.
+    pub fn window(&self, n: usize) -> (Option<usize>, Option<usize>) {
+        let side = |w: Option<usize>| w.filter(|&w| w < n);
+        (side(self.left), if self.causal { Some(0) } else { side(self.right) })
+    }
+
+    /// Options for running one sequence of `sk` keys alone through the dense
+    /// `attention` so that it computes what a call normalized with `n ≥ sk`
+    /// computes; `None` where no dense call can (a right side in `sk..n`
+    /// that still masks rows: dense normalizes it away).
+    pub fn alone(&self, n: usize, sq: usize, sk: usize) -> Option<ForwardParams> {
+        let (left, right) = self.window(n);
+        if let Some(r) = right
+            && !self.causal
+            && r >= sk
+            && sq > r + 1
+        {
+            return None;
+        }
+        let right = if self.causal { None } else { right };
+        Some(ForwardParams { window_left: left, window_right: right, ..self.params() })
+    }
+}
+
+pub fn feat(max_window: usize) -> impl Strategy<Value = Feat> {
+    let side = prop_oneof![2 => Just(None), 3 => (0..=max_window).prop_map(Some)];
+    (
+        any::<bool>(),
+        side.clone(),
+        side,
+        prop_oneof![2 => Just(None), 1 => Just(Some(0.0f32)), 3 => (0.3f32..60.0).prop_map(Some)],
+        prop_oneof![Just(None), (0.1f32..3.0).prop_map(Some)],
+        prop_oneof![Just(None), Just(Some(AlibiShape::PerHead)), Just(Some(AlibiShape::PerBatchHead))],
+    )
+        .prop_map(|(causal, left, right, softcap, scale, alibi)| Feat {
+            causal,
+            left,
+            // causal takes None or Some(0) only
+            right: if causal { right.map(|_| 0) } else { right },
+            softcap,
+            scale,
+            alibi,
+        })
+}
+
+/// Slopes of `shape` for `batch × nheads`, in `[0, 1)`, or none.
+pub fn slopes(rng: &mut crate::cpu_support::Rng, shape: Option<AlibiShape>, batch: usize, nheads: usize) -> Vec<f32> {
+    shape.map_or(vec![], |sh| (0..sh.len(batch, nheads)).map(|_| rng.unit() as f32).collect())
+}
+
+pub fn host_alibi(shape: Option<AlibiShape>, slopes: &[f32]) -> Option<HostAlibi<'_>> {
+    shape.map(|shape| HostAlibi { slopes, shape })
+}
+
+/// Slope of (sequence `b`, head `h`), 0 without ALiBi.
+pub fn slope_of(shape: Option<AlibiShape>, slopes: &[f32], b: usize, h: usize, nheads: usize) -> f64 {
+    match shape {
+        None => 0.0,
+        Some(AlibiShape::PerHead) => slopes[h] as f64,
+        Some(AlibiShape::PerBatchHead) => slopes[b * nheads + h] as f64,
+    }
+}
+
+/// One (sequence, head) by the formulas: query `i` at key position
+/// `c = i + sk − sq` sees key `j` iff `c − left ≤ j ≤ c + right` (sides
+/// already normalized; `None` unbounded) and `0 ≤ j < sk`; its score is
+/// `cap·tanh(scale·q·k/cap)` (cap > 0) minus `slope·|c − j|`; softmax with
+/// the natural exp. `q`: `sq × d`, `k`, `v`: `sk × d`. Returns O rows and LSE.
+#[allow(clippy::too_many_arguments)]
+pub fn oracle_head(
+    q: &[Vec<f64>],
+    k: &[Vec<f64>],
+    v: &[Vec<f64>],
+    scale: f64,
+    (left, right): (Option<usize>, Option<usize>),
+    softcap: f64,
+    slope: f64,
+) -> (Vec<Vec<f64>>, Vec<f64>) {
+    let (sq, sk) = (q.len() as i64, k.len() as i64);
+    let d = q.first().map_or(0, |r| r.len());
+    let mut o = vec![vec![0.0; d]; q.len()];
+    let mut lse = vec![f64::NEG_INFINITY; q.len()];
+    for i in 0..sq {
+        let c = i + sk - sq;
+        let mut scores = vec![];
+        for j in 0..sk {
+            let lo_ok = left.is_none_or(|l| j >= c - l as i64);
+            let hi_ok = right.is_none_or(|r| j <= c + r as i64);
+            if !(lo_ok && hi_ok) {
+                continue;
+            }
+            let qk: f64 = (0..d).map(|x| q[i as usize][x] * k[j as usize][x]).sum();
+            let mut sc = scale * qk;
+            if softcap > 0.0 {
+                sc = softcap * (sc / softcap).tanh();
+            }
+            sc -= slope * (c - j).abs() as f64;
+            scores.push((j as usize, sc));
+        }
+        if scores.is_empty() {
+            continue;
+        }
+        let m = scores.iter().map(|&(_, x)| x).fold(f64::NEG_INFINITY, f64::max);
+        let z: f64 = scores.iter().map(|&(_, x)| (x - m).exp()).sum();
+        lse[i as usize] = m + z.ln();
+        for &(j, x) in &scores {
+            let p = (x - m).exp() / z;
+            for t in 0..d {
+                o[i as usize][t] += p * v[j][t];
+            }
+        }
+    }
+    (o, lse)
+}
+
+/// Rows of head `h` of a `(seqlen, heads, d)` slice.
+fn rows(x: ndarray::ArrayView3<f64>, h: usize) -> Vec<Vec<f64>> {
+    x.slice(s![.., h, ..]).outer_iter().map(|r| r.to_vec()).collect()
+}
+
+/// The oracle over a dense batch: q `(b, sq, h, d)`, k/v `(b, sk, hk, d)`,
+/// query head `h` reading KV head `h / (h_q / hk)` (written out here), the
+/// window already normalized.
+pub fn oracle(
+    q: ArrayView4<f64>,
+    k: ArrayView4<f64>,
+    v: ArrayView4<f64>,
+    f: &Feat,
+    window: (Option<usize>, Option<usize>),
+    slopes: &[f32],
+) -> AttnOutput<f64> {
+    let (batch, sq, nheads, d) = q.dim();
+    let nheads_k = k.dim().2;
+    let mut o = Array4::zeros((batch, sq, nheads, d));
+    let mut lse = Array3::from_elem((batch, nheads, sq), f64::NEG_INFINITY);
+    for b in 0..batch {
+        for h in 0..nheads {
+            let kv = h * nheads_k / nheads; // = h / (nheads / nheads_k)
+            let (ob, lb) = oracle_head(
+                &rows(q.slice(s![b, .., .., ..]), h),
+                &rows(k.slice(s![b, .., .., ..]), kv),
+                &rows(v.slice(s![b, .., .., ..]), kv),
+                f.scale_f64(d),
+                window,
+                f.softcap.unwrap_or(0.0) as f64,
+                slope_of(f.alibi, slopes, b, h, nheads),
+            );
+            for i in 0..sq {
+                for x in 0..d {
+                    o[[b, i, h, x]] = ob[i][x];
+                }
+                lse[[b, h, i]] = lb[i];
+            }
+        }
+    }
+    AttnOutput { o, lse }
+}
+
+/// `|Δo| ≤ tol` elementwise, `|Δlse| ≤ tol·(1 + |lse|)`, `-inf` LSE matched
+/// exactly (and its O row then 0, checked through `o`), no NaN.
+pub fn check_close<D: Dimension, E: Dimension>(
+    what: &str,
+    (o, lse): (ArrayView<f64, D>, ArrayView<f64, E>),
+    (want_o, want_lse): (ArrayView<f64, D>, ArrayView<f64, E>),
+    tol: f64,
+) -> Result<(), TestCaseError> {
+    prop_assert_eq!(o.shape(), want_o.shape(), "{}: O shape", what);
+    prop_assert_eq!(lse.shape(), want_lse.shape(), "{}: LSE shape", what);
+    prop_assert!(!o.iter().chain(lse.iter()).any(|x| x.is_nan()), "{what}: NaN in the output");
+    let m = crate::cpu_support::max_abs_diff(o, want_o);
+    prop_assert!(m <= tol, "{what}: max |ΔO| = {m:e} > {tol:e}");
+    for (&a, &b) in lse.iter().zip(want_lse.iter()) {
+        if b == f64::NEG_INFINITY {
+            prop_assert_eq!(a, f64::NEG_INFINITY, "{}: LSE of a row that sees no key", what);
+        } else {
+            prop_assert!((a - b).abs() <= tol * (1.0 + b.abs()), "{what}: LSE {a} vs {b}");
+        }
+    }
+    Ok(())
+}
+
+/// [`check_close`] of two dense outputs.
+pub fn check_out(what: &str, got: &AttnOutput<f64>, want: &AttnOutput<f64>, tol: f64) -> Result<(), TestCaseError> {
+    check_close(what, (got.o.view(), got.lse.view()), (want.o.view(), want.lse.view()), tol)
+}
+
+/// K/V with each of the `hk` heads repeated `group` times (MHA layout).
+pub fn repeat_heads(x: &Array4<f64>, group: usize) -> Array4<f64> {
+    let (b, n, hk, d) = x.dim();
+    Array4::from_shape_fn((b, n, hk * group, d), |(bb, i, h, c)| x[[bb, i, h / group, c]])
+}
+
+/// Asserts `r` is `InvalidArgument` naming `argument`, and that the message
+/// contains each of `needles`.
+pub fn assert_invalid<T: std::fmt::Debug>(r: flash_attn::Result<T>, argument: &str, needles: &[&str]) {
+    let e = r.expect_err("expected an error");
+    let msg = e.to_string();
+    match &e {
+        flash_attn::FlashAttnError::InvalidArgument { argument: a, .. } => {
+            assert_eq!(*a, argument, "wrong argument in: {msg}")
+        }
+        _ => panic!("expected InvalidArgument {{ argument: {argument} }}, got: {msg}"),
+    }
+    for n in needles {
+        assert!(msg.contains(n), "`{n}` missing in: {msg}");
+    }
+}
