@@ -200,7 +200,7 @@ pub fn check_alibi(shape: AlibiShape, len: usize, batch: usize, nheads: usize) -
 /// GQA/MQA head counts: `nheads_k ≥ 1` dividing `nheads`. Returns the group
 /// size `nheads / nheads_k` (query head `h` reads KV head `h / group`).
 pub fn check_gqa(nheads: usize, nheads_k: usize) -> Result<usize> {
-    if nheads_k == 0 || nheads % nheads_k != 0 {
+    if nheads_k == 0 || !nheads.is_multiple_of(nheads_k) {
         return Err(invalid(
             "nheads_k",
             format!("nheads_k = {nheads_k}, nheads = {nheads}"),

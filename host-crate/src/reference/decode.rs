@@ -399,14 +399,11 @@ fn kvcache_core<F: Real>(
     for (b, sl) in slots.iter().enumerate() {
         let (kb, vb) = (gather_slots(k_store.view(), sl), gather_slots(v_store.view(), sl));
         run_seq(
-            q.slice(s![b, .., .., ..]),
-            kb.view(),
-            vb.view(),
+            (q.slice(s![b, .., .., ..]), kb.view(), vb.view()),
             alibi.map(|a| a.of_seq(b, nheads)),
             &opts,
             Path::Standard,
-            o.slice_mut(s![b, .., .., ..]),
-            lse.slice_mut(s![b, .., ..]),
+            (o.slice_mut(s![b, .., .., ..]), lse.slice_mut(s![b, .., ..])),
         );
     }
     Ok(AttnOutput { o, lse })

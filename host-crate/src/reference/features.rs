@@ -239,14 +239,11 @@ fn online_head<F: Real>(
 /// the sequence's `nheads` ALiBi slopes. Writes o `(sq, nheads, d)` and lse
 /// `(nheads, sq)`. Shapes are the caller's to check (lengths fit `u32`).
 pub(crate) fn run_seq<F: Real>(
-    q: ArrayView3<F>,
-    k: ArrayView3<F>,
-    v: ArrayView3<F>,
+    (q, k, v): (ArrayView3<F>, ArrayView3<F>, ArrayView3<F>),
     slopes: Option<&[f32]>,
     opts: &Opts<F>,
     path: Path,
-    mut o: ArrayViewMut3<F>,
-    mut lse: ArrayViewMut2<F>,
+    (mut o, mut lse): (ArrayViewMut3<F>, ArrayViewMut2<F>),
 ) {
     let (sq, nheads, d) = q.dim();
     let (sk, nheads_k, _) = k.dim();
@@ -289,14 +286,11 @@ pub(crate) fn run_dense<F: Real>(
     let mut lse = Array3::from_elem((batch, nheads, sq), F::NEG_INFINITY);
     for b in 0..batch {
         run_seq(
-            q.slice(s![b, .., .., ..]),
-            k.slice(s![b, .., .., ..]),
-            v.slice(s![b, .., .., ..]),
+            (q.slice(s![b, .., .., ..]), k.slice(s![b, .., .., ..]), v.slice(s![b, .., .., ..])),
             alibi.map(|a| a.of_seq(b, nheads)),
             opts,
             path,
-            o.slice_mut(s![b, .., .., ..]),
-            lse.slice_mut(s![b, .., ..]),
+            (o.slice_mut(s![b, .., .., ..]), lse.slice_mut(s![b, .., ..])),
         );
     }
     AttnOutput { o, lse }

@@ -82,14 +82,11 @@ pub(crate) fn run_varlen<'a, F: Real + 'a>(
         let rows = span.q_start..span.q_start + span.seqlen_q;
         let (k, v) = kv(b, span);
         run_seq(
-            q.slice(s![rows.clone(), .., ..]),
-            k.view(),
-            v.view(),
+            (q.slice(s![rows.clone(), .., ..]), k.view(), v.view()),
             alibi.map(|a| a.of_seq(b, nheads)),
             opts,
             Path::Standard,
-            o.slice_mut(s![rows.clone(), .., ..]),
-            lse.slice_mut(s![.., rows]),
+            (o.slice_mut(s![rows.clone(), .., ..]), lse.slice_mut(s![.., rows])),
         );
     }
     VarlenOutput { o, lse }
