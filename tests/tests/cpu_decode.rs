@@ -24,9 +24,9 @@ use flash_attn::reference::{
     AttnOutput, PagedKv, PagedKvMut, attention, attention_varlen, attention_varlen_paged, combine_partials,
     kvcache_attention, paged_kvcache_attention, paged_to_contiguous, split_kv_forward, split_kv_partials,
 };
-use flash_attn::{AlibiShape, FlashAttnError, ForwardParams};
-use infer::{Feat, assert_invalid, check_close, check_out, feat, host_alibi, oracle, slopes};
-use ndarray::{Array2, Array3, Array4, ArrayView4, Axis, array, concatenate, s};
+use flash_attn::{FlashAttnError, ForwardParams};
+use infer::{Dense, Feat, assert_invalid, check_close, check_out, dense, expected_alone, feat, host_alibi, prefix_sums, seq_slopes, slopes};
+use ndarray::{Array2, Array3, Array4, Axis, array, concatenate, s};
 use proptest::prelude::*;
 
 const TOL: f64 = 1e-12;
@@ -37,43 +37,23 @@ const TOL: f64 = 1e-12;
 
 #[derive(Clone, Debug)]
 struct SplitCase {
-    batch: usize,
-    sq: usize,
-    sk: usize,
-    nheads_k: usize,
-    group: usize,
-    d: usize,
-    f: Feat,
+    x: Dense,
     /// Boundaries: 0, sorted draws in 0..=sk (repeats = empty splits), sk.
     bounds: Vec<usize>,
     block: (usize, usize),
-    seed: u64,
 }
 
 fn split_case() -> impl Strategy<Value = SplitCase> {
     let sq = prop_oneof![4 => Just(1usize), 1 => Just(0usize), 3 => 2usize..=20];
     let sk = prop_oneof![1 => Just(0usize), 6 => 1usize..=80];
-    (1usize..=2, sq, sk, (1usize..=2, 1usize..=4, 1usize..=16), (1usize..=24, 1usize..=24), any::<u64>())
-        .prop_flat_map(|(batch, sq, sk, (nheads_k, group, d), block, seed)| {
-            (feat(sk + 3), prop::collection::vec(0..=sk, 0..=8)).prop_map(move |(f, mut cuts)| {
-                cuts.sort_unstable();
-                let bounds = std::iter::once(0).chain(cuts).chain(std::iter::once(sk)).collect();
-                SplitCase { batch, sq, sk, nheads_k, group, d, f, bounds, block, seed }
-            })
+    dense(1..=2, sq, sk, (1..=2, 1..=4, 1..=16)).prop_flat_map(|x| {
+        let sk = x.sk;
+        (prop::collection::vec(0..=sk, 0..=8), (1usize..=24, 1usize..=24)).prop_map(move |(mut cuts, block)| {
+            cuts.sort_unstable();
+            let bounds = std::iter::once(0).chain(cuts).chain(std::iter::once(sk)).collect();
+            SplitCase { x: x.clone(), bounds, block }
         })
-}
-
-/// q, k, v of a dense case and its ALiBi slopes.
-fn dense_inputs(
-    seed: u64,
-    (batch, sq, sk, nheads, nheads_k, d): (usize, usize, usize, usize, usize, usize),
-    alibi: Option<AlibiShape>,
-) -> (Array4<f64>, Array4<f64>, Array4<f64>, Vec<f32>) {
-    let mut rng = Rng::new(seed);
-    let q = rng.tensor((batch, sq, nheads, d), 2.0);
-    let k = rng.tensor((batch, sk, nheads_k, d), 2.0);
-    let v = rng.tensor((batch, sk, nheads_k, d), 1.0);
-    (q, k, v, slopes(&mut rng, alibi, batch, nheads))
+    })
 }
 
 proptest! {
@@ -81,18 +61,19 @@ proptest! {
 
     #[test]
     fn split_and_combine_equals_one_pass(c in split_case()) {
-        let h = c.nheads_k * c.group;
-        let (q, k, v, sl) = dense_inputs(c.seed, (c.batch, c.sq, c.sk, h, c.nheads_k, c.d), c.f.alibi);
-        let p = ForwardParams { block: Some(c.block), ..c.f.params() };
-        let al = || host_alibi(c.f.alibi, &sl);
+        let x = &c.x;
+        let h = x.nheads();
+        let (q, k, v, sl) = x.inputs();
+        let p = ForwardParams { block: Some(c.block), ..x.f.params() };
+        let al = || host_alibi(x.f.alibi, &sl);
         let want = attention(q.view(), k.view(), v.view(), &p, al()).unwrap();
         let got = split_kv_forward(q.view(), k.view(), v.view(), &p, al(), &c.bounds).unwrap();
         check_out("split-KV + combine vs one pass", &got, &want, TOL)?;
 
         let parts = split_kv_partials(q.view(), k.view(), v.view(), &p, al(), &c.bounds).unwrap();
         let splits = c.bounds.len() - 1;
-        prop_assert_eq!(parts.o.dim(), (splits, c.batch, h, c.sq, c.d));
-        prop_assert_eq!(parts.lse.dim(), (splits, c.batch, h, c.sq));
+        prop_assert_eq!(parts.o.dim(), (splits, x.batch, h, x.sq, x.d));
+        prop_assert_eq!(parts.lse.dim(), (splits, x.batch, h, x.sq));
         for (i, w) in c.bounds.windows(2).enumerate() {
             let (o_i, lse_i) = (parts.o.index_axis(Axis(0), i), parts.lse.index_axis(Axis(0), i));
             // A split with no key at all: O = 0, LSE = -inf everywhere.
@@ -100,9 +81,9 @@ proptest! {
                 prop_assert!(lse_i.iter().all(|&x| x == f64::NEG_INFINITY));
             }
             // Wherever a split sees no key (empty, or masked by the window), O_i = 0.
-            for b in 0..c.batch {
+            for b in 0..x.batch {
                 for hh in 0..h {
-                    for r in 0..c.sq {
+                    for r in 0..x.sq {
                         if lse_i[[b, hh, r]] == f64::NEG_INFINITY {
                             prop_assert!(o_i.slice(s![b, hh, r, ..]).iter().all(|&x| x == 0.0));
                         }
@@ -111,7 +92,7 @@ proptest! {
             }
         }
         // The combine does not depend on the order of the splits.
-        for b in 0..c.batch {
+        for b in 0..x.batch {
             for hh in 0..h {
                 let lse = parts.lse.slice(s![..;-1, b, hh, ..]);
                 let o = parts.o.slice(s![..;-1, b, hh, .., ..]);
@@ -238,31 +219,6 @@ impl CacheCase {
         });
         let slopes = slopes(&mut rng, self.f.alibi, b, self.nheads());
         CacheData { q, k_cache, v_cache, k_new, v_new, seqlens, idx, slopes }
-    }
-}
-
-/// What sequence `b` of a cache call must compute: dense `attention` over
-/// its keys alone (or the explicit scores where a window side between the
-/// sequence's length and the normalization length `n` still masks).
-fn expected_alone(
-    f: &Feat,
-    n: usize,
-    q_b: ArrayView4<f64>,
-    k_b: ArrayView4<f64>,
-    v_b: ArrayView4<f64>,
-    slopes_b: &[f32],
-) -> AttnOutput<f64> {
-    let fb = Feat { alibi: f.alibi.map(|_| AlibiShape::PerHead), ..f.clone() };
-    match f.alone(n, q_b.dim().1, k_b.dim().1) {
-        Some(p) => attention(q_b, k_b, v_b, &p, host_alibi(fb.alibi, slopes_b)).unwrap(),
-        None => oracle(q_b, k_b, v_b, &fb, f.window(n), slopes_b),
-    }
-}
-
-fn seq_slopes(f: &Feat, slopes: &[f32], b: usize, h: usize) -> Vec<f32> {
-    match f.alibi {
-        Some(AlibiShape::PerBatchHead) => slopes[b * h..(b + 1) * h].to_vec(),
-        _ => slopes.to_vec(),
     }
 }
 
@@ -480,15 +436,8 @@ proptest! {
             if views.is_empty() { Array3::zeros((0, hk, d)) } else { concatenate(Axis(0), &views).unwrap() }
         };
         let (k, v) = (pack(&k_pages), pack(&v_pages));
-        let prefix = |xs: &mut dyn Iterator<Item = usize>| {
-            let mut cu = vec![0i32];
-            for n in xs {
-                cu.push(cu.last().unwrap() + n as i32);
-            }
-            cu
-        };
-        let cu_q = prefix(&mut lens.iter().map(|&(n, _)| n));
-        let cu_k = prefix(&mut seg_k.iter().copied());
+        let cu_q = prefix_sums(lens.iter().map(|&(n, _)| n));
+        let cu_k = prefix_sums(seg_k.iter().copied());
         let used: Vec<i32> = seg_k.iter().map(|&n| rng.below(n + 1) as i32).collect();
         let seqused = use_seqused.then_some(used.as_slice());
         let max_q = lens.iter().map(|&(n, _)| n).max().unwrap();

@@ -17,39 +17,17 @@ mod cpu_support;
 #[path = "cpu_support/infer.rs"]
 mod infer;
 
-use cpu_support::Rng;
 use flash_attn::reference::{AttnOutput, HostAlibi, attention, fa2_forward_ext};
 use flash_attn::{AlibiShape, FlashAttnError, ForwardParams};
-use infer::{Feat, assert_invalid, check_out, feat, host_alibi, oracle, repeat_heads, slopes};
+use infer::{Dense, assert_invalid, check_out, dense, host_alibi, oracle, repeat_heads};
 use ndarray::{Array4, array};
 use proptest::prelude::*;
 
 #[derive(Clone, Debug)]
 struct Case {
-    batch: usize,
-    sq: usize,
-    sk: usize,
-    nheads_k: usize,
-    group: usize,
-    d: usize,
-    f: Feat,
+    x: Dense,
     br: usize,
     bc: usize,
-    seed: u64,
-}
-
-impl Case {
-    fn nheads(&self) -> usize {
-        self.nheads_k * self.group
-    }
-    fn inputs(&self) -> (Array4<f64>, Array4<f64>, Array4<f64>, Vec<f32>) {
-        let mut rng = Rng::new(self.seed);
-        let q = rng.tensor((self.batch, self.sq, self.nheads(), self.d), 2.0);
-        let k = rng.tensor((self.batch, self.sk, self.nheads_k, self.d), 2.0);
-        let v = rng.tensor((self.batch, self.sk, self.nheads_k, self.d), 1.0);
-        let sl = slopes(&mut rng, self.f.alibi, self.batch, self.nheads());
-        (q, k, v, sl)
-    }
 }
 
 fn seqlen() -> impl Strategy<Value = usize> {
@@ -57,11 +35,8 @@ fn seqlen() -> impl Strategy<Value = usize> {
 }
 
 fn case() -> impl Strategy<Value = Case> {
-    (1usize..=3, seqlen(), seqlen(), 1usize..=3, 1usize..=3, 1usize..=24, (1usize..=40, 1usize..=40), any::<u64>())
-        .prop_flat_map(|(batch, sq, sk, nheads_k, group, d, (br, bc), seed)| {
-            // Windows from 0 to a little past seqlen_k (normalized away there).
-            feat(sk + 3).prop_map(move |f| Case { batch, sq, sk, nheads_k, group, d, f, br, bc, seed })
-        })
+    (dense(1..=3, seqlen(), seqlen(), (1..=3, 1..=3, 1..=24)), 1usize..=40, 1usize..=40)
+        .prop_map(|(x, br, bc)| Case { x, br, bc })
 }
 
 proptest! {
@@ -70,19 +45,19 @@ proptest! {
     /// Window, softcap, ALiBi and GQA together = the explicit score matrix.
     #[test]
     fn standard_equals_explicit_score_matrix(c in case()) {
-        let (q, k, v, sl) = c.inputs();
-        let got = attention(q.view(), k.view(), v.view(), &c.f.params(), host_alibi(c.f.alibi, &sl)).unwrap();
-        let want = oracle(q.view(), k.view(), v.view(), &c.f, c.f.window(c.sk), &sl);
+        let (q, k, v, sl) = c.x.inputs();
+        let got = attention(q.view(), k.view(), v.view(), &c.x.f.params(), host_alibi(c.x.f.alibi, &sl)).unwrap();
+        let want = oracle(q.view(), k.view(), v.view(), &c.x.f, c.x.f.window(c.x.sk), &sl);
         check_out("attention vs explicit scores", &got, &want, 1e-12)?;
     }
 
     /// FA2's blocked online loop with random blocks = the standard definition.
     #[test]
     fn fa2_blocked_equals_standard(c in case()) {
-        let (q, k, v, sl) = c.inputs();
-        let p = c.f.params();
-        let want = attention(q.view(), k.view(), v.view(), &p, host_alibi(c.f.alibi, &sl)).unwrap();
-        let got = fa2_forward_ext(q.view(), k.view(), v.view(), &p, host_alibi(c.f.alibi, &sl), c.br, c.bc).unwrap();
+        let (q, k, v, sl) = c.x.inputs();
+        let p = c.x.f.params();
+        let want = attention(q.view(), k.view(), v.view(), &p, host_alibi(c.x.f.alibi, &sl)).unwrap();
+        let got = fa2_forward_ext(q.view(), k.view(), v.view(), &p, host_alibi(c.x.f.alibi, &sl), c.br, c.bc).unwrap();
         check_out("fa2_forward_ext vs attention", &got, &want, 1e-12)?;
     }
 
@@ -90,10 +65,10 @@ proptest! {
     /// heads (contiguous groups: query head h reads KV head h / group).
     #[test]
     fn gqa_equals_mha_with_repeated_kv(c in case()) {
-        let (q, k, v, sl) = c.inputs();
-        let (kr, vr) = (repeat_heads(&k, c.group), repeat_heads(&v, c.group));
-        let p = c.f.params();
-        let al = || host_alibi(c.f.alibi, &sl);
+        let (q, k, v, sl) = c.x.inputs();
+        let (kr, vr) = (repeat_heads(&k, c.x.group), repeat_heads(&v, c.x.group));
+        let p = c.x.f.params();
+        let al = || host_alibi(c.x.f.alibi, &sl);
         let gqa = attention(q.view(), k.view(), v.view(), &p, al()).unwrap();
         let mha = attention(q.view(), kr.view(), vr.view(), &p, al()).unwrap();
         check_out("GQA vs repeated-KV MHA (standard)", &gqa, &mha, 1e-12)?;
@@ -106,13 +81,13 @@ proptest! {
     /// (rounded) inputs.
     #[test]
     fn f32_paths_against_f64(c in case()) {
-        let (q, k, v, sl) = c.inputs();
+        let (q, k, v, sl) = c.x.inputs();
         let to32 = |a: &Array4<f64>| a.mapv(|x| x as f32);
         let (q32, k32, v32) = (to32(&q), to32(&k), to32(&v));
         let up = |a: &Array4<f32>| a.mapv(|x| x as f64);
         let (q, k, v) = (up(&q32), up(&k32), up(&v32));
-        let p = c.f.params();
-        let al = || host_alibi(c.f.alibi, &sl);
+        let p = c.x.f.params();
+        let al = || host_alibi(c.x.f.alibi, &sl);
         let want = attention(q.view(), k.view(), v.view(), &p, al()).unwrap();
         let lift = |o: AttnOutput<f32>| AttnOutput { o: o.o.mapv(|x| x as f64), lse: o.lse.mapv(|x| x as f64) };
         let std32 = lift(attention(q32.view(), k32.view(), v32.view(), &p, al()).unwrap());
@@ -125,15 +100,15 @@ proptest! {
     /// composes with it); a side ≥ seqlen_k is unbounded; softcap Some(0) is off.
     #[test]
     fn window_normalization_rules(c in case(), extra in 0usize..5) {
-        let (q, k, v, sl) = c.inputs();
-        let run = |p: &ForwardParams| attention(q.view(), k.view(), v.view(), p, host_alibi(c.f.alibi, &sl)).unwrap();
-        let base = c.f.params();
+        let (q, k, v, sl) = c.x.inputs();
+        let run = |p: &ForwardParams| attention(q.view(), k.view(), v.view(), p, host_alibi(c.x.f.alibi, &sl)).unwrap();
+        let base = c.x.f.params();
         let causal = run(&ForwardParams { causal: true, window_right: None, ..base });
         let as_window = run(&ForwardParams { causal: false, window_right: Some(0), ..base });
         prop_assert_eq!(&causal, &as_window);
         let causal0 = run(&ForwardParams { causal: true, window_right: Some(0), ..base });
         prop_assert_eq!(&causal, &causal0);
-        let wide = Some(c.sk + extra);
+        let wide = Some(c.x.sk + extra);
         let unbounded = run(&ForwardParams { causal: false, window_left: None, window_right: None, ..base });
         let normalized = run(&ForwardParams { causal: false, window_left: wide, window_right: wide, ..base });
         prop_assert_eq!(&unbounded, &normalized);

@@ -20,7 +20,7 @@ use cpu_support::Rng;
 use flash_attn::reference::{HostAlibi, attention, attention_varlen};
 use flash_attn::varlen::check_varlen;
 use flash_attn::{AlibiShape, FlashAttnError, ForwardParams};
-use infer::{Feat, assert_invalid, check_close, feat, host_alibi, oracle, slopes};
+use infer::{Feat, assert_invalid, check_close, expected_alone, feat, host_alibi, prefix_sums, seq_slopes, slopes};
 use ndarray::{Array3, Axis, s};
 use proptest::prelude::*;
 
@@ -66,15 +66,8 @@ impl Case {
     }
     fn inputs(&self) -> Inputs {
         let mut rng = Rng::new(self.seed);
-        let prefix = |lens: &mut dyn Iterator<Item = usize>| {
-            let mut cu = vec![0i32];
-            for n in lens {
-                cu.push(cu.last().unwrap() + n as i32);
-            }
-            cu
-        };
-        let cu_q = prefix(&mut self.seqs.iter().map(|s| s.sq));
-        let cu_k = prefix(&mut self.seqs.iter().map(|s| s.seg_k));
+        let cu_q = prefix_sums(self.seqs.iter().map(|s| s.sq));
+        let cu_k = prefix_sums(self.seqs.iter().map(|s| s.seg_k));
         let used: Vec<usize> = self
             .seqs
             .iter()
@@ -131,16 +124,7 @@ proptest! {
             let (q0, k0, sk) = (x.cu_q[b] as usize, x.cu_k[b] as usize, x.used[b]);
             let lift = |a: &Array3<f64>, r0: usize, n: usize| a.slice(s![r0..r0 + n, .., ..]).insert_axis(Axis(0)).to_owned();
             let (qb, kb, vb) = (lift(&x.q, q0, s.sq), lift(&x.k, k0, sk), lift(&x.v, k0, sk));
-            // Sequence b's slopes, as a batch of one.
-            let sl_b: Vec<f32> = match c.f.alibi {
-                Some(AlibiShape::PerBatchHead) => x.slopes[b * h..(b + 1) * h].to_vec(),
-                _ => x.slopes.clone(),
-            };
-            let fb = Feat { alibi: c.f.alibi.map(|_| AlibiShape::PerHead), ..c.f.clone() };
-            let want = match c.f.alone(x.max_k, s.sq, sk) {
-                Some(pb) => attention(qb.view(), kb.view(), vb.view(), &pb, host_alibi(fb.alibi, &sl_b)).unwrap(),
-                None => oracle(qb.view(), kb.view(), vb.view(), &fb, c.f.window(x.max_k), &sl_b),
-            };
+            let want = expected_alone(&c.f, x.max_k, qb.view(), kb.view(), vb.view(), &seq_slopes(&c.f, &x.slopes, b, h));
             let rows = q0..q0 + s.sq;
             check_close(
                 &format!("sequence {b}"),

@@ -8,7 +8,7 @@
 
 use flash_attn::AlibiShape;
 use flash_attn::ForwardParams;
-use flash_attn::reference::{AttnOutput, HostAlibi};
+use flash_attn::reference::{AttnOutput, HostAlibi, attention};
 use ndarray::{Array3, Array4, ArrayView, ArrayView4, Dimension, s};
 use proptest::prelude::*;
 
@@ -87,6 +87,49 @@ pub fn feat(max_window: usize) -> impl Strategy<Value = Feat> {
             scale,
             alibi,
         })
+}
+
+/// A dense problem: its shapes (`nheads = nheads_k · group`), options and
+/// the seed of its data.
+#[derive(Clone, Debug)]
+pub struct Dense {
+    pub batch: usize,
+    pub sq: usize,
+    pub sk: usize,
+    pub nheads_k: usize,
+    pub group: usize,
+    pub d: usize,
+    pub f: Feat,
+    pub seed: u64,
+}
+
+impl Dense {
+    pub fn nheads(&self) -> usize {
+        self.nheads_k * self.group
+    }
+
+    /// q `(batch, sq, h, d)` and k in `[-2, 2)`, v in `[-1, 1)`, ALiBi slopes.
+    pub fn inputs(&self) -> (Array4<f64>, Array4<f64>, Array4<f64>, Vec<f32>) {
+        let mut rng = crate::cpu_support::Rng::new(self.seed);
+        let q = rng.tensor((self.batch, self.sq, self.nheads(), self.d), 2.0);
+        let k = rng.tensor((self.batch, self.sk, self.nheads_k, self.d), 2.0);
+        let v = rng.tensor((self.batch, self.sk, self.nheads_k, self.d), 1.0);
+        let sl = slopes(&mut rng, self.f.alibi, self.batch, self.nheads());
+        (q, k, v, sl)
+    }
+}
+
+/// Dense problems with the given ranges; windows drawn from 0 to a little
+/// past seqlen_k (where they are normalized away).
+pub fn dense(
+    batch: std::ops::RangeInclusive<usize>,
+    sq: impl Strategy<Value = usize>,
+    sk: impl Strategy<Value = usize>,
+    (nheads_k, group, d): (std::ops::RangeInclusive<usize>, std::ops::RangeInclusive<usize>, std::ops::RangeInclusive<usize>),
+) -> impl Strategy<Value = Dense> {
+    (batch, sq, sk, nheads_k, group, d, any::<u64>()).prop_flat_map(|(batch, sq, sk, nheads_k, group, d, seed)| {
+        feat(sk + 3).prop_map(move |f| Dense { batch, sq, sk, nheads_k, group, d, f, seed })
+    })
 }
 
 /// Slopes of `shape` for `batch × nheads`, in `[0, 1)`, or none.
@@ -200,6 +243,40 @@ pub fn oracle(
         }
     }
     AttnOutput { o, lse }
+}
+
+/// What sequence `b` of a varlen or cache call must compute: dense `attention` over
+/// its keys alone (or the explicit scores where a window side between the
+/// sequence's length and the normalization length `n` still masks).
+pub fn expected_alone(
+    f: &Feat,
+    n: usize,
+    q_b: ArrayView4<f64>,
+    k_b: ArrayView4<f64>,
+    v_b: ArrayView4<f64>,
+    slopes_b: &[f32],
+) -> AttnOutput<f64> {
+    let fb = Feat { alibi: f.alibi.map(|_| AlibiShape::PerHead), ..f.clone() };
+    match f.alone(n, q_b.dim().1, k_b.dim().1) {
+        Some(p) => attention(q_b, k_b, v_b, &p, host_alibi(fb.alibi, slopes_b)).unwrap(),
+        None => oracle(q_b, k_b, v_b, &fb, f.window(n), slopes_b),
+    }
+}
+
+pub fn seq_slopes(f: &Feat, slopes: &[f32], b: usize, h: usize) -> Vec<f32> {
+    match f.alibi {
+        Some(AlibiShape::PerBatchHead) => slopes[b * h..(b + 1) * h].to_vec(),
+        _ => slopes.to_vec(),
+    }
+}
+
+/// Prefix sums `[0, n_0, n_0 + n_1, …]` of sequence lengths (`cu_seqlens`).
+pub fn prefix_sums(lens: impl IntoIterator<Item = usize>) -> Vec<i32> {
+    let mut cu = vec![0i32];
+    for n in lens {
+        cu.push(cu.last().unwrap() + n as i32);
+    }
+    cu
 }
 
 /// `|Δo| ≤ tol` elementwise, `|Δlse| ≤ tol·(1 + |lse|)`, `-inf` LSE matched
