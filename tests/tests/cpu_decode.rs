@@ -583,3 +583,49 @@ fn paged_bad_input() {
     let r = attention_varlen_paged(qv.view(), &view, &[0, 2, 1], &[0, 3, 6], None, 2, 3, &p, None);
     assert_invalid(r, "cu_seqlens_q", &["cu_seqlens_q[2] = 1 < cu_seqlens_q[1] = 2"]);
 }
+
+/// The decode paths are generic: in f32 they match f64 on the same (rounded)
+/// inputs to f32 accuracy, the cache appends are exact in both.
+#[test]
+fn decode_paths_in_f32() {
+    let mut rng = Rng::new(21);
+    let r32 = |a: Array4<f64>| a.mapv(|x| x as f32);
+    let (q, kc, vc, kn) = (
+        r32(rng.tensor((2, 3, 4, 16), 2.0)),
+        r32(rng.tensor((2, 40, 2, 16), 2.0)),
+        r32(rng.tensor((2, 40, 2, 16), 1.0)),
+        r32(rng.tensor((2, 3, 2, 16), 2.0)),
+    );
+    let up = |a: &Array4<f32>| a.mapv(|x| x as f64);
+    let p = ForwardParams { causal: true, window_left: Some(20), softcap: Some(30.0), ..Default::default() };
+    let close = |what: &str, o32: &Array4<f32>, l32: &Array3<f32>, want: &AttnOutput<f64>| {
+        let e = o32.iter().zip(&want.o).map(|(&a, &b)| (a as f64 - b).abs()).fold(0.0, f64::max);
+        let el = l32.iter().zip(&want.lse).map(|(&a, &b)| (a as f64 - b).abs() / (1.0 + b.abs())).fold(0.0, f64::max);
+        assert!(e < 5e-5 && el < 5e-5, "{what}: |ΔO| = {e:e}, |ΔLSE| = {el:e}");
+    };
+    // Split-KV.
+    let (k0, v0) = (kc.slice(s![.., ..33, .., ..]), vc.slice(s![.., ..33, .., ..]));
+    let want = attention(up(&q).view(), up(&k0.to_owned()).view(), up(&v0.to_owned()).view(), &p, None).unwrap();
+    let got = split_kv_forward(q.view(), k0, v0, &p, None, &[0, 5, 5, 17, 33]).unwrap();
+    close("split-KV f32", &got.o, &got.lse, &want);
+    // KV cache with append, f32 and f64.
+    let seqlens = [30, 7];
+    let (mut k32, mut v32) = (kc.clone(), vc.clone());
+    let got = kvcache_attention(q.view(), &mut k32, &mut v32, &seqlens, Some(kn.view()), Some(kn.view()), None, &p, None).unwrap();
+    let (mut k64, mut v64) = (up(&kc), up(&vc));
+    let (qd, knd) = (up(&q), up(&kn));
+    let want = kvcache_attention(qd.view(), &mut k64, &mut v64, &seqlens, Some(knd.view()), Some(knd.view()), None, &p, None).unwrap();
+    close("KV cache f32", &got.o, &got.lse, &want);
+    assert_eq!(up(&k32), k64);
+    // Paged, page size 4 (10 blocks per sequence, in reverse order).
+    let k_pages = kc.clone().into_shape_with_order((20, 4, 2, 16)).unwrap();
+    let table = Array2::from_shape_fn((2, 10), |(b, i)| (b * 10 + 9 - i) as i32);
+    let view = PagedKv { k_pages: k_pages.view(), v_pages: k_pages.view(), block_table: table.view() };
+    let (kcont, vcont) = paged_to_contiguous(&view, &[40, 40]).unwrap();
+    let (mut kp, mut vp) = (k_pages.clone(), k_pages.clone());
+    let pages = PagedKvMut { k_pages: kp.view_mut(), v_pages: vp.view_mut(), block_table: table.view() };
+    let got = paged_kvcache_attention(q.view(), pages, &seqlens, Some(kn.view()), Some(kn.view()), &p, None).unwrap();
+    let (mut kc2, mut vc2) = (up(&kcont), up(&vcont));
+    let want = kvcache_attention(qd.view(), &mut kc2, &mut vc2, &seqlens, Some(knd.view()), Some(knd.view()), None, &p, None).unwrap();
+    close("paged f32", &got.o, &got.lse, &want);
+}

@@ -22,6 +22,12 @@
 //! before any attention (a sequence reading slots another one appends to
 //! sees the new rows); two appends to the same slot are an error (on a GPU
 //! they would race).
+//!
+//! The KV-cache and paged calls compute each sequence as `params.loop_order`
+//! says: `Standard` materializes `S` (the definition), `Fa2`/`Fa1` (the
+//! default) run FA2's blocked loop with `params.block` (default
+//! [`DEFAULT_BLOCK`]), whose memory stays `O(Br·Bc)`: the CPU fallback's
+//! choice. Both agree to rounding (the tests hold them to 1e-12 in f64).
 
 use std::collections::HashMap;
 
@@ -31,6 +37,7 @@ use ndarray::{
 };
 
 use super::AttnOutput;
+pub use super::features::DEFAULT_BLOCK;
 use super::features::{
     HostAlibi, Opts, Path, check_block, check_dense, check_dims, dim4, run_dense, run_seq, same,
 };
@@ -38,9 +45,6 @@ use super::varlen::{VarlenOutput, check_dims3, check_query_side, run_varlen};
 use crate::error::{FlashAttnError, Result};
 use crate::params::ForwardParams;
 use crate::varlen::{check_gqa, check_varlen_keys};
-
-/// `(Br, Bc)` of the split-KV partials when `params.block` is `None`.
-pub const DEFAULT_SPLIT_BLOCK: (usize, usize) = (64, 64);
 
 fn invalid(argument: &'static str, value: String, reason: &'static str) -> FlashAttnError {
     FlashAttnError::InvalidArgument { argument, value, reason }
@@ -125,7 +129,8 @@ fn check_split_bounds(split_bounds: &[usize], seqlen_k: usize) -> Result<()> {
 
 /// Split-KV partials: split `i` covers keys `split_bounds[i]..split_bounds[i+1]`
 /// (any boundaries, empty splits included) and runs FA2's blocked loop over
-/// them alone (blocks `params.block`, default [`DEFAULT_SPLIT_BLOCK`]), with
+/// them alone (blocks `params.block`, default [`DEFAULT_BLOCK`], whatever
+/// `params.loop_order`), with
 /// every option of [`super::attention`] (window normalized with `seqlen_k`).
 pub fn split_kv_partials<F: Real>(
     q: ArrayView4<F>,
@@ -136,7 +141,7 @@ pub fn split_kv_partials<F: Real>(
     split_bounds: &[usize],
 ) -> Result<SplitPartials<F>> {
     let opts = check_dense(&q, &k, &v, params, alibi.as_ref())?;
-    let (br, bc) = params.block.unwrap_or(DEFAULT_SPLIT_BLOCK);
+    let (br, bc) = params.block.unwrap_or(DEFAULT_BLOCK);
     check_block(br, bc)?;
     check_split_bounds(split_bounds, k.dim().1)?;
     let (batch, sq, nheads, d) = q.dim();
@@ -368,6 +373,7 @@ fn kvcache_core<F: Real>(
         ));
     }
     let opts = Opts::resolve(params, d, capacity)?;
+    let path = Path::of(params)?;
     // Every slot of every attended token, checked before the first write.
     let slots: Vec<Vec<(usize, usize)>> =
         cached.iter().enumerate().map(|(b, &c)| place.slots(b, c + s_new)).collect::<Result<_>>()?;
@@ -402,7 +408,7 @@ fn kvcache_core<F: Real>(
             (q.slice(s![b, .., .., ..]), kb.view(), vb.view()),
             alibi.map(|a| a.of_seq(b, nheads)),
             &opts,
-            Path::Standard,
+            path,
             (o.slice_mut(s![b, .., .., ..]), lse.slice_mut(s![b, .., ..])),
         );
     }
@@ -530,6 +536,7 @@ pub fn attention_varlen_paged<F: Real>(
     let used: Vec<i32> = spans.iter().map(|sp| sp.seqlen_k as i32).collect();
     let lens = check_lengths(if seqused_k.is_some() { "seqused_k" } else { "cu_seqlens_k" }, &used, spans.len(), capacity)?;
     let opts = Opts::resolve(params, qd.2, max_seqlen_k)?;
+    let path = Path::of(params)?;
     let kvs: Vec<(Array3<F>, Array3<F>)> = lens
         .iter()
         .enumerate()
@@ -538,5 +545,5 @@ pub fn attention_varlen_paged<F: Real>(
             Ok((gather_slots(pages.k_pages, &sl), gather_slots(pages.v_pages, &sl)))
         })
         .collect::<Result<_>>()?;
-    Ok(run_varlen(q, &spans, alibi, &opts, |b, _| (CowArray::from(kvs[b].0.view()), CowArray::from(kvs[b].1.view()))))
+    Ok(run_varlen(q, &spans, alibi, &opts, path, |b, _| (CowArray::from(kvs[b].0.view()), CowArray::from(kvs[b].1.view()))))
 }

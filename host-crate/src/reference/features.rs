@@ -27,7 +27,7 @@ use ndarray::{Array3, Array4, ArrayView2, ArrayView3, ArrayView4, ArrayViewMut2,
 
 use super::{AttnOutput, axpy, block_pv, dot, softmax_safe};
 use crate::error::{FlashAttnError, Result};
-use crate::params::{AlibiShape, ForwardParams};
+use crate::params::{AlibiShape, ForwardParams, LoopOrder};
 use crate::varlen::{check_alibi, check_gqa};
 
 /// ALiBi slopes on the host: f32 of shape `(nheads)` or `(batch, nheads)`
@@ -83,6 +83,9 @@ impl<F: Real> Opts<F> {
     }
 }
 
+/// `(Br, Bc)` of the blocked paths when `params.block` is `None`.
+pub const DEFAULT_BLOCK: (usize, usize) = (64, 64);
+
 /// Which formulation computes a sequence.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Path {
@@ -92,6 +95,21 @@ pub(crate) enum Path {
     /// them, or one split of split-KV): `O` normalized over those keys, `LSE`
     /// theirs.
     Online { br: usize, bc: usize, keys: (usize, usize) },
+}
+
+impl Path {
+    /// The path `params.loop_order` asks for, over all keys: `Standard`
+    /// materializes `S`; `Fa2` and `Fa1` run FA2's blocked loop with
+    /// `params.block` (default [`DEFAULT_BLOCK`]), whose memory does not grow
+    /// with `seqlen_q · seqlen_k` (the same numbers up to rounding).
+    pub fn of(params: &ForwardParams) -> Result<Self> {
+        if params.loop_order == LoopOrder::Standard {
+            return Ok(Path::Standard);
+        }
+        let (br, bc) = params.block.unwrap_or(DEFAULT_BLOCK);
+        check_block(br, bc)?;
+        Ok(Path::Online { br, bc, keys: (0, usize::MAX) })
+    }
 }
 
 /// Everything one (sequence, query head) needs besides the data: its visible

@@ -40,7 +40,7 @@ pub use decode::{
     PagedKv, PagedKvMut, SplitPartials, attention_varlen_paged, combine_partials, kvcache_attention,
     paged_kvcache_attention, paged_to_contiguous, split_kv_forward, split_kv_partials,
 };
-pub use features::{HostAlibi, attention, fa2_forward_ext};
+pub use features::{DEFAULT_BLOCK, HostAlibi, attention, fa2_forward_ext};
 pub use varlen::{VarlenOutput, attention_varlen};
 
 use flash_attn_common::{AttnParams, Real, RowState};

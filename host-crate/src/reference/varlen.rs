@@ -8,6 +8,10 @@
 //! window is normalized with `max_seqlen_k` (a side `≥ max_seqlen_k` is
 //! unbounded), not with the sequence's own length.
 //!
+//! Each sequence is computed as `params.loop_order` says: `Standard`
+//! materializes its `S`, `Fa2`/`Fa1` (the default) run FA2's blocked loop
+//! with `params.block` (default [`super::features::DEFAULT_BLOCK`]).
+//!
 //! LSE is unpadded, `(nheads, total_q)`. Rows of the buffers past
 //! `cu_seqlens_q[batch]` belong to no sequence: O = 0, LSE = -inf there.
 //! Validation: [`crate::varlen`].
@@ -73,6 +77,7 @@ pub(crate) fn run_varlen<'a, F: Real + 'a>(
     spans: &[SeqSpan],
     alibi: Option<HostAlibi<'_>>,
     opts: &Opts<F>,
+    path: Path,
     mut kv: impl FnMut(usize, &SeqSpan) -> (CowArray<'a, F, Ix3>, CowArray<'a, F, Ix3>),
 ) -> VarlenOutput<F> {
     let (total_q, nheads, d) = q.dim();
@@ -85,7 +90,7 @@ pub(crate) fn run_varlen<'a, F: Real + 'a>(
             (q.slice(s![rows.clone(), .., ..]), k.view(), v.view()),
             alibi.map(|a| a.of_seq(b, nheads)),
             opts,
-            Path::Standard,
+            path,
             (o.slice_mut(s![rows.clone(), .., ..]), lse.slice_mut(s![.., rows])),
         );
     }
@@ -118,8 +123,9 @@ pub fn attention_varlen<F: Real>(
     let spans = check_varlen(cu_seqlens_q, cu_seqlens_k, seqused_k, qd.0, kd.0, max_seqlen_q, max_seqlen_k)?;
     check_query_side(qd, kd.1, kd.2, spans.len(), alibi.as_ref())?;
     let opts = Opts::resolve(params, qd.2, max_seqlen_k)?;
+    let path = Path::of(params)?;
     let (k, v) = (k.view(), v.view()); // one lifetime for both
-    Ok(run_varlen(q, &spans, alibi, &opts, |_, sp| {
+    Ok(run_varlen(q, &spans, alibi, &opts, path, |_, sp| {
         let keys = sp.k_start..sp.k_start + sp.seqlen_k;
         (k.slice_move(s![keys.clone(), .., ..]).into(), v.slice_move(s![keys, .., ..]).into())
     }))

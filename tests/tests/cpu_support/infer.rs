@@ -7,7 +7,7 @@
 #![allow(dead_code)]
 
 use flash_attn::AlibiShape;
-use flash_attn::ForwardParams;
+use flash_attn::{ForwardParams, LoopOrder};
 use flash_attn::reference::{AttnOutput, HostAlibi, attention};
 use ndarray::{Array3, Array4, ArrayView, ArrayView4, Dimension, s};
 use proptest::prelude::*;
@@ -23,6 +23,10 @@ pub struct Feat {
     /// `softmax_scale`, or `None` for the default `1/√d`.
     pub scale: Option<f32>,
     pub alibi: Option<AlibiShape>,
+    /// Which path the varlen / KV-cache / paged calls run (ignored by
+    /// `attention` and `fa2_forward_ext`), and its blocks.
+    pub loop_order: LoopOrder,
+    pub block: Option<(usize, usize)>,
 }
 
 impl Feat {
@@ -33,7 +37,8 @@ impl Feat {
             window_right: self.right,
             softcap: self.softcap,
             softmax_scale: self.scale,
-            ..Default::default()
+            loop_order: self.loop_order,
+            block: self.block,
         }
     }
 
@@ -77,8 +82,12 @@ pub fn feat(max_window: usize) -> impl Strategy<Value = Feat> {
         prop_oneof![2 => Just(None), 1 => Just(Some(0.0f32)), 3 => (0.3f32..60.0).prop_map(Some)],
         prop_oneof![Just(None), (0.1f32..3.0).prop_map(Some)],
         prop_oneof![Just(None), Just(Some(AlibiShape::PerHead)), Just(Some(AlibiShape::PerBatchHead))],
+        (
+            prop::sample::select(vec![LoopOrder::Standard, LoopOrder::Fa2, LoopOrder::Fa1]),
+            prop_oneof![Just(None), (1usize..=20, 1usize..=20).prop_map(Some)],
+        ),
     )
-        .prop_map(|(causal, left, right, softcap, scale, alibi)| Feat {
+        .prop_map(|(causal, left, right, softcap, scale, alibi, (loop_order, block))| Feat {
             causal,
             left,
             // causal takes None or Some(0) only
@@ -86,6 +95,8 @@ pub fn feat(max_window: usize) -> impl Strategy<Value = Feat> {
             softcap,
             scale,
             alibi,
+            loop_order,
+            block,
         })
 }
 
