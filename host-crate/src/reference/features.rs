@@ -15,7 +15,7 @@
 //!
 //! Both compute with the options of [`ForwardParams::resolve`] (one definition
 //! of the window normalization and of the softcap/scale checks for every
-//! path). The per-(sequence, head) kernels here ([`run_seq`]) are also what
+//! path). The per-(sequence, head) kernels here (`run_seq`) are also what
 //! the varlen, KV-cache, paged and split-KV references run.
 //!
 //! Rows that see no key: `O = 0`, `LSE = -inf` (FlashAttention-2 returns
