@@ -325,8 +325,47 @@ pub fn paged_to_contiguous<F: Real>(pages: &PagedKv<'_, F>, seqlens: &[i32]) -> 
 /// New keys and values to append, `(batch, s_new, nheads_k, d)` each.
 type NewKv<'a, 'b, F> = (Option<ArrayView4<'a, F>>, Option<ArrayView4<'b, F>>);
 
+/// Checks the k/v to append (both or neither, `(batch, s_new, nheads_k, d)`);
+/// returns `s_new` (0 without).
+fn check_new_kv<F>((k_new, v_new): NewKv<'_, '_, F>, (batch, nheads_k, d): (usize, usize, usize)) -> Result<usize> {
+    match (k_new, v_new) {
+        (None, None) => Ok(0),
+        (Some(kn), Some(vn)) => {
+            let rule = "k and v to append are (batch, s_new, nheads_k, headdim)";
+            let (kns, vns) = (dim4(&kn), dim4(&vn));
+            for (a, (axis, want)) in [("batch", batch), ("seqlen", kns[1]), ("nheads", nheads_k), ("headdim", d)].into_iter().enumerate() {
+                same("k_new", axis, kns[a], want, rule)?;
+                same("v_new", axis, vns[a], want, rule)?;
+            }
+            Ok(kns[1])
+        }
+        (Some(_), None) => Err(invalid("v_new", "None".into(), "new keys and values must be given together")),
+        (None, Some(_)) => Err(invalid("k_new", "None".into(), "new keys and values must be given together")),
+    }
+}
+
+/// The slots of the `cached[b] + s_new` tokens each sequence attends to
+/// (every table entry checked), refusing two appends to one slot.
+fn attended_slots(place: &Placement<'_>, cached: &[usize], s_new: usize) -> Result<Vec<Vec<(usize, usize)>>> {
+    let slots: Vec<Vec<(usize, usize)>> =
+        cached.iter().enumerate().map(|(b, &c)| place.slots(b, c + s_new)).collect::<Result<_>>()?;
+    let mut writer: HashMap<(usize, usize), usize> = HashMap::new();
+    for (b, (sl, &c)) in slots.iter().zip(cached).enumerate() {
+        for &slot in &sl[c..] {
+            if let Some(other) = writer.insert(slot, b) {
+                return Err(invalid(
+                    "cache_seqlens",
+                    format!("sequences {other} and {b} both append to row {} of cache row / block {}", slot.1, slot.0),
+                    "two sequences append to the same cache slot (shared cache_batch_idx or block_table entries)",
+                ));
+            }
+        }
+    }
+    Ok(slots)
+}
+
 /// The KV-cache call over a `(outer, rows, hk, d)` store with `place`:
-/// checks, appends, attends.
+/// checks (all before the first write), appends, attends.
 #[allow(clippy::too_many_arguments)]
 fn kvcache_core<F: Real>(
     q: ArrayView4<F>,
@@ -349,22 +388,7 @@ fn kvcache_core<F: Real>(
         a.check(batch, nheads)?;
     }
     let cached = check_lengths("cache_seqlens", cache_seqlens, batch, capacity)?;
-    let s_new = match (k_new, v_new) {
-        (None, None) => 0,
-        (Some(kn), Some(vn)) => {
-            let rule = "k and v to append are (batch, s_new, nheads_k, headdim)";
-            let kns = dim4(&kn);
-            for (a, (axis, want)) in [("batch", batch), ("seqlen", kns[1]), ("nheads", nheads_k), ("headdim", d)].into_iter().enumerate() {
-                same("k_new", axis, kns[a], want, rule)?;
-                same("v_new", axis, dim4(&vn)[a], want, rule)?;
-            }
-            kns[1]
-        }
-        (Some(_), None) | (None, Some(_)) => {
-            let which = if k_new.is_some() { "v_new" } else { "k_new" };
-            return Err(invalid(which, "None".into(), "new keys and values must be given together"));
-        }
-    };
+    let s_new = check_new_kv((k_new, v_new), (batch, nheads_k, d))?;
     if let Some((b, &c)) = cached.iter().enumerate().find(|&(_, &c)| c + s_new > capacity) {
         return Err(invalid(
             "k_new",
@@ -374,21 +398,7 @@ fn kvcache_core<F: Real>(
     }
     let opts = Opts::resolve(params, d, capacity)?;
     let path = Path::of(params)?;
-    // Every slot of every attended token, checked before the first write.
-    let slots: Vec<Vec<(usize, usize)>> =
-        cached.iter().enumerate().map(|(b, &c)| place.slots(b, c + s_new)).collect::<Result<_>>()?;
-    let mut writer: HashMap<(usize, usize), usize> = HashMap::new();
-    for (b, (sl, &c)) in slots.iter().zip(&cached).enumerate() {
-        for &slot in &sl[c..] {
-            if let Some(other) = writer.insert(slot, b) {
-                return Err(invalid(
-                    "cache_seqlens",
-                    format!("sequences {other} and {b} both append to row {} of cache row / block {}", slot.1, slot.0),
-                    "two sequences append to the same cache slot (shared cache_batch_idx or block_table entries)",
-                ));
-            }
-        }
-    }
+    let slots = attended_slots(place, &cached, s_new)?;
     // Append.
     if let (Some(kn), Some(vn)) = (k_new, v_new) {
         for (b, (sl, &c)) in slots.iter().zip(&cached).enumerate() {
