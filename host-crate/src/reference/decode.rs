@@ -37,7 +37,7 @@ use ndarray::{
 };
 
 use super::AttnOutput;
-pub use super::features::DEFAULT_BLOCK;
+use super::features::DEFAULT_BLOCK;
 use super::features::{
     HostAlibi, Opts, Path, check_block, check_dense, check_dims, dim4, run_dense, run_seq, same,
 };
