@@ -22,6 +22,7 @@ pub mod ndarray_api;
 pub mod params;
 pub mod ptx;
 pub mod reference;
+pub mod varlen;
 pub mod tc;
 pub mod varlen_api;
 
