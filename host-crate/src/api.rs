@@ -32,6 +32,7 @@ use flash_attn_common::{AttnParams, LOG2_E};
 
 use crate::device::FlashAttention;
 use crate::dispatch::{self, DType, Dims, DispatchKey, Features, Plan};
+use crate::varlen::{check_alibi, check_gqa};
 use crate::varlen_api::VarlenLaunch;
 use crate::error::{FlashAttnError, Result};
 
@@ -270,32 +271,6 @@ impl<'a> AlibiSlopes<'a> {
     pub fn new(slopes: &'a dyn DevicePtr<f32>, shape: AlibiShape) -> Self {
         Self { slopes, shape }
     }
-}
-
-/// Checks the slope buffer's length against its declared shape.
-pub fn check_alibi(shape: AlibiShape, len: usize, batch: usize, nheads: usize) -> Result<()> {
-    if len == shape.len(batch, nheads) {
-        return Ok(());
-    }
-    let (value, reason) = match shape {
-        AlibiShape::PerHead => (format!("{len} slopes for shape (nheads) = ({nheads})"), "must hold exactly nheads f32"),
-        AlibiShape::PerBatchHead => {
-            (format!("{len} slopes for shape (batch, nheads) = ({batch}, {nheads})"), "must hold exactly batch·nheads f32")
-        }
-    };
-    Err(FlashAttnError::InvalidArgument { argument: "alibi_slopes", value, reason })
-}
-
-/// `nheads % nheads_k == 0` (GQA/MQA).
-pub fn check_gqa(nheads: usize, nheads_k: usize) -> Result<()> {
-    if nheads_k == 0 || nheads % nheads_k != 0 {
-        return Err(FlashAttnError::InvalidArgument {
-            argument: "k",
-            value: format!("nheads_k = {nheads_k} for nheads = {nheads}"),
-            reason: "the number of query heads must be a multiple of the number of key/value heads (GQA/MQA)",
-        });
-    }
-    Ok(())
 }
 
 const AXES: [&str; 4] = ["batch", "seqlen", "nheads", "headdim"];
@@ -804,7 +779,7 @@ mod tests {
     #[test]
     fn names_the_argument_and_value() {
         let e = run([2, 5, 3, 8], [2, 7, 4, 8], [2, 7, 4, 8], [2, 5, 3, 8]).unwrap_err();
-        assert!(matches!(&e, FlashAttnError::InvalidArgument { argument: "k", value, .. } if value.contains("nheads_k = 4")), "{e}");
+        assert!(matches!(&e, FlashAttnError::InvalidArgument { argument: "nheads_k", value, .. } if value.contains("nheads_k = 4")), "{e}");
         // GQA: 6 query heads over 2 KV heads is fine; v must have k's heads.
         run([2, 5, 6, 8], [2, 7, 2, 8], [2, 7, 2, 8], [2, 5, 6, 8]).unwrap();
         let e = run([2, 5, 6, 8], [2, 7, 2, 8], [2, 7, 3, 8], [2, 5, 6, 8]).unwrap_err();

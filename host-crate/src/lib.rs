@@ -35,7 +35,10 @@ pub use api::{
 pub use device::FlashAttention;
 pub use dispatch::DType;
 pub use error::{FlashAttnError, Result};
-pub use ndarray_api::{Backend, default_backend, flash_attn_func, flash_attn_func_on};
+pub use ndarray_api::{
+    Backend, default_backend, flash_attn_func, flash_attn_func_ext, flash_attn_func_on, flash_attn_func_on_ext,
+    flash_attn_varlen_func,
+};
 pub use flash_attn_common as common;
 pub use flash_attn_common::plan;
 pub use flash_attn_common::{AttnParams, RowState};

@@ -9,8 +9,9 @@
 //! clamp every value to the buffers (`AttnParams::seq`), so bad contents can
 //! never make a kernel read or write out of bounds. A segment longer than
 //! `max_seqlen_q`/`max_seqlen_k` is cut to that length (rows past it are not
-//! written), as in FlashAttention-2. [`Varlen::check_host`] validates host
-//! copies of the prefix sums completely when the caller has them.
+//! written), as in FlashAttention-2. [`crate::varlen::check_varlen`]
+//! validates host copies of the prefix sums completely when the caller has
+//! them (the ndarray API does).
 
 use std::sync::Arc;
 
@@ -170,52 +171,6 @@ pub fn validate_varlen(
     let opts = params.resolve(base.dims.headdim, max_k)?;
     let dims = Dims { batch, seqlen_q: max_q, seqlen_k: max_k, ..base.dims };
     Ok(Problem { dims, softmax_scale: opts.softmax_scale, opts })
-}
-
-impl Varlen<'_> {
-    /// Checks host copies of this call's prefix sums (and `seqused_k`)
-    /// completely: from 0, non-decreasing, ending within the buffers, no
-    /// segment longer than the maxima, `seqused_k` within its segment.
-    pub fn check_host(
-        cu_seqlens_q: &[i32],
-        cu_seqlens_k: &[i32],
-        seqused_k: Option<&[i32]>,
-        total: (usize, usize),
-        max_seqlen: (usize, usize),
-    ) -> Result<()> {
-        for (argument, cu, total, max) in
-            [("cu_seqlens_q", cu_seqlens_q, total.0, max_seqlen.0), ("cu_seqlens_k", cu_seqlens_k, total.1, max_seqlen.1)]
-        {
-            let bad = |value: String, reason: &'static str| Err(FlashAttnError::InvalidArgument { argument, value, reason });
-            if cu.first() != Some(&0) {
-                return bad(format!("{:?}", cu.first()), "must start at 0");
-            }
-            for (b, w) in cu.windows(2).enumerate() {
-                if w[1] < w[0] {
-                    return bad(format!("[{b}..={}] = {:?}", b + 1, w), "must be non-decreasing");
-                }
-                if (w[1] - w[0]) as usize > max {
-                    return bad(format!("segment {b} of length {}", w[1] - w[0]), "exceeds max_seqlen");
-                }
-            }
-            let end = *cu.last().unwrap_or(&0);
-            if end as usize > total {
-                return bad(format!("end {end}"), "exceeds the rows of the packed tensor (total)");
-            }
-        }
-        if let Some(used) = seqused_k {
-            for (b, (&u, w)) in used.iter().zip(cu_seqlens_k.windows(2)).enumerate() {
-                if u < 0 || u > w[1] - w[0] {
-                    return Err(FlashAttnError::InvalidArgument {
-                        argument: "seqused_k",
-                        value: format!("[{b}] = {u} for a segment of {}", w[1] - w[0]),
-                        reason: "must be in 0..=the sequence's key segment",
-                    });
-                }
-            }
-        }
-        Ok(())
-    }
 }
 
 impl FlashAttention {

@@ -385,7 +385,7 @@ fn gpu_feature_typed_errors() {
     let lq = TensorLayout::contiguous([2, 8, 6, 64]);
     let lk = TensorLayout::contiguous([2, 8, 4, 64]);
     let e = g.fa.forward::<half::bf16, _, _, _>(s, Tensor::new(&q, lq), Tensor::new(&k, lk), Tensor::new(&k, lk), &ForwardParams::default()).unwrap_err();
-    assert!(matches!(e, FlashAttnError::InvalidArgument { argument: "k", .. }), "{e}");
+    assert!(matches!(e, FlashAttnError::InvalidArgument { argument: "nheads_k", .. }), "{e}");
     let lk = TensorLayout::contiguous([2, 8, 3, 64]);
     let bad = ForwardParams { softcap: Some(-1.0), ..Default::default() };
     let e = g.fa.forward::<half::bf16, _, _, _>(s, Tensor::new(&q, lq), Tensor::new(&k, lk), Tensor::new(&k, lk), &bad).unwrap_err();
