@@ -2,7 +2,7 @@
 //! (../shared/INFERENCE.md), independently of the library's code: an f64
 //! reference and the naive same-dtype attention of the accuracy rule
 //! ([`crate::naive`]'s definition, plus GQA, window, softcap and ALiBi).
-//! Heads are computed in parallel threads (the GPU sweeps use long
+//! Rows are computed in parallel threads (the GPU sweeps use long
 //! sequences).
 
 use flash_attn::{AlibiShape, AttnElem, ForwardParams};
@@ -67,55 +67,84 @@ pub struct Explicit<T> {
     pub lse: Array3<f64>,
 }
 
-/// Runs `row(b, h, kvh, i) -> (o_row, lse)` over every row, heads in parallel.
-fn per_row<T: Clone + Send + Sync + Copy>(
-    shape: (usize, usize, usize, usize),
-    nheads_k: usize,
-    zero: T,
-    row: impl Fn(usize, usize, usize, usize) -> (Vec<T>, f64) + Sync,
-) -> Explicit<T> {
-    let (batch, sq, nheads, d) = shape;
+/// One head of a `(batch, seqlen, heads, d)` array as a contiguous
+/// `seqlen × d` f32 matrix (exact for the 16-bit types).
+fn head<T: AttnElem>(a: &ArrayView4<'_, T>, b: usize, h: usize) -> Vec<f32> {
+    let (_, n, _, d) = a.dim();
+    let mut out = Vec::with_capacity(n * d);
+    for i in 0..n {
+        out.extend((0..d).map(|c| a[[b, i, h, c]].to_f32()));
+    }
+    out
+}
+
+/// Runs `row(b, h, q_i, k_head, v_head, i) -> (o_row, lse)` over every row:
+/// heads copied to contiguous matrices once, (head, row chunk) work items
+/// spread over the machine's threads.
+#[allow(clippy::type_complexity)]
+fn per_row<T: AttnElem, O: Clone + Send + Sync + Copy>(
+    q: &ArrayView4<'_, T>,
+    k: &ArrayView4<'_, T>,
+    v: &ArrayView4<'_, T>,
+    zero: O,
+    row: impl Fn(usize, usize, &[f32], &[f32], &[f32], usize) -> (Vec<O>, f64) + Sync,
+) -> Explicit<O> {
+    let (batch, sq, nheads, d) = q.dim();
+    let nheads_k = k.dim().2;
     let group = nheads / nheads_k;
-    let heads: Vec<(usize, usize)> = (0..batch).flat_map(|b| (0..nheads).map(move |h| (b, h))).collect();
-    let results: Vec<Vec<(Vec<T>, f64)>> = std::thread::scope(|s| {
-        let chunks: Vec<_> = heads
-            .chunks(heads.len().div_ceil(std::thread::available_parallelism().map_or(4, |n| n.get())).max(1))
-            .map(|chunk| {
-                let row = &row;
+    let kv: Vec<(Vec<f32>, Vec<f32>)> =
+        (0..batch * nheads_k).map(|x| (head(k, x / nheads_k, x % nheads_k), head(v, x / nheads_k, x % nheads_k))).collect();
+    let qs: Vec<Vec<f32>> = (0..batch * nheads).map(|x| head(q, x / nheads, x % nheads)).collect();
+    const CHUNK: usize = 32;
+    let items: Vec<(usize, usize, usize)> = (0..batch)
+        .flat_map(|b| (0..nheads).flat_map(move |h| (0..sq.div_ceil(CHUNK)).map(move |c| (b, h, c * CHUNK))))
+        .collect();
+    let threads = std::thread::available_parallelism().map_or(4, |n| n.get());
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let results: Vec<Vec<(usize, Vec<(Vec<O>, f64)>)>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|_| {
+                let (row, items, next, kv, qs) = (&row, &items, &next, &kv, &qs);
                 s.spawn(move || {
-                    chunk.iter().map(|&(b, h)| (0..sq).map(|i| row(b, h, h / group, i)).collect::<Vec<_>>()).collect::<Vec<_>>()
+                    let mut done = Vec::new();
+                    loop {
+                        let w = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(&(b, h, i0)) = items.get(w) else { break };
+                        let (kh, vh) = &kv[b * nheads_k + h / group];
+                        let qh = &qs[b * nheads + h];
+                        let rows = (i0..(i0 + CHUNK).min(sq)).map(|i| row(b, h, &qh[i * d..][..d], kh, vh, i)).collect();
+                        done.push((w, rows));
+                    }
+                    done
                 })
             })
             .collect();
-        chunks.into_iter().flat_map(|c| c.join().unwrap()).collect()
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
     let mut o = Array4::from_elem((batch, sq, nheads, d), zero);
     let mut lse = Array3::from_elem((batch, nheads, sq), f64::NEG_INFINITY);
-    for (&(b, h), rows) in heads.iter().zip(results) {
-        for (i, (orow, l)) in rows.into_iter().enumerate() {
+    for (w, rows) in results.into_iter().flatten() {
+        let (b, h, i0) = items[w];
+        for (r, (orow, l)) in rows.into_iter().enumerate() {
             for (c, x) in orow.into_iter().enumerate() {
-                o[[b, i, h, c]] = x;
+                o[[b, i0 + r, h, c]] = x;
             }
-            lse[[b, h, i]] = l;
+            lse[[b, h, i0 + r]] = l;
         }
     }
     Explicit { o, lse }
 }
 
-fn f64_of<T: AttnElem>(a: &ArrayView4<'_, T>, b: usize, j: usize, h: usize, c: usize) -> f64 {
-    a[[b, j, h, c]].to_f32() as f64
-}
-
 /// The f64 reference: softmax of the explicit score row, times V.
 pub fn reference<T: AttnElem>(q: ArrayView4<'_, T>, k: ArrayView4<'_, T>, v: ArrayView4<'_, T>, spec: &Spec) -> Explicit<f64> {
-    let (batch, sq, nheads, d) = q.dim();
-    let (sk, nheads_k) = (k.dim().1, k.dim().2);
+    let (_, sq, nheads, d) = q.dim();
+    let sk = k.dim().1;
     let scale = spec.params.softmax_scale.map_or(1.0 / (d as f64).sqrt(), |s| s as f64);
-    per_row((batch, sq, nheads, d), nheads_k, 0.0, |b, h, kh, i| {
+    per_row(&q, &k, &v, 0.0, |b, h, qi, kh, vh, i| {
         let slope = spec.slope(b, h, nheads);
         let s: Vec<Option<f64>> = (0..sk)
             .map(|j| {
-                let dot: f64 = (0..d).map(|c| f64_of(&q, b, i, h, c) * f64_of(&k, b, j, kh, c)).sum();
+                let dot: f64 = qi.iter().zip(&kh[j * d..][..d]).map(|(&x, &y)| x as f64 * y as f64).sum();
                 spec.score(dot, i, j, sq, sk, slope, scale)
             })
             .collect();
@@ -123,10 +152,18 @@ pub fn reference<T: AttnElem>(q: ArrayView4<'_, T>, k: ArrayView4<'_, T>, v: Arr
         if m == f64::NEG_INFINITY {
             return (vec![0.0; d], f64::NEG_INFINITY);
         }
-        let p: Vec<f64> = s.iter().map(|x| x.map_or(0.0, |x| (x - m).exp())).collect();
-        let l: f64 = p.iter().sum();
-        let o = (0..d).map(|c| (0..sk).map(|j| p[j] * f64_of(&v, b, j, kh, c)).sum::<f64>() / l).collect();
-        (o, m + l.ln())
+        let mut o = vec![0f64; d];
+        let mut l = 0f64;
+        for (j, x) in s.iter().enumerate() {
+            if let Some(x) = x {
+                let p = (x - m).exp();
+                l += p;
+                for (a, &y) in o.iter_mut().zip(&vh[j * d..][..d]) {
+                    *a += p * y as f64;
+                }
+            }
+        }
+        (o.into_iter().map(|a| a / l).collect(), m + l.ln())
     })
 }
 
@@ -135,16 +172,16 @@ pub fn reference<T: AttnElem>(q: ArrayView4<'_, T>, k: ArrayView4<'_, T>, v: Arr
 /// scale, softcap and ALiBi are applied in f32 to the rounded `S`. The
 /// logsumexp is `m + ln l` of those f32 scores.
 pub fn naive<T: AttnElem>(q: ArrayView4<'_, T>, k: ArrayView4<'_, T>, v: ArrayView4<'_, T>, spec: &Spec) -> Explicit<T> {
-    let (batch, sq, nheads, d) = q.dim();
-    let (sk, nheads_k) = (k.dim().1, k.dim().2);
+    let (_, sq, nheads, d) = q.dim();
+    let sk = k.dim().1;
     let scale = spec.params.softmax_scale.unwrap_or_else(|| flash_attn::default_softmax_scale(d)) as f64;
-    per_row((batch, sq, nheads, d), nheads_k, T::from_f32(0.0), |b, h, kh, i| {
+    per_row(&q, &k, &v, T::from_f32(0.0), |b, h, qi, kh, vh, i| {
         let slope = spec.slope(b, h, nheads);
         let s: Vec<Option<f32>> = (0..sk)
             .map(|j| {
                 let mut dot = 0f32;
-                for c in 0..d {
-                    dot += q[[b, i, h, c]].to_f32() * k[[b, j, kh, c]].to_f32();
+                for (&x, &y) in qi.iter().zip(&kh[j * d..][..d]) {
+                    dot += x * y;
                 }
                 spec.score(round_to::<T>(dot) as f64, i, j, sq, sk, slope, scale).map(|x| x as f32)
             })
@@ -158,8 +195,8 @@ pub fn naive<T: AttnElem>(q: ArrayView4<'_, T>, k: ArrayView4<'_, T>, v: ArrayVi
         let mut acc = vec![0f32; d];
         for (j, &pj) in p.iter().enumerate() {
             if pj != 0.0 {
-                for (c, a) in acc.iter_mut().enumerate() {
-                    *a += pj * v[[b, j, kh, c]].to_f32();
+                for (a, &y) in acc.iter_mut().zip(&vh[j * d..][..d]) {
+                    *a += pj * y;
                 }
             }
         }

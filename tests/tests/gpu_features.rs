@@ -53,13 +53,19 @@ fn run_dense<T: AttnElem>(
     let vd = s.clone_htod(v.as_slice().unwrap())?;
     let mut od: CudaSlice<T> = s.clone_htod(&vec![T::from_f32(f32::NAN); q.len()])?;
     let mut lse: CudaSlice<f32> = s.clone_htod(&vec![f32::NAN; b * h * sq])?;
+    let mut m: CudaSlice<f32> = s.clone_htod(&vec![f32::NAN; b * h * sq])?;
     let slopes = spec.alibi.as_ref().map(|(v, _)| s.clone_htod(v)).transpose()?;
     let ext = Extras { alibi_slopes: slopes.as_ref().zip(spec.alibi.as_ref()).map(|(d, (_, sh))| AlibiSlopes::new(d, *sh)) };
     let dim4 = |a: &Array4<T>| {
         let (a0, a1, a2, a3) = a.dim();
         TensorLayout::contiguous([a0, a1, a2, a3])
     };
-    let stats = StatsMut::LogSumExp(lse.as_view_mut());
+    let fa1 = spec.params.loop_order == LoopOrder::Fa1;
+    let stats = if fa1 {
+        StatsMut::Fa1 { l: lse.as_view_mut(), m: m.as_view_mut() }
+    } else {
+        StatsMut::LogSumExp(lse.as_view_mut())
+    };
     g.fa.forward_into_ext(
         s,
         Tensor::new(&qd, dim4(q)),
@@ -72,7 +78,14 @@ fn run_dense<T: AttnElem>(
     )?;
     s.synchronize()?;
     let o = Array4::from_shape_vec((b, sq, h, d), s.clone_dtoh(&od)?).unwrap();
-    let l = Array3::from_shape_vec((b, h, sq), s.clone_dtoh(&lse)?).unwrap();
+    let mut l = Array3::from_shape_vec((b, h, sq), s.clone_dtoh(&lse)?).unwrap();
+    if fa1 {
+        // FA1 leaves l and m (base 2): the logsumexp is RowState::lse().
+        let m = s.clone_dtoh(&m)?;
+        for (x, &m) in l.iter_mut().zip(&m) {
+            *x = flash_attn::RowState { m, l: *x }.lse();
+        }
+    }
     Ok((o, l))
 }
 
