@@ -740,7 +740,7 @@ impl FlashAttention {
             causal: params.causal,
             loop_order: params.loop_order,
             arch: self.compute_capability(),
-            features: Features { varlen, mods: alibi || problem.opts.softcap > 0.0 },
+            features: Features { varlen, mods: alibi || problem.opts.softcap > 0.0, decode: false },
         };
         dispatch::plan(&key, &problem.dims, params.block, &self.limits())
     }
