@@ -128,6 +128,8 @@ pub struct Case {
     pub flops: f64,
     pub ours: bool,
     pub torch: Vec<&'static str>,
+    /// `ForwardParams::block` of our call (`None`: the library's default).
+    pub block: Option<(usize, usize)>,
 }
 
 fn attn_flops(h: usize, d: usize, lens: impl IntoIterator<Item = usize>, causal: bool) -> f64 {
@@ -143,6 +145,16 @@ fn dense_flops(s: &Dense, causal: bool) -> f64 {
 pub fn varlen_lens(o: &Opts) -> Vec<usize> {
     let mut r = Rng::with_seed(o.varlen_seed);
     (0..o.varlen_batch).map(|_| 128 + r.below(8192 - 128 + 1)).collect()
+}
+
+/// (Br, Bc) of the bf16 varlen kernel the library picks on the H100 for
+/// head dim `d`, where a dense kernel with that tile exists too.
+fn varlen_tile(d: usize) -> Option<(usize, usize)> {
+    use flash_attn::dispatch::Features;
+    use flash_attn::tc::{TC_KERNELS, TcKernel, TcLoop};
+    let v = TcKernel::default_for(TcLoop::Fa2, true, d, Features { varlen: true, ..Default::default() })?;
+    let dense = TC_KERNELS.iter().any(|k| k.loop_order == TcLoop::Fa2 && k.bf16 && !k.varlen && !k.mods && !k.decode && k.d == d && k.br() == v.br() && k.bc == v.bc);
+    dense.then_some((v.br(), v.bc))
 }
 
 pub const GQA_TORCH: &[&str] = &["torch-flash", "torch-cudnn", "torch-efficient"];
@@ -168,6 +180,7 @@ pub fn cases(o: &Opts) -> Vec<Case> {
                     shape: Shape::Dense(s),
                     ours: true,
                     torch: torch.to_vec(),
+                    block: None,
                 });
             }
         }
@@ -183,7 +196,7 @@ pub fn cases(o: &Opts) -> Vec<Case> {
         for causal in [false, true] {
             let real = attn_flops(h, d, lens.iter().copied(), causal);
             let c = if causal { "causal" } else { "full" };
-            let mut push = |id: &str, what: String, shape: Shape, flops: f64, torch: &[&'static str]| {
+            let mut push = |id: &str, what: String, shape: Shape, flops: f64, torch: &[&'static str], block| {
                 v.push(Case {
                     id: format!("varlen-{c}-{id}"),
                     group: Group::Varlen,
@@ -194,15 +207,26 @@ pub fn cases(o: &Opts) -> Vec<Case> {
                     flops,
                     ours: true,
                     torch: torch.to_vec(),
+                    block,
                 });
             };
-            push("packed", "packed (varlen)".into(), Shape::Varlen(p.clone()), real, PACKED_TORCH);
+            push("packed", "packed (varlen)".into(), Shape::Varlen(p.clone()), real, PACKED_TORCH, None);
             let pad = Dense { b, n: p.max(), h, hk: h, d };
-            push("padded", "padded to the longest".into(), Shape::Dense(pad), real, PAD_TORCH);
+            push("padded", "padded to the longest".into(), Shape::Dense(pad), real, PAD_TORCH, None);
             let dm = Dense { b, n: mean, h, hk: h, d };
-            push("dense-mean", format!("dense, mean length {mean} (same tokens)"), Shape::Dense(dm), dense_flops(&dm, causal), &[]);
+            push("dense-mean", format!("dense, mean length {mean} (same tokens)"), Shape::Dense(dm), dense_flops(&dm, causal), &[], None);
             let dr = Dense { b, n: rms, h, hk: h, d };
-            push("dense-rms", format!("dense, RMS length {rms} (same FLOPs)"), Shape::Dense(dr), dense_flops(&dr, causal), &[]);
+            push("dense-rms", format!("dense, RMS length {rms} (same FLOPs)"), Shape::Dense(dr), dense_flops(&dr, causal), &[], None);
+            // Diagnostics of the gap to dense: the varlen kernel on equal
+            // lengths (packing alone), and the dense kernel with the varlen
+            // kernel's tile (the tile alone).
+            let uni = Packed { lens: vec![mean; b], h, d };
+            let uf = attn_flops(h, d, uni.lens.iter().copied(), causal);
+            push("packed-uniform", format!("packed, {b} × mean length {mean} (diagnostic)"), Shape::Varlen(uni), uf, &[], None);
+            if let Some(t) = varlen_tile(d) {
+                let what = format!("dense, mean length, varlen tile Br×Bc = {}×{} (diagnostic)", t.0, t.1);
+                push("dense-mean-vtile", what, Shape::Dense(dm), dense_flops(&dm, causal), &[], Some(t));
+            }
         }
     }
     if o.groups.contains(&Group::HeadDim) {
@@ -222,6 +246,7 @@ pub fn cases(o: &Opts) -> Vec<Case> {
                         shape: Shape::Dense(s),
                         ours: true,
                         torch: vec!["torch-flash"],
+                        block: None,
                     });
                 }
             }

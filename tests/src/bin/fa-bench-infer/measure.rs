@@ -168,7 +168,7 @@ impl Gpu {
             )
         };
         let stats = StatsMut::LogSumExp(inp.lse.slice_mut(0..le));
-        let params = ForwardParams { causal: c.causal, ..Default::default() };
+        let params = ForwardParams { causal: c.causal, block: c.block, ..Default::default() };
         match &c.shape {
             Shape::Dense(d) => {
                 let ql = TensorLayout::contiguous([d.b, d.n, d.h, d.d]);

@@ -87,7 +87,7 @@ fn table(s: &mut String, notes: &mut Notes, rows: &[&Row], t: &TorchInfo) {
             c.what,
             c.dtype.name(),
             if c.causal { "yes" } else { "no" },
-            c.shape.describe(),
+            c.shape.describe() + &c.block.map_or(String::new(), |(br, bc)| format!(" Br={br} Bc={bc}")),
             notes.cell(Some(&r.ours), c.flops)
         );
         let mut best: Option<f64> = None;
@@ -135,11 +135,23 @@ fn summary(o: &Opts, rows: &[Row], t: &TorchInfo) -> Vec<(String, Value)> {
             if let (Some(dm), Some(dr)) = (dm, dr) {
                 write!(text, " = {:.0}% of dense at the mean length ({dm:.1}), {:.0}% of dense at equal FLOPs ({dr:.1}) (target ≥ 85%)", 100.0 * p / dm, 100.0 * p / dr).unwrap();
             }
+            let (pu, dv) = (ours(&id("packed-uniform")), ours(&id("dense-mean-vtile")));
+            if let (Some(pu), Some(dv), Some(dm)) = (pu, dv, dm) {
+                write!(
+                    text,
+                    ". Diagnostics: the dense kernel with the varlen tile runs {dv:.1} ({:.0}% of its default tile); the varlen kernel on {} equal lengths {pu:.1} ({:.0}% of that)",
+                    100.0 * dv / dm,
+                    o.varlen_batch,
+                    100.0 * pu / dv
+                )
+                .unwrap();
+            }
             v.push((
                 text,
                 json!({"what": "varlen", "causal": c == "causal", "packed_ms": pms, "padded_ms": pad, "speedup_vs_padded": pad / pms,
                        "packed_tflops": p, "dense_mean_tflops": dm, "dense_rms_tflops": dr,
-                       "vs_dense_mean": dm.map(|d| p / d), "vs_dense_rms": dr.map(|d| p / d)}),
+                       "vs_dense_mean": dm.map(|d| p / d), "vs_dense_rms": dr.map(|d| p / d),
+                       "packed_uniform_tflops": pu, "dense_mean_varlen_tile_tflops": dv}),
             ));
         }
     }

@@ -30,12 +30,23 @@ A backend that refuses or fails is reported with ms = null and the reason in
 
 import json
 import math
+import re
 import sys
 import warnings
 
 
 def log(msg):
     print(msg, file=sys.stderr, flush=True)
+
+
+def reasons(caught):
+    """The informative part of SDPA's warnings: why each backend refused."""
+    out = []
+    for w in caught:
+        m = re.sub(r"\s*\(Triggered internally at [^)]*\)\.?", "", " ".join(str(w.message).split())).strip()
+        if m and not m.endswith("because:") and "runtime disabled" not in m and m not in out:
+            out.append(m[:240])
+    return out[:3]
 
 
 def timed(torch, run, cfg):
@@ -201,8 +212,7 @@ def main():
             except Exception as e:
                 msg = " ".join(str(e).split())
                 kind = "OOM" if "out of memory" in msg.lower() else type(e).__name__
-                why = [" ".join(str(w.message).split())[:200] for w in seen]
-                rec["note"] = f"{kind}: {msg[:200]}" + "".join(f" / {w}" for w in why[:4])
+                rec["note"] = f"{kind}: {msg[:200]}" + "".join(f" / {w}" for w in reasons(seen))
             finally:
                 caught.__exit__(None, None, None)
                 run = None
