@@ -147,7 +147,7 @@ pub unsafe extern "ptx-kernel" fn kv_append_u16(p: AttnParams) {
             let row = if p.block_table_ptr != 0 {
                 // SAFETY: t < capacity = block_table_stride · page_size.
                 let page = unsafe { p.page_of(b as u32, t as u32) } as u64;
-                page * ds0 + (t % p.page_size as u64) * ds1
+                page * ds0 + p.page_row(t as u32) as u64 * ds1
             } else {
                 // SAFETY: host-sized cache_batch_idx (clamped).
                 let kb = unsafe { p.kv_batch(b as u32) } as u64;

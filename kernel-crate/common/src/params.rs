@@ -294,6 +294,19 @@ impl AttnParams {
         if x < 0 { 0 } else if x as u32 >= self.cache_batch { self.cache_batch.saturating_sub(1) } else { x as u32 }
     }
 
+    /// Paged KV: `t / page_size` (a shift for power-of-two pages: 32-bit
+    /// division costs ~20 instructions per row in the K/V loads).
+    #[inline(always)]
+    pub fn page_index(&self, t: u32) -> u32 {
+        if self.page_size.is_power_of_two() { t >> self.page_size.trailing_zeros() } else { t / self.page_size }
+    }
+
+    /// Paged KV: `t % page_size`.
+    #[inline(always)]
+    pub fn page_row(&self, t: u32) -> u32 {
+        if self.page_size.is_power_of_two() { t & (self.page_size - 1) } else { t % self.page_size }
+    }
+
     /// Paged KV: the page holding key `t` of sequence `b` (clamped to
     /// `0..num_pages`).
     ///
@@ -302,7 +315,7 @@ impl AttnParams {
     /// `t / page_size < block_table_stride` (the sequence's clamped length).
     #[inline(always)]
     pub unsafe fn page_of(&self, b: u32, t: u32) -> u32 {
-        let slot = b as u64 * self.block_table_stride as u64 + (t / self.page_size) as u64;
+        let slot = b as u64 * self.block_table_stride as u64 + self.page_index(t) as u64;
         // SAFETY: caller.
         let x = unsafe { *(self.block_table_ptr as *const i32).add(slot as usize) };
         if x < 0 { 0 } else if x as u32 >= self.num_pages { self.num_pages.saturating_sub(1) } else { x as u32 }

@@ -410,7 +410,7 @@ impl KvRows {
         if self.paged {
             // SAFETY: caller.
             let page = unsafe { p.page_of(self.b, t as u32) } as u64;
-            let r = t as u64 % p.page_size as u64;
+            let r = p.page_row(t as u32) as u64;
             self.base.wrapping_add((page * self.page_stride + r * self.row_stride) as usize)
         } else {
             self.base.wrapping_add(t * self.row_stride as usize)
@@ -555,7 +555,9 @@ pub unsafe fn forward<
         // SAFETY: K_j landed and a barrier passed.
         let mut r_s = unsafe { qk::<T, D, DK, BCN, MT, QREG>(&r_q, s_q, w_row0, q_sign, s_k(j & 1), lane) };
         let k0 = j * BC;
-        if MODS {
+        // (Read from the parameter space: the decode kernels carry the
+        // modifiers but most calls have none.)
+        if MODS && (p.softcap != 0.0 || p.alibi_ptr != 0) {
             let (row0, win) = fresh_window::<MT, NW, VARLEN, DECODE>(p, num_m);
             for mt in 0..MT {
                 let r0 = (row0 + 16 * mt) as i64 + win.shift;
