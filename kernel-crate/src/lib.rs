@@ -16,6 +16,8 @@
 pub mod arch;
 pub mod fa1;
 pub mod fa2;
+#[cfg(fa_sm90a)]
+pub mod hopper;
 pub mod softmax_rows;
 pub mod standard;
 pub mod tc;

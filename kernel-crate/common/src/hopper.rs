@@ -1,0 +1,58 @@
+//! Shapes of the Hopper (sm_90a) forward kernels, written once for the
+//! kernels (which carve their shared memory with them) and the host (which
+//! encodes the tensor-map boxes and requests the shared memory).
+//!
+//! Block: one producer warpgroup (one thread issues every TMA copy) and
+//! [`HOPPER_CONSUMER_WGS`] consumer warpgroups of 64 query rows each, so
+//! `Br = 128`. Shared memory (from a 1024-byte aligned base, 128B-swizzled
+//! tiles stored as 64-column panels of `rows × 128` bytes):
+//! `Q (Br × d) | K stage 0, 1 (Bc × d) | V stage 0, 1 (Bc × d) | 7 mbarriers`.
+
+/// Consumer warpgroups per block (64 query rows each).
+pub const HOPPER_CONSUMER_WGS: usize = 2;
+/// Query rows per block.
+pub const HOPPER_BR: usize = 64 * HOPPER_CONSUMER_WGS;
+/// Threads per block: the producer warpgroup and the consumers.
+pub const HOPPER_THREADS: usize = 128 * (1 + HOPPER_CONSUMER_WGS);
+/// K/V pipeline depth.
+pub const HOPPER_STAGES: usize = 2;
+/// Columns of one 128B-swizzled panel (128 bytes of 16-bit elements): the
+/// innermost box extent of every tensor map.
+pub const HOPPER_PANEL_COLS: usize = 64;
+/// Registers per thread after `setmaxnreg`: producer, consumers.
+pub const HOPPER_PRODUCER_REGS: u32 = 24;
+pub const HOPPER_CONSUMER_REGS: u32 = 240;
+
+/// Byte offsets of the shared-memory carve-up of a `(d, bc)` kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HopperSmem {
+    pub q: usize,
+    pub k: [usize; HOPPER_STAGES],
+    pub v: [usize; HOPPER_STAGES],
+    /// The mbarriers: Q full, K full ×2, V full ×2, K/V empty ×2 (8 bytes each).
+    pub bars: usize,
+    /// Bytes used from the aligned base.
+    pub used: usize,
+}
+
+impl HopperSmem {
+    pub const fn new(d: usize, bc: usize) -> Self {
+        let q_bytes = HOPPER_BR * d * 2;
+        let kv = bc * d * 2;
+        let k = [q_bytes, q_bytes + kv];
+        let v = [q_bytes + 2 * kv, q_bytes + 3 * kv];
+        let bars = q_bytes + 4 * kv;
+        Self { q: 0, k, v, bars, used: bars + 8 * 7 }
+    }
+
+    /// Dynamic shared memory to request: what is used plus 1 KB of slack to
+    /// align the base to 1024 bytes (the 128B swizzle atom).
+    pub const fn request_bytes(&self) -> usize {
+        self.used + 1024
+    }
+}
+
+/// Bytes of a `rows × d` 16-bit tile (what one TMA transaction delivers).
+pub const fn hopper_tile_bytes(rows: usize, d: usize) -> usize {
+    rows * d * 2
+}
