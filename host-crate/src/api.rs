@@ -601,6 +601,19 @@ impl FlashAttention {
                 // the kernel's threads, grid and dynamic shared memory.
                 unsafe { stream.launch_builder(f).arg(&arg).launch(cfg) }?;
             }
+            (Plan::Hopper { kernel, main }, StatsMut::LogSumExp(mut lse)) => {
+                check_tc_alignment(&p)?;
+                let (lse_ptr, _lse_guard) = lse.device_ptr_mut(stream);
+                p.lse_ptr = lse_ptr;
+                p.br = kernel.br() as u32;
+                p.bc = kernel.bc as u32;
+                // SAFETY: q, k, v, o validated against their shapes and
+                // strides (o non-overlapping), 16-byte aligned with strides
+                // multiple of 8 elements (checked above); headdim == kernel.d
+                // (the plan matched it); lse ≥ batch·nheads·seqlen_q f32;
+                // `main` is the plan's launch for `kernel`.
+                unsafe { crate::hopper::launch(self, stream, kernel, &main, &p) }?;
+            }
             (Plan::TcFa1 { kernel, init, main, accum_len }, StatsMut::Fa1 { mut l, mut m }) => {
                 check_tc_alignment(&p)?;
                 let (l_ptr, _l_guard) = l.device_ptr_mut(stream);
@@ -657,6 +670,10 @@ impl FlashAttention {
             loop_order: params.loop_order,
             arch: self.compute_capability(),
         };
+        let smem = self.limits().max_smem_per_block;
+        if let Some(plan) = crate::hopper::plan(self.has_hopper_kernels(), &key, &problem.dims, params.block, smem)? {
+            return Ok(plan);
+        }
         dispatch::plan(&key, &problem.dims, params.block, &self.limits())
     }
 }

@@ -18,6 +18,7 @@ pub mod api;
 pub mod device;
 pub mod dispatch;
 pub mod error;
+pub mod hopper;
 pub mod ndarray_api;
 pub mod ptx;
 pub mod reference;
@@ -30,6 +31,7 @@ pub use api::{
 pub use device::FlashAttention;
 pub use dispatch::DType;
 pub use error::{FlashAttnError, Result};
+pub use hopper::KernelFamily;
 pub use ndarray_api::{Backend, default_backend, flash_attn_func, flash_attn_func_on};
 pub use flash_attn_common as common;
 pub use flash_attn_common::plan;
