@@ -196,6 +196,57 @@ pub fn tensor_maps(k: &HopperKernel, p: &AttnParams) -> std::result::Result<[Ten
     ])
 }
 
+/// Where the kernels read their tensor maps: from their by-value
+/// parameters (the default, as nvcc's `__grid_constant__`), or, with the
+/// environment variable `FLASH_ATTN_HOPPER_TMAP=global`, from a 384-byte
+/// device buffer written before the launch (the fallback if a driver does
+/// not place the parameters where TMA can read them).
+pub fn tensor_maps_in_global_memory() -> bool {
+    static GLOBAL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *GLOBAL.get_or_init(|| std::env::var("FLASH_ATTN_HOPPER_TMAP").is_ok_and(|v| v == "global"))
+}
+
+/// Launches `f` (a Hopper kernel or probe: `(TensorMap ×3, AttnParams, u64)`)
+/// with the tensor maps passed as [`tensor_maps_in_global_memory`] says.
+///
+/// # Safety
+/// `f` has that signature; the maps describe the buffers `p` names and
+/// `p` and `cfg` satisfy the kernel's contract.
+pub unsafe fn launch_with_maps(
+    stream: &Arc<CudaStream>,
+    f: &cudarc::driver::CudaFunction,
+    cfg: cudarc::driver::LaunchConfig,
+    maps: &[TensorMap; 3],
+    p: &AttnParams,
+) -> Result<()> {
+    let arg = crate::tc::KernelArg(*p);
+    let global = if tensor_maps_in_global_memory() {
+        let mut bytes = Vec::with_capacity(3 * 128);
+        for m in maps {
+            // SAFETY: CUtensorMap is 128 plain bytes.
+            bytes.extend_from_slice(unsafe { std::slice::from_raw_parts(m as *const TensorMap as *const u8, 128) });
+        }
+        Some(stream.clone_htod(&bytes)?)
+    } else {
+        None
+    };
+    let g_ptr: u64 = match &global {
+        Some(buf) => {
+            use cudarc::driver::DevicePtr;
+            let (ptr, _guard) = buf.device_ptr(stream);
+            ptr
+        }
+        None => 0,
+    };
+    let mut b = stream.launch_builder(f);
+    b.arg(&maps[0]).arg(&maps[1]).arg(&maps[2]).arg(&arg).arg(&g_ptr);
+    // SAFETY: forwarded to the caller; `global` (when used) lives until
+    // after the launch is enqueued and is freed stream-ordered after it.
+    unsafe { b.launch(cfg) }?;
+    drop(global);
+    Ok(())
+}
+
 /// Launches a planned Hopper kernel.
 ///
 /// # Safety
@@ -210,18 +261,14 @@ pub(crate) unsafe fn launch(
     main: &Launch,
     p: &AttnParams,
 ) -> Result<()> {
-    let [tq, tk, tv] = tensor_maps(k, p)?;
+    let maps = tensor_maps(k, p)?;
     let (f, cfg) = fa.prepare(main)?;
-    let arg = crate::tc::KernelArg(*p);
-    let mut b = stream.launch_builder(f);
-    b.arg(&tq).arg(&tk).arg(&tv).arg(&arg);
-    // SAFETY: `flash_fwd_hopper_*(tq, tk, tv: TensorMap, p: AttnParams)`
-    // takes exactly these four by value; the maps describe the buffers `p`
-    // names (encoded above from the same pointers, shapes and strides); the
-    // caller guarantees the buffers; `cfg` has 384 threads, the kernel's
-    // grid and its dynamic shared memory (within the limit set at load).
-    unsafe { b.launch(cfg) }?;
-    Ok(())
+    // SAFETY: `flash_fwd_hopper_*(tq, tk, tv: TensorMap, p: AttnParams,
+    // g_tmaps: u64)`; the maps describe the buffers `p` names (encoded above
+    // from the same pointers, shapes and strides); the caller guarantees the
+    // buffers; `cfg` has 384 threads, the kernel's grid and its dynamic
+    // shared memory (within the limit set at load).
+    unsafe { launch_with_maps(stream, f, cfg, &maps, p) }
 }
 
 /// Launches the Hopper kernel `k` on a parameter block filled by the caller

@@ -17,7 +17,7 @@
 //! On other GPUs (or with no GPU) the tests print why and pass, except that
 //! `FA_REQUIRE_GPU=1` without any GPU fails (as every GPU test).
 
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, LaunchConfig};
 use flash_attn::dispatch::Plan;
 use flash_attn::hopper::{HOPPER_KERNELS, PROBE_SMEM_BYTES, TensorMap};
 use flash_attn::reference;
@@ -222,12 +222,10 @@ fn probe<T: AttnElem>(g: &Gpu, rng: &mut Rng, name: &str) {
     };
     let f = g.fa.function(name).expect("probe kernel loaded");
     let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: PROBE_SMEM_BYTES };
-    let arg = flash_attn::tc::KernelArg(p);
-    let mut b = s.launch_builder(f);
-    b.arg(&tq).arg(&tk).arg(&tv).arg(&arg);
-    // SAFETY: the probe takes (TensorMap ×3, AttnParams) by value; the maps
-    // describe dq, dk, dv; scratch and o hold 64 × 128 f32 each.
-    unsafe { b.launch(cfg) }.unwrap();
+    // SAFETY: the probe takes (TensorMap ×3, AttnParams, u64) by value; the
+    // maps describe dq, dk, dv; scratch and o hold 64 × 128 f32 each.
+    unsafe { flash_attn::hopper::launch_with_maps(s, f, cfg, &[tq, tk, tv], &p) }.unwrap();
+    println!("{name}: tensor maps in global memory: {}", flash_attn::hopper::tensor_maps_in_global_memory());
     s.synchronize().unwrap();
     let (sg, og) = (s.clone_dtoh(&ds).unwrap(), s.clone_dtoh(&dout).unwrap());
 

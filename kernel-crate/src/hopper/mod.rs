@@ -10,8 +10,10 @@
 //!   the tensor-map parameter bit-exactly on the GPU.
 //!
 //! Entry points take three tensor maps (Q, K, V; 128 bytes each, by value,
-//! first so that their parameter offsets are 0, 128, 256) and then the
-//! [`AttnParams`] every other kernel takes. They are compiled only into the
+//! first so that their parameter offsets are 0, 128, 256), then the
+//! [`AttnParams`] every other kernel takes, then `g_tmaps`: 0, or the
+//! address of the same three maps in global memory (384 bytes, 64-byte
+//! aligned), which the kernel then reads instead of its parameters. They are compiled only into the
 //! sm_90a PTX (`--cfg fa_sm90a`), and `host-crate/build.rs` adds `.maxntid`
 //! and `.minnctapersm 1` to their entries so that `setmaxnreg` is honoured.
 
@@ -126,10 +128,16 @@ macro_rules! hopper_kernels {
         /// with `HOPPER_THREADS` threads, `HopperSmem::new(D, Bc).request_bytes()`
         /// bytes of dynamic shared memory, `ceil(seqlen_q / Br)·batch·nheads` blocks.
         #[unsafe(no_mangle)]
-        pub unsafe extern "ptx-kernel" fn $name(_tq: TensorMap, _tk: TensorMap, _tv: TensorMap, p: AttnParams) {
-            let tq = crate::param_generic_addr!(concat!(stringify!($name), "_param_0"));
-            let tk = crate::param_generic_addr!(concat!(stringify!($name), "_param_1"));
-            let tv = crate::param_generic_addr!(concat!(stringify!($name), "_param_2"));
+        pub unsafe extern "ptx-kernel" fn $name(_tq: TensorMap, _tk: TensorMap, _tv: TensorMap, p: AttnParams, g_tmaps: u64) {
+            let (tq, tk, tv) = if g_tmaps != 0 {
+                (g_tmaps, g_tmaps + 128, g_tmaps + 256)
+            } else {
+                (
+                    crate::param_generic_addr!(concat!(stringify!($name), "_param_0")),
+                    crate::param_generic_addr!(concat!(stringify!($name), "_param_1")),
+                    crate::param_generic_addr!(concat!(stringify!($name), "_param_2")),
+                )
+            };
             // SAFETY: forwarded to the host's launch.
             unsafe { fwd::forward::<$t, $d, $bc, { $d / 8 }, { $bc / 8 }>(tq, tk, tv, &p) }
         }
@@ -158,10 +166,16 @@ macro_rules! probe_kernels {
         /// # Safety
         /// As above; 128 threads, one block, `probe::PROBE_SMEM` bytes.
         #[unsafe(no_mangle)]
-        pub unsafe extern "ptx-kernel" fn $name(_tq: TensorMap, _tk: TensorMap, _tv: TensorMap, p: AttnParams) {
-            let tq = crate::param_generic_addr!(concat!(stringify!($name), "_param_0"));
-            let tk = crate::param_generic_addr!(concat!(stringify!($name), "_param_1"));
-            let tv = crate::param_generic_addr!(concat!(stringify!($name), "_param_2"));
+        pub unsafe extern "ptx-kernel" fn $name(_tq: TensorMap, _tk: TensorMap, _tv: TensorMap, p: AttnParams, g_tmaps: u64) {
+            let (tq, tk, tv) = if g_tmaps != 0 {
+                (g_tmaps, g_tmaps + 128, g_tmaps + 256)
+            } else {
+                (
+                    crate::param_generic_addr!(concat!(stringify!($name), "_param_0")),
+                    crate::param_generic_addr!(concat!(stringify!($name), "_param_1")),
+                    crate::param_generic_addr!(concat!(stringify!($name), "_param_2")),
+                )
+            };
             // SAFETY: forwarded to the host's launch.
             unsafe { probe::probe::<$t>(tq, tk, tv, &p) }
         }
