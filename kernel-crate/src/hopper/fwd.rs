@@ -29,7 +29,8 @@ use crate::arch::sreg;
 use crate::arch::sync::sync_threads;
 use crate::arch::tma::{prefetch_tensormap, tma_load_4d};
 use crate::arch::wgmma::{wgmma_commit, wgmma_fence, wgmma_wait};
-use crate::tc::fa2::{clamp_keys, mask, quad_sum, softmax_step};
+use crate::arch::shfl::vote_all;
+use crate::tc::fa2::{clamp_keys, exp_row, mask, quad_sum, row_max, scale_row};
 use crate::tc::{Elem16, pack};
 use flash_attn_common::hopper::{
     HOPPER_BR, HOPPER_CONSUMER_REGS, HOPPER_CONSUMER_WGS, HOPPER_PRODUCER_REGS, HopperSmem, hopper_tile_bytes,
@@ -47,13 +48,13 @@ const PANEL_ROW_BYTES: usize = 128;
 /// addresses of the parameters) for q, k, v with boxes `64 × Br` and
 /// `64 × Bc`; `p` valid; the launch shape of `HopperSmem`/`HOPPER_THREADS`.
 #[inline(always)]
-pub unsafe fn forward<T: Elem16, const D: usize, const BC: usize, const DN: usize, const BCN: usize>(
+pub unsafe fn forward<T: Elem16, const D: usize, const BC: usize, const DN: usize, const BCN: usize, const BCK: usize>(
     tq: u64,
     tk: u64,
     tv: u64,
     p: &AttnParams,
 ) {
-    const { assert!(DN * 8 == D && BCN * 8 == BC && D % 64 == 0 && BC % 16 == 0 && HOPPER_CONSUMER_WGS == 2) };
+    const { assert!(DN * 8 == D && BCN * 8 == BC && BCK * 16 == BC && D % 64 == 0 && BC % 16 == 0 && HOPPER_CONSUMER_WGS == 2) };
     let lay = const { HopperSmem::new(D, BC) };
     let q_bytes = hopper_tile_bytes(HOPPER_BR, D) as u32;
     let kv_bytes = hopper_tile_bytes(BC, D) as u32;
@@ -153,56 +154,59 @@ pub unsafe fn forward<T: Elem16, const D: usize, const BC: usize, const DN: usiz
         unsafe { mbarrier_wait(bar_q, 0) };
     }
     let row0 = q0 + cw * 64 + warp * 16 + g;
+    let lim = [p.causal_key_limit(row0 as u32).min(nk as i64), p.causal_key_limit(row0 as u32 + 8).min(nk as i64)];
 
-    for it in 0..n_blocks {
-        let j = n_blocks - 1 - it;
-        let s = (it & 1) as u32;
-        let phase = (it / 2) as u32 & 1;
-
-        // S = Q·K_jᵀ
-        // SAFETY: armed by the producer; K_j lands before the phase completes.
-        unsafe { mbarrier_wait(bar_k_full(s), phase) };
-        let mut r_s = [[[0f32; 4]; BCN]; 1];
-        wgmma_fence();
-        for kk in 0..D / 16 {
-            let off = (kk / 4) * PANEL_ROW_BYTES;
-            let da = desc_kmajor(s_q_wg + ((kk / 4) * HOPPER_BR * PANEL_ROW_BYTES + (kk % 4) * 32) as u32);
-            let db = desc_kmajor(s_k(s) + (off * BC + (kk % 4) * 32) as u32);
-            // SAFETY: Q and K_j landed (their barriers completed); neither is
-            // rewritten before this warpgroup arrives on the empty barrier.
-            unsafe { mma_ss::<T, BCN>(&mut r_s[0], da, db, (kk > 0) as u32) };
-        }
-        wgmma_commit();
+    if n_blocks > 0 {
+        // Intra-warpgroup overlap (FA3): while O += P_{i−1}·V_{i−1} runs on
+        // the tensor cores, the softmax of S_i = Q·K_iᵀ runs on the FMA/MUFU
+        // units. Order per iteration: issue S_i, issue P_{i−1}·V_{i−1},
+        // wait_group 1 (S_i done), softmax(S_i), wait_group 0 (O done),
+        // release stage i−1, O *= alpha_i.
+        // SAFETY (waits): barriers armed by the producer for every block.
+        unsafe { mbarrier_wait(bar_k_full(0), 0) };
+        let mut r_s = [[0f32; 4]; BCN];
+        issue_qk::<T, D, BC, BCN>(&mut r_s, s_q_wg, s_k(0));
         wgmma_wait::<0>();
-        acc_fence(&mut r_s[0]);
-
-        // Mask (causal diagonal blocks, the key tail), online softmax.
-        let k0 = j * BC;
-        if k0 + BC > mask_from {
-            let lim = [p.causal_key_limit(row0 as u32).min(nk as i64), p.causal_key_limit(row0 as u32 + 8).min(nk as i64)];
-            mask::<BCN>(&mut r_s[0], k0, t, lim);
-            softmax_step::<BCN, DN, 1, true>(&mut r_s, &mut r_o, &mut st, scale_log2);
-        } else {
-            softmax_step::<BCN, DN, 1, false>(&mut r_s, &mut r_o, &mut st, scale_log2);
+        acc_fence(&mut r_s);
+        softmax_block::<BC, BCN>(&mut r_s, &mut st, n_blocks - 1, mask_from, t, lim, scale_log2); // O = 0: alpha irrelevant
+        // P is carried between iterations packed (Bc/4 registers, not Bc/2):
+        // the d = 256 kernel spilled with the f32 copy live.
+        let mut r_p = pack_p::<T, BCN, BCK>(&r_s);
+        for it in 1..n_blocks {
+            let j = n_blocks - 1 - it;
+            let (s, sp) = ((it & 1) as u32, ((it - 1) & 1) as u32);
+            let (phase, phase_p) = ((it / 2) as u32 & 1, ((it - 1) / 2) as u32 & 1);
+            let mut r_s_next = [[0f32; 4]; BCN];
+            // SAFETY: see above.
+            unsafe { mbarrier_wait(bar_k_full(s), phase) };
+            issue_qk::<T, D, BC, BCN>(&mut r_s_next, s_q_wg, s_k(s));
+            // SAFETY: see above.
+            unsafe { mbarrier_wait(bar_v_full(sp), phase_p) };
+            issue_pv::<T, BC, DN, BCK>(&mut r_o[0], &r_p, s_v(sp));
+            wgmma_wait::<1>();
+            acc_fence(&mut r_s_next);
+            let alpha = softmax_block::<BC, BCN>(&mut r_s_next, &mut st, j, mask_from, t, lim, scale_log2);
+            wgmma_wait::<0>();
+            acc_fence(&mut r_o[0]);
+            // SAFETY: initialized barrier; the products reading stage sp completed.
+            unsafe { mbarrier_arrive(bar_empty(sp)) };
+            if !vote_all(alpha[0] == 1.0 && alpha[1] == 1.0) {
+                for n in 0..DN {
+                    for e in 0..4 {
+                        r_o[0][n][e] *= alpha[e >> 1];
+                    }
+                }
+            }
+            r_p = pack_p::<T, BCN, BCK>(&r_s_next);
         }
-
-        // O += P·V_j
-        // SAFETY: as for K.
-        unsafe { mbarrier_wait(bar_v_full(s), phase) };
-        wgmma_fence();
-        for kk in 0..BC / 16 {
-            let (s0, s1) = (&r_s[0][2 * kk], &r_s[0][2 * kk + 1]);
-            let a = [pack::<T>(s0[0], s0[1]), pack::<T>(s0[2], s0[3]), pack::<T>(s1[0], s1[1]), pack::<T>(s1[2], s1[3])];
-            let db = desc_mnmajor(s_v(s) + (kk * 16 * PANEL_ROW_BYTES) as u32, (BC * PANEL_ROW_BYTES) as u32);
-            // SAFETY: V_j landed; rewritten only after the empty barrier.
-            unsafe { mma_rs::<T, DN>(&mut r_o[0], a, db, 1) };
-        }
-        wgmma_commit();
+        let sl = ((n_blocks - 1) & 1) as u32;
+        // SAFETY: see above.
+        unsafe { mbarrier_wait(bar_v_full(sl), ((n_blocks - 1) / 2) as u32 & 1) };
+        issue_pv::<T, BC, DN, BCK>(&mut r_o[0], &r_p, s_v(sl));
         wgmma_wait::<0>();
         acc_fence(&mut r_o[0]);
-        // SAFETY: initialized barrier; this thread's products reading stage s
-        // have completed (wait_group 0).
-        unsafe { mbarrier_arrive(bar_empty(s)) };
+        // SAFETY: as above (not needed by the producer, kept for symmetry).
+        unsafe { mbarrier_arrive(bar_empty(sl)) };
     }
 
     // ---- epilogue: one 1/l, store O and the logsumexp -------------------------
@@ -226,4 +230,84 @@ pub unsafe fn forward<T: Elem16, const D: usize, const BC: usize, const DN: usiz
             }
         }
     }
+}
+
+/// Issues `S = Q·Kᵀ` (`D/16` products, one commit group) for the
+/// warpgroup's 64 rows of Q at `s_q_wg` and the K tile at `s_k`.
+#[inline(always)]
+fn issue_qk<T: Elem16, const D: usize, const BC: usize, const BCN: usize>(r_s: &mut [[f32; 4]; BCN], s_q_wg: u32, s_k: u32) {
+    wgmma_fence();
+    for kk in 0..D / 16 {
+        let da = desc_kmajor(s_q_wg + ((kk / 4) * HOPPER_BR * PANEL_ROW_BYTES + (kk % 4) * 32) as u32);
+        let db = desc_kmajor(s_k + ((kk / 4) * BC * PANEL_ROW_BYTES + (kk % 4) * 32) as u32);
+        // SAFETY: Q and K landed (their barriers completed); neither is
+        // rewritten before this warpgroup arrives on the empty barrier.
+        unsafe { mma_ss::<T, BCN>(r_s, da, db, (kk > 0) as u32) };
+    }
+    wgmma_commit();
+}
+
+/// The probabilities (S accumulator layout, f32) as the register A operand
+/// of `P·V`: k16 step `kk` takes accumulator columns `16kk..16kk+16`.
+#[inline(always)]
+fn pack_p<T: Elem16, const BCN: usize, const BCK: usize>(r_s: &[[f32; 4]; BCN]) -> [[u32; 4]; BCK] {
+    let mut r_p = [[0u32; 4]; BCK];
+    for kk in 0..BCK {
+        let (s0, s1) = (&r_s[2 * kk], &r_s[2 * kk + 1]);
+        r_p[kk] = [pack::<T>(s0[0], s0[1]), pack::<T>(s0[2], s0[3]), pack::<T>(s1[0], s1[1]), pack::<T>(s1[2], s1[3])];
+    }
+    r_p
+}
+
+/// Issues `O += P·V` (`Bc/16` products, one commit group), P the packed
+/// register A operand, V the tile at `s_v`.
+#[inline(always)]
+fn issue_pv<T: Elem16, const BC: usize, const DN: usize, const BCK: usize>(
+    r_o: &mut [[f32; 4]; DN],
+    r_p: &[[u32; 4]; BCK],
+    s_v: u32,
+) {
+    wgmma_fence();
+    for kk in 0..BCK {
+        let a = r_p[kk];
+        let db = desc_mnmajor(s_v + (kk * 16 * PANEL_ROW_BYTES) as u32, (BC * PANEL_ROW_BYTES) as u32);
+        // SAFETY: V landed; rewritten only after the empty barrier.
+        unsafe { mma_rs::<T, DN>(r_o, a, db, 1) };
+    }
+    wgmma_commit();
+}
+
+/// The softmax of block `j`: mask (diagonal and tail blocks), scale, new
+/// row maxima, `P = exp2(S − m)` in place, row sums; returns the O rescale
+/// factors of the thread's two rows (applied by the caller once the O
+/// accumulators are no longer in flight).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn softmax_block<const BC: usize, const BCN: usize>(
+    r_s: &mut [[f32; 4]; BCN],
+    st: &mut [[RowState<f32>; 2]; 1],
+    j: usize,
+    mask_from: usize,
+    t: usize,
+    lim: [i64; 2],
+    scale_log2: f32,
+) -> [f32; 2] {
+    let k0 = j * BC;
+    let masked = k0 + BC > mask_from;
+    if masked {
+        mask::<BCN>(r_s, k0, t, lim);
+    }
+    let mut alpha = [1f32; 2];
+    for r in 0..2 {
+        if masked {
+            scale_row::<BCN, true>(r_s, r, scale_log2);
+        } else {
+            scale_row::<BCN, false>(r_s, r, scale_log2);
+        }
+        let (a, m_safe) = st[0][r].rescale(row_max::<BCN>(r_s, r));
+        alpha[r] = a;
+        let sum = exp_row::<BCN>(r_s, r, m_safe);
+        st[0][r].accumulate(sum);
+    }
+    alpha
 }

@@ -139,7 +139,7 @@ macro_rules! hopper_kernels {
                 )
             };
             // SAFETY: forwarded to the host's launch.
-            unsafe { fwd::forward::<$t, $d, $bc, { $d / 8 }, { $bc / 8 }>(tq, tk, tv, &p) }
+            unsafe { fwd::forward::<$t, $d, $bc, { $d / 8 }, { $bc / 8 }, { $bc / 16 }>(tq, tk, tv, &p) }
         }
     )*};
 }
