@@ -59,6 +59,11 @@ pub const HOPPER_KERNELS: &[HopperKernel] = &[
     HopperKernel { name: "flash_fwd_hopper_bf16_d128_bc128", bf16: true, d: 128, bc: 128 },
     HopperKernel { name: "flash_fwd_hopper_f16_d256_bc64", bf16: false, d: 256, bc: 64 },
     HopperKernel { name: "flash_fwd_hopper_bf16_d256_bc64", bf16: true, d: 256, bc: 64 },
+    // Candidates (not the default of their head dim: `find` takes the first).
+    HopperKernel { name: "flash_fwd_hopper_f16_d64_bc192", bf16: false, d: 64, bc: 192 },
+    HopperKernel { name: "flash_fwd_hopper_bf16_d64_bc192", bf16: true, d: 64, bc: 192 },
+    HopperKernel { name: "flash_fwd_hopper_f16_d128_bc176", bf16: false, d: 128, bc: 176 },
+    HopperKernel { name: "flash_fwd_hopper_bf16_d128_bc176", bf16: true, d: 128, bc: 176 },
 ];
 
 /// The probe kernels (one warpgroup, one 64 × 128 tile at d = 128; see
@@ -85,9 +90,14 @@ impl HopperKernel {
         let n = seqlen_q.div_ceil(HOPPER_BR).checked_mul(batch.checked_mul(nheads)?)?;
         u32::try_from(n).ok().filter(|&n| n <= i32::MAX as u32 && n > 0)
     }
-    /// The kernel for a dtype and head dim, if one is compiled.
+    /// The default kernel for a dtype and head dim, if one is compiled.
     pub fn find(bf16: bool, d: usize) -> Option<&'static HopperKernel> {
         HOPPER_KERNELS.iter().find(|k| k.bf16 == bf16 && k.d == d)
+    }
+
+    /// The kernel for a dtype, head dim and Bc, if one is compiled.
+    pub fn find_bc(bf16: bool, d: usize, bc: usize) -> Option<&'static HopperKernel> {
+        HOPPER_KERNELS.iter().find(|k| k.bf16 == bf16 && k.d == d && k.bc == bc)
     }
 }
 

@@ -6,7 +6,7 @@
 //! [`HOPPER_CONSUMER_WGS`] consumer warpgroups of 64 query rows each, so
 //! `Br = 128`. Shared memory (from a 1024-byte aligned base, 128B-swizzled
 //! tiles stored as 64-column panels of `rows × 128` bytes):
-//! `Q (Br × d) | K stage 0, 1 (Bc × d) | V stage 0, 1 (Bc × d) | 7 mbarriers`.
+//! `Q (Br × d) | K stage 0, 1 (Bc × d) | V stage 0, 1 (Bc × d) | 9 mbarriers`.
 
 /// Consumer warpgroups per block (64 query rows each).
 pub const HOPPER_CONSUMER_WGS: usize = 2;
@@ -29,7 +29,8 @@ pub struct HopperSmem {
     pub q: usize,
     pub k: [usize; HOPPER_STAGES],
     pub v: [usize; HOPPER_STAGES],
-    /// The mbarriers: Q full, K full ×2, V full ×2, K/V empty ×2 (8 bytes each).
+    /// The mbarriers: Q full, K full ×2, V full ×2, K empty ×2, V empty ×2
+    /// (8 bytes each).
     pub bars: usize,
     /// Bytes used from the aligned base.
     pub used: usize,
@@ -42,7 +43,7 @@ impl HopperSmem {
         let k = [q_bytes, q_bytes + kv];
         let v = [q_bytes + 2 * kv, q_bytes + 3 * kv];
         let bars = q_bytes + 4 * kv;
-        Self { q: 0, k, v, bars, used: bars + 8 * 7 }
+        Self { q: 0, k, v, bars, used: bars + 8 * 9 }
     }
 
     /// Dynamic shared memory to request: what is used plus 1 KB of slack to

@@ -6,7 +6,7 @@ hand; run `python3 kernel-crate/src/arch/gen_wgmma.py` after changing NS.
 """
 import os
 
-SS_NS = [64, 128, 192]    # S = Q·Kᵀ: N = Bc
+SS_NS = [64, 128, 176, 192]    # S = Q·Kᵀ: N = Bc
 RS_NS = [64, 128, 256]    # O += P·V: N = d
 ACC_NS = sorted(set(SS_NS + RS_NS))
 DTS = [("f16", "f16"), ("bf16", "bf16")]

@@ -5,17 +5,20 @@
 //!
 //! * **Producer** (warpgroup 0, `setmaxnreg.dec` to 24): thread 0 loads the
 //!   Q tile once (its own mbarrier), then for each K/V block `j` (last
-//!   first: the masked blocks come first) waits until stage `it % 2` is
-//!   free (the *empty* barrier), arms the stage's K and V *full* barriers
-//!   with the tile bytes and issues their TMA copies (64-column panels,
-//!   128B swizzle, rows past seqlen zero-filled).
+//!   first: the masked blocks come first) waits until K stage `it % 2` is
+//!   free (its *empty* barrier), arms the stage's K *full* barrier with the
+//!   tile bytes and issues the TMA copies (64-column panels, 128B swizzle,
+//!   rows past seqlen zero-filled); then the same for V.
 //! * **Consumers** (warpgroups 1, 2, `setmaxnreg.inc` to 240): 64 query rows
 //!   each. Per block: wait K full; `S = Q·K_jᵀ` (`wgmma` m64n{Bc}k16, both
 //!   operands in shared memory); mask (diagonal and tail blocks only);
 //!   online softmax in registers (the accumulator layout is the
-//!   `mma.m16n8k16` C layout, so `tc::fa2`'s softmax runs unchanged); wait
-//!   V full; `O += P·V_j` (`wgmma` m64n{d}k16, P from registers, V read
-//!   MN-major); arrive on the stage's empty barrier.
+//!   `mma.m16n8k16` C layout, so `tc::fa2`'s softmax pieces run unchanged);
+//!   wait V full; `O += P·V_j` (`wgmma` m64n{d}k16, P from registers, V read
+//!   MN-major). Intra-warpgroup overlap: `S_{i}` and `P_{i−1}·V_{i−1}` are
+//!   issued together and the softmax of `S_i` runs while `P·V` is on the
+//!   tensor cores; K stages are released when `S_i` completes, V stages
+//!   when `P·V` does.
 //! * **Epilogue**: the quad sums `l`, `O / l` stored straight from the
 //!   accumulators (4-byte pairs), the logsumexp from lanes with `t == 0`.
 
@@ -67,7 +70,8 @@ pub unsafe fn forward<T: Elem16, const D: usize, const BC: usize, const DN: usiz
     let bar_q = base + lay.bars as u32;
     let bar_k_full = |s: u32| bar_q + 8 + 8 * s;
     let bar_v_full = |s: u32| bar_q + 24 + 8 * s;
-    let bar_empty = |s: u32| bar_q + 40 + 8 * s;
+    let bar_k_empty = |s: u32| bar_q + 40 + 8 * s;
+    let bar_v_empty = |s: u32| bar_q + 56 + 8 * s;
 
     let tid = sreg::thread_idx_x() as usize;
     if tid == 0 {
@@ -78,7 +82,8 @@ pub unsafe fn forward<T: Elem16, const D: usize, const BC: usize, const DN: usiz
             for s in 0..2 {
                 mbarrier_init(bar_k_full(s), 1);
                 mbarrier_init(bar_v_full(s), 1);
-                mbarrier_init(bar_empty(s), (128 * HOPPER_CONSUMER_WGS) as u32);
+                mbarrier_init(bar_k_empty(s), (128 * HOPPER_CONSUMER_WGS) as u32);
+                mbarrier_init(bar_v_empty(s), (128 * HOPPER_CONSUMER_WGS) as u32);
             }
             fence_mbarrier_init();
             prefetch_tensormap(tq);
@@ -123,12 +128,17 @@ pub unsafe fn forward<T: Elem16, const D: usize, const BC: usize, const DN: usiz
                     let s = (it & 1) as u32;
                     // Stage s was last read in iteration it − 2 (phase (it/2 − 1) & 1);
                     // for it < 2 parity 1 is the "previous" phase: no wait.
-                    mbarrier_wait(bar_empty(s), ((it / 2) as u32 & 1) ^ 1);
+                    // K and V have their own empty barriers: the consumers are
+                    // done with K_i (S_i complete) an iteration before they are
+                    // done with V_i, and K_{i+2} must not wait for V_i.
+                    let parity = ((it / 2) as u32 & 1) ^ 1;
+                    mbarrier_wait(bar_k_empty(s), parity);
                     let row = (j * BC) as i32;
                     mbarrier_arrive_expect_tx(bar_k_full(s), kv_bytes);
                     for pn in 0..D / 64 {
                         tma_load_4d(s_k(s) + (pn * BC * PANEL_ROW_BYTES) as u32, tk, [64 * pn as i32, row, hi, bi], bar_k_full(s));
                     }
+                    mbarrier_wait(bar_v_empty(s), parity);
                     mbarrier_arrive_expect_tx(bar_v_full(s), kv_bytes);
                     for pn in 0..D / 64 {
                         tma_load_4d(s_v(s) + (pn * BC * PANEL_ROW_BYTES) as u32, tv, [64 * pn as i32, row, hi, bi], bar_v_full(s));
@@ -168,6 +178,8 @@ pub unsafe fn forward<T: Elem16, const D: usize, const BC: usize, const DN: usiz
         issue_qk::<T, D, BC, BCN>(&mut r_s, s_q_wg, s_k(0));
         wgmma_wait::<0>();
         acc_fence(&mut r_s);
+        // SAFETY: initialized barrier; the products reading K stage 0 completed.
+        unsafe { mbarrier_arrive(bar_k_empty(0)) };
         softmax_block::<BC, BCN>(&mut r_s, &mut st, n_blocks - 1, mask_from, t, lim, scale_log2); // O = 0: alpha irrelevant
         // P is carried between iterations packed (Bc/4 registers, not Bc/2):
         // the d = 256 kernel spilled with the f32 copy live.
@@ -185,11 +197,18 @@ pub unsafe fn forward<T: Elem16, const D: usize, const BC: usize, const DN: usiz
             issue_pv::<T, BC, DN, BCK>(&mut r_o[0], &r_p, s_v(sp));
             wgmma_wait::<1>();
             acc_fence(&mut r_s_next);
+            // SAFETY: initialized barrier; S_i (the products reading K stage s) completed.
+            unsafe { mbarrier_arrive(bar_k_empty(s)) };
             let alpha = softmax_block::<BC, BCN>(&mut r_s_next, &mut st, j, mask_from, t, lim, scale_log2);
+            // Pin the softmax above the wait: LLVM would otherwise sink the
+            // (pure) exponentials below it, towards their use in `pack_p`,
+            // and they would no longer overlap P·V (SASS showed half the
+            // MUFU.EX2 after the wait).
+            acc_fence(&mut r_s_next);
             wgmma_wait::<0>();
             acc_fence(&mut r_o[0]);
-            // SAFETY: initialized barrier; the products reading stage sp completed.
-            unsafe { mbarrier_arrive(bar_empty(sp)) };
+            // SAFETY: initialized barrier; the products reading V stage sp completed.
+            unsafe { mbarrier_arrive(bar_v_empty(sp)) };
             if !vote_all(alpha[0] == 1.0 && alpha[1] == 1.0) {
                 for n in 0..DN {
                     for e in 0..4 {
@@ -206,7 +225,7 @@ pub unsafe fn forward<T: Elem16, const D: usize, const BC: usize, const DN: usiz
         wgmma_wait::<0>();
         acc_fence(&mut r_o[0]);
         // SAFETY: as above (not needed by the producer, kept for symmetry).
-        unsafe { mbarrier_arrive(bar_empty(sl)) };
+        unsafe { mbarrier_arrive(bar_v_empty(sl)) };
     }
 
     // ---- epilogue: one 1/l, store O and the logsumexp -------------------------

@@ -70,7 +70,7 @@ fn acc_as<const N8: usize, const M: usize>(d: &mut [[f32; 4]; N8]) -> &mut [[f32
 /// As `wgmma::wgmma_ss_*`.
 #[inline(always)]
 pub unsafe fn mma_ss<T: Elem16, const N8: usize>(d: &mut [[f32; 4]; N8], da: u64, db: u64, scale_d: u32) {
-    const { assert!(N8 == 8 || N8 == 16 || N8 == 24) };
+    const { assert!(N8 == 8 || N8 == 16 || N8 == 22 || N8 == 24) };
     // SAFETY: forwarded to the caller.
     unsafe {
         match (N8, T::IS_BF16) {
@@ -78,6 +78,8 @@ pub unsafe fn mma_ss<T: Elem16, const N8: usize>(d: &mut [[f32; 4]; N8], da: u64
             (8, true) => wgmma::wgmma_ss_m64n64k16_bf16(acc_as(d), da, db, scale_d),
             (16, false) => wgmma::wgmma_ss_m64n128k16_f16(acc_as(d), da, db, scale_d),
             (16, true) => wgmma::wgmma_ss_m64n128k16_bf16(acc_as(d), da, db, scale_d),
+            (22, false) => wgmma::wgmma_ss_m64n176k16_f16(acc_as(d), da, db, scale_d),
+            (22, true) => wgmma::wgmma_ss_m64n176k16_bf16(acc_as(d), da, db, scale_d),
             (_, false) => wgmma::wgmma_ss_m64n192k16_f16(acc_as(d), da, db, scale_d),
             (_, true) => wgmma::wgmma_ss_m64n192k16_bf16(acc_as(d), da, db, scale_d),
         }
@@ -107,10 +109,11 @@ pub unsafe fn mma_rs<T: Elem16, const N8: usize>(d: &mut [[f32; 4]; N8], a: [u32
 /// The accumulator fence (see `wgmma::acc_fence_n*`) for `N8 · 8` columns.
 #[inline(always)]
 pub fn acc_fence<const N8: usize>(d: &mut [[f32; 4]; N8]) {
-    const { assert!(N8 == 8 || N8 == 16 || N8 == 24 || N8 == 32) };
+    const { assert!(N8 == 8 || N8 == 16 || N8 == 22 || N8 == 24 || N8 == 32) };
     match N8 {
         8 => wgmma::acc_fence_n64(acc_as(d)),
         16 => wgmma::acc_fence_n128(acc_as(d)),
+        22 => wgmma::acc_fence_n176(acc_as(d)),
         24 => wgmma::acc_fence_n192(acc_as(d)),
         _ => wgmma::acc_fence_n256(acc_as(d)),
     }
@@ -153,6 +156,11 @@ hopper_kernels! {
     flash_fwd_hopper_bf16_d128_bc128: Bf16, d = 128, bc = 128;
     flash_fwd_hopper_f16_d256_bc64: F16, d = 256, bc = 64;
     flash_fwd_hopper_bf16_d256_bc64: Bf16, d = 256, bc = 64;
+    // Candidates measured against the defaults above (docs/perf-notes.md).
+    flash_fwd_hopper_f16_d64_bc192: F16, d = 64, bc = 192;
+    flash_fwd_hopper_bf16_d64_bc192: Bf16, d = 64, bc = 192;
+    flash_fwd_hopper_f16_d128_bc176: F16, d = 128, bc = 176;
+    flash_fwd_hopper_bf16_d128_bc176: Bf16, d = 128, bc = 176;
 }
 
 /// The probe kernels (one warpgroup, d = 128, one 64 × 128 tile).

@@ -1055,7 +1055,12 @@ fn run_ours(
                     .map(Which::Tc)
                     .ok_or_else(|| "no FA2 tensor-core kernel for this dtype/d".into()),
                 "hopper" if !has_hopper => Err(format!("no sm_90a build on this device ({build_arch})")),
-                "hopper" => flash_attn::hopper::HopperKernel::find(c.dtype == Dtype::Bf16, c.d)
+                // FA_BENCH_HOPPER_BC=<Bc>: a candidate tile instead of the default.
+                "hopper" => std::env::var("FA_BENCH_HOPPER_BC")
+                    .ok()
+                    .and_then(|v| v.parse().ok())
+                    .and_then(|bc| flash_attn::hopper::HopperKernel::find_bc(c.dtype == Dtype::Bf16, c.d, bc))
+                    .or_else(|| flash_attn::hopper::HopperKernel::find(c.dtype == Dtype::Bf16, c.d))
                     .map(Which::Hopper)
                     .ok_or_else(|| "no Hopper kernel for this dtype/d".into()),
                 "fa1" if fa1_skip => Err(format!(
