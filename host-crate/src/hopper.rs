@@ -51,19 +51,31 @@ pub struct HopperKernel {
 }
 
 /// Every Hopper kernel compiled into the sm_90a PTX (mirrors
-/// `hopper_kernels!` in `kernel-crate/src/hopper/mod.rs`).
+/// `hopper_kernels!` in `kernel-crate/src/hopper/mod.rs`). The first entry
+/// of a (dtype, d) is the default ([`HopperKernel::find`]); the others are
+/// the candidates it was measured against (docs/perf-notes.md, Hopper
+/// section). Suffixes: `_ov` intra-warpgroup overlap, `_pp` pingpong.
 pub const HOPPER_KERNELS: &[HopperKernel] = &[
-    HopperKernel { name: "flash_fwd_hopper_f16_d64_bc128", bf16: false, d: 64, bc: 128 },
-    HopperKernel { name: "flash_fwd_hopper_bf16_d64_bc128", bf16: true, d: 64, bc: 128 },
+    HopperKernel { name: "flash_fwd_hopper_f16_d64_bc192_ov", bf16: false, d: 64, bc: 192 },
+    HopperKernel { name: "flash_fwd_hopper_bf16_d64_bc192_ov", bf16: true, d: 64, bc: 192 },
+    HopperKernel { name: "flash_fwd_hopper_f16_d64_bc128_ov", bf16: false, d: 64, bc: 128 },
+    HopperKernel { name: "flash_fwd_hopper_bf16_d64_bc128_ov", bf16: true, d: 64, bc: 128 },
+    HopperKernel { name: "flash_fwd_hopper_f16_d64_bc192_ov_pp", bf16: false, d: 64, bc: 192 },
+    HopperKernel { name: "flash_fwd_hopper_bf16_d64_bc192_ov_pp", bf16: true, d: 64, bc: 192 },
+    HopperKernel { name: "flash_fwd_hopper_f16_d128_bc128_ov_pp", bf16: false, d: 128, bc: 128 },
+    HopperKernel { name: "flash_fwd_hopper_bf16_d128_bc128_ov_pp", bf16: true, d: 128, bc: 128 },
     HopperKernel { name: "flash_fwd_hopper_f16_d128_bc128", bf16: false, d: 128, bc: 128 },
     HopperKernel { name: "flash_fwd_hopper_bf16_d128_bc128", bf16: true, d: 128, bc: 128 },
+    HopperKernel { name: "flash_fwd_hopper_f16_d128_bc128_ov", bf16: false, d: 128, bc: 128 },
+    HopperKernel { name: "flash_fwd_hopper_bf16_d128_bc128_ov", bf16: true, d: 128, bc: 128 },
+    HopperKernel { name: "flash_fwd_hopper_f16_d128_bc176_ov_pp", bf16: false, d: 128, bc: 176 },
+    HopperKernel { name: "flash_fwd_hopper_bf16_d128_bc176_ov_pp", bf16: true, d: 128, bc: 176 },
     HopperKernel { name: "flash_fwd_hopper_f16_d256_bc64", bf16: false, d: 256, bc: 64 },
     HopperKernel { name: "flash_fwd_hopper_bf16_d256_bc64", bf16: true, d: 256, bc: 64 },
-    // Candidates (not the default of their head dim: `find` takes the first).
-    HopperKernel { name: "flash_fwd_hopper_f16_d64_bc192", bf16: false, d: 64, bc: 192 },
-    HopperKernel { name: "flash_fwd_hopper_bf16_d64_bc192", bf16: true, d: 64, bc: 192 },
-    HopperKernel { name: "flash_fwd_hopper_f16_d128_bc176", bf16: false, d: 128, bc: 176 },
-    HopperKernel { name: "flash_fwd_hopper_bf16_d128_bc176", bf16: true, d: 128, bc: 176 },
+    HopperKernel { name: "flash_fwd_hopper_f16_d256_bc64_ov", bf16: false, d: 256, bc: 64 },
+    HopperKernel { name: "flash_fwd_hopper_bf16_d256_bc64_ov", bf16: true, d: 256, bc: 64 },
+    HopperKernel { name: "flash_fwd_hopper_f16_d256_bc64_ov_pp", bf16: false, d: 256, bc: 64 },
+    HopperKernel { name: "flash_fwd_hopper_bf16_d256_bc64_ov_pp", bf16: true, d: 256, bc: 64 },
 ];
 
 /// The probe kernels (one warpgroup, one 64 × 128 tile at d = 128; see
@@ -95,9 +107,11 @@ impl HopperKernel {
         HOPPER_KERNELS.iter().find(|k| k.bf16 == bf16 && k.d == d)
     }
 
-    /// The kernel for a dtype, head dim and Bc, if one is compiled.
-    pub fn find_bc(bf16: bool, d: usize, bc: usize) -> Option<&'static HopperKernel> {
-        HOPPER_KERNELS.iter().find(|k| k.bf16 == bf16 && k.d == d && k.bc == bc)
+    /// The kernel for a dtype and head dim whose name ends with
+    /// `_d{d}_{variant}` (e.g. `bc128_ov_pp`), if one is compiled.
+    pub fn find_variant(bf16: bool, d: usize, variant: &str) -> Option<&'static HopperKernel> {
+        let tail = format!("_d{d}_{variant}");
+        HOPPER_KERNELS.iter().find(|k| k.bf16 == bf16 && k.d == d && k.name.ends_with(&tail))
     }
 }
 

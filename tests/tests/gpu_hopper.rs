@@ -19,7 +19,7 @@
 
 use cudarc::driver::{CudaSlice, LaunchConfig};
 use flash_attn::dispatch::Plan;
-use flash_attn::hopper::{HOPPER_KERNELS, PROBE_SMEM_BYTES, TensorMap};
+use flash_attn::hopper::{HOPPER_KERNELS, HopperKernel, PROBE_SMEM_BYTES, TensorMap};
 use flash_attn::reference;
 use flash_attn::{AttnElem, DType, LoopOrder, TensorLayout};
 use flash_attn_tests::case::{Case, Inputs, run_gpu, to64};
@@ -126,6 +126,7 @@ fn sweep(test: &str, cases: &[Case]) {
 /// The head dims with a Hopper kernel.
 fn head_dims() -> Vec<usize> {
     let mut d: Vec<usize> = HOPPER_KERNELS.iter().map(|k| k.d).collect();
+    d.sort();
     d.dedup();
     d
 }
@@ -179,6 +180,99 @@ fn gpu_hopper_small() {
         cases.push(Case::new(1, 2, 333, 200, d, true));
     }
     sweep("gpu_hopper_small", &cases);
+}
+
+/// Every compiled Hopper kernel (defaults and candidates), launched directly
+/// on ragged shapes, causal and not, against the f64 reference (same rule).
+#[test]
+fn gpu_hopper_every_kernel() {
+    let test = "gpu_hopper_every_kernel";
+    let Some(g) = hopper(test) else { return };
+    let mut rng = Rng::fresh(test);
+    let mut failures = Vec::new();
+    for (i, k) in HOPPER_KERNELS.iter().enumerate() {
+        for causal in [i % 2 == 0, i % 2 == 1] {
+            let c = Case::new(1, 2, 300 + i, 333 - i, k.d, causal);
+            let res = if k.bf16 { direct::<bf16>(g, k, &c, &mut rng) } else { direct::<f16>(g, k, &c, &mut rng) };
+            match res {
+                Ok(m) => println!("ok   {m}"),
+                Err(m) => {
+                    println!("FAIL {m}");
+                    failures.push(m);
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
+}
+
+/// Runs kernel `k` on `c` through `hopper::launch_params` and checks O and
+/// the logsumexp.
+fn direct<T: AttnElem>(g: &Gpu, k: &HopperKernel, c: &Case, rng: &mut Rng) -> Result<String, String> {
+    use cudarc::driver::{DevicePtr, DevicePtrMut};
+    let s = &g.stream;
+    let x = Inputs::<T>::random(c, rng);
+    let (b, nq, nk, h, d) = (c.batch, c.seqlen_q, c.seqlen_k, c.nheads, c.headdim);
+    let e = |r: cudarc::driver::DriverError| r.to_string();
+    let dq = s.clone_htod(x.q.as_slice().unwrap()).map_err(e)?;
+    let dk = s.clone_htod(x.k.as_slice().unwrap()).map_err(e)?;
+    let dv = s.clone_htod(x.v.as_slice().unwrap()).map_err(e)?;
+    let mut dout = s.clone_htod(&vec![T::from_f32(f32::NAN); b * nq * h * d]).map_err(e)?;
+    let mut dlse = s.clone_htod(&vec![f32::NAN; b * h * nq]).map_err(e)?;
+    let scale = 1.0 / (d as f32).sqrt();
+    let qs = [(nq * h * d) as u64, (h * d) as u64, d as u64];
+    let ks = [(nk * h * d) as u64, (h * d) as u64, d as u64];
+    let p = {
+        let (q_ptr, _g1) = dq.device_ptr(s);
+        let (k_ptr, _g2) = dk.device_ptr(s);
+        let (v_ptr, _g3) = dv.device_ptr(s);
+        let (o_ptr, _g4) = dout.device_ptr_mut(s);
+        let (lse_ptr, _g5) = dlse.device_ptr_mut(s);
+        flash_attn::AttnParams {
+            q_ptr,
+            k_ptr,
+            v_ptr,
+            o_ptr,
+            lse_ptr,
+            q_stride: qs,
+            k_stride: ks,
+            v_stride: ks,
+            o_stride: qs,
+            batch: b as u32,
+            nheads: h as u32,
+            seqlen_q: nq as u32,
+            seqlen_k: nk as u32,
+            headdim: d as u32,
+            causal: c.causal as u32,
+            softmax_scale: scale,
+            softmax_scale_log2: scale * flash_attn::common::LOG2_E,
+            br: k.br() as u32,
+            bc: k.bc as u32,
+            ..Default::default()
+        }
+    };
+    // SAFETY: the buffers hold the contiguous shapes the strides state,
+    // 16-byte aligned (fresh allocations), headdim == k.d.
+    unsafe { flash_attn::hopper::launch_params(&g.fa, s, k, &p) }.map_err(|e| e.to_string())?;
+    s.synchronize().map_err(e)?;
+    let o = s.clone_dtoh(&dout).map_err(e)?;
+    let lse = s.clone_dtoh(&dlse).map_err(e)?;
+    let (q, kk, v) = (to64(&x.q), to64(&x.k), to64(&x.v));
+    let r = reference::standard_attention::<f64>(q.view(), kk.view(), v.view(), c.causal, None).unwrap();
+    let naive = naive_attention(x.q.view(), x.k.view(), x.v.view(), c.causal, None);
+    let naive_err = rel_err(naive.iter().map(|x| x.to_f32() as f64), r.o.iter().copied());
+    let o64: Vec<f64> = o.iter().map(|x| x.to_f32() as f64).collect();
+    let ro: Vec<f64> = r.o.iter().copied().collect();
+    let l64: Vec<f64> = lse.iter().map(|&x| x as f64).collect();
+    let rl: Vec<f64> = r.lse.iter().copied().collect();
+    let e_o = rel_err(o64.iter().copied(), ro.iter().copied());
+    let e_l = rel_err(l64.iter().copied(), rl.iter().copied());
+    let bad = nonfinite_mismatches(&o64, &ro).len() + nonfinite_mismatches(&l64, &rl).len();
+    let msg = format!("{} {}: err(o) = {e_o:.2e}, naive = {naive_err:.2e}, err(lse) = {e_l:.2e}", k.name, c.label());
+    if bad > 0 || !(e_o <= 2.0 * naive_err && e_o < abs_bound::<T>()) || !(e_l < 1e-4) {
+        return Err(format!("{msg}; {bad} non-finite mismatches"));
+    }
+    Ok(msg)
 }
 
 /// One tile through the probe kernel: TMA, swizzle, descriptors, both wgmma

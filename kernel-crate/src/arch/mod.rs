@@ -19,3 +19,5 @@ pub mod setmaxnreg;
 pub mod tma;
 #[cfg(fa_sm90a)]
 pub mod wgmma;
+#[cfg(fa_sm90a)]
+pub mod named_barrier;

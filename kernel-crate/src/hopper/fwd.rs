@@ -23,6 +23,7 @@
 //!   accumulators (4-byte pairs), the logsumexp from lanes with `t == 0`.
 
 use super::{acc_fence, desc_kmajor, desc_mnmajor, mma_rs, mma_ss};
+use crate::arch::named_barrier::{named_bar_arrive, named_bar_sync};
 use crate::arch::mbarrier::{
     fence_mbarrier_init, mbarrier_arrive, mbarrier_arrive_expect_tx, mbarrier_init, mbarrier_wait,
 };
@@ -51,13 +52,22 @@ const PANEL_ROW_BYTES: usize = 128;
 /// addresses of the parameters) for q, k, v with boxes `64 × Br` and
 /// `64 × Bc`; `p` valid; the launch shape of `HopperSmem`/`HOPPER_THREADS`.
 #[inline(always)]
-pub unsafe fn forward<T: Elem16, const D: usize, const BC: usize, const DN: usize, const BCN: usize, const BCK: usize>(
+pub unsafe fn forward<
+    T: Elem16,
+    const D: usize,
+    const BC: usize,
+    const DN: usize,
+    const BCN: usize,
+    const BCK: usize,
+    const OVERLAP: bool,
+    const PINGPONG: bool,
+>(
     tq: u64,
     tk: u64,
     tv: u64,
     p: &AttnParams,
 ) {
-    const { assert!(DN * 8 == D && BCN * 8 == BC && BCK * 16 == BC && D % 64 == 0 && BC % 16 == 0 && HOPPER_CONSUMER_WGS == 2) };
+    const { assert!(DN * 8 == D && BCN * 8 == BC && BCK * 16 == BC && D % 64 == 0 && BC % 16 == 0 && HOPPER_CONSUMER_WGS == 2 && (OVERLAP || !PINGPONG)) };
     let lay = const { HopperSmem::new(D, BC) };
     let q_bytes = hopper_tile_bytes(HOPPER_BR, D) as u32;
     let kv_bytes = hopper_tile_bytes(BC, D) as u32;
@@ -166,16 +176,41 @@ pub unsafe fn forward<T: Elem16, const D: usize, const BC: usize, const DN: usiz
     let row0 = q0 + cw * 64 + warp * 16 + g;
     let lim = [p.causal_key_limit(row0 as u32).min(nk as i64), p.causal_key_limit(row0 as u32 + 8).min(nk as i64)];
 
-    if n_blocks > 0 {
+    // Pingpong (FA3): named barrier 1 + w says "consumer warpgroup w may issue
+    // its GEMMs". Each round a warpgroup waits for its turn, issues, and hands
+    // the turn to the other, so one's softmax runs while the other's GEMMs
+    // do. Warpgroup 1 hands warpgroup 0 the first turn; warpgroup 0 takes a
+    // last one after its loop, so every barrier phase is complete at exit.
+    let turn = |w: usize| 1 + w as u32;
+    let my_turn = || {
+        if PINGPONG {
+            // SAFETY: 128 threads sync and the other warpgroup's 128 arrive
+            // per phase (module docs: both warpgroups run the same rounds).
+            unsafe { named_bar_sync(turn(cw), 256) }
+        }
+    };
+    let pass_turn = || {
+        if PINGPONG {
+            // SAFETY: as above.
+            unsafe { named_bar_arrive(turn(1 - cw), 256) }
+        }
+    };
+    if PINGPONG && cw == 1 {
+        pass_turn();
+    }
+
+    if n_blocks > 0 && OVERLAP {
         // Intra-warpgroup overlap (FA3): while O += P_{i−1}·V_{i−1} runs on
         // the tensor cores, the softmax of S_i = Q·K_iᵀ runs on the FMA/MUFU
         // units. Order per iteration: issue S_i, issue P_{i−1}·V_{i−1},
-        // wait_group 1 (S_i done), softmax(S_i), wait_group 0 (O done),
-        // release stage i−1, O *= alpha_i.
+        // wait_group 1 (S_i done, K stage free), softmax(S_i), wait_group 0
+        // (O done, V stage free), O *= alpha_i.
         // SAFETY (waits): barriers armed by the producer for every block.
         unsafe { mbarrier_wait(bar_k_full(0), 0) };
         let mut r_s = [[0f32; 4]; BCN];
+        my_turn();
         issue_qk::<T, D, BC, BCN>(&mut r_s, s_q_wg, s_k(0));
+        pass_turn();
         wgmma_wait::<0>();
         acc_fence(&mut r_s);
         // SAFETY: initialized barrier; the products reading K stage 0 completed.
@@ -191,10 +226,12 @@ pub unsafe fn forward<T: Elem16, const D: usize, const BC: usize, const DN: usiz
             let mut r_s_next = [[0f32; 4]; BCN];
             // SAFETY: see above.
             unsafe { mbarrier_wait(bar_k_full(s), phase) };
+            my_turn();
             issue_qk::<T, D, BC, BCN>(&mut r_s_next, s_q_wg, s_k(s));
             // SAFETY: see above.
             unsafe { mbarrier_wait(bar_v_full(sp), phase_p) };
             issue_pv::<T, BC, DN, BCK>(&mut r_o[0], &r_p, s_v(sp));
+            pass_turn();
             wgmma_wait::<1>();
             acc_fence(&mut r_s_next);
             // SAFETY: initialized barrier; S_i (the products reading K stage s) completed.
@@ -209,23 +246,47 @@ pub unsafe fn forward<T: Elem16, const D: usize, const BC: usize, const DN: usiz
             acc_fence(&mut r_o[0]);
             // SAFETY: initialized barrier; the products reading V stage sp completed.
             unsafe { mbarrier_arrive(bar_v_empty(sp)) };
-            if !vote_all(alpha[0] == 1.0 && alpha[1] == 1.0) {
-                for n in 0..DN {
-                    for e in 0..4 {
-                        r_o[0][n][e] *= alpha[e >> 1];
-                    }
-                }
-            }
+            rescale_o::<DN>(&mut r_o[0], alpha);
             r_p = pack_p::<T, BCN, BCK>(&r_s_next);
         }
         let sl = ((n_blocks - 1) & 1) as u32;
         // SAFETY: see above.
         unsafe { mbarrier_wait(bar_v_full(sl), ((n_blocks - 1) / 2) as u32 & 1) };
+        my_turn();
         issue_pv::<T, BC, DN, BCK>(&mut r_o[0], &r_p, s_v(sl));
+        pass_turn();
         wgmma_wait::<0>();
         acc_fence(&mut r_o[0]);
         // SAFETY: as above (not needed by the producer, kept for symmetry).
         unsafe { mbarrier_arrive(bar_v_empty(sl)) };
+    } else if n_blocks > 0 {
+        // No overlap: each GEMM waited for at once (step 3 of the notes).
+        for it in 0..n_blocks {
+            let j = n_blocks - 1 - it;
+            let s = (it & 1) as u32;
+            let phase = (it / 2) as u32 & 1;
+            let mut r_s = [[0f32; 4]; BCN];
+            // SAFETY: see above.
+            unsafe { mbarrier_wait(bar_k_full(s), phase) };
+            issue_qk::<T, D, BC, BCN>(&mut r_s, s_q_wg, s_k(s));
+            wgmma_wait::<0>();
+            acc_fence(&mut r_s);
+            // SAFETY: initialized barrier; the products reading K stage s completed.
+            unsafe { mbarrier_arrive(bar_k_empty(s)) };
+            let alpha = softmax_block::<BC, BCN>(&mut r_s, &mut st, j, mask_from, t, lim, scale_log2);
+            rescale_o::<DN>(&mut r_o[0], alpha);
+            let r_p = pack_p::<T, BCN, BCK>(&r_s);
+            // SAFETY: see above.
+            unsafe { mbarrier_wait(bar_v_full(s), phase) };
+            issue_pv::<T, BC, DN, BCK>(&mut r_o[0], &r_p, s_v(s));
+            wgmma_wait::<0>();
+            acc_fence(&mut r_o[0]);
+            // SAFETY: initialized barrier; the products reading V stage s completed.
+            unsafe { mbarrier_arrive(bar_v_empty(s)) };
+        }
+    }
+    if PINGPONG && cw == 0 {
+        my_turn();
     }
 
     // ---- epilogue: one 1/l, store O and the logsumexp -------------------------
@@ -329,4 +390,17 @@ fn softmax_block<const BC: usize, const BCN: usize>(
         st[0][r].accumulate(sum);
     }
     alpha
+}
+
+/// `O *= alpha` per row (thread rows g, g + 8), skipped when no row maximum
+/// moved in the whole warp (one vote instead of `4·DN` multiplies).
+#[inline(always)]
+fn rescale_o<const DN: usize>(r_o: &mut [[f32; 4]; DN], alpha: [f32; 2]) {
+    if !vote_all(alpha[0] == 1.0 && alpha[1] == 1.0) {
+        for n in 0..DN {
+            for e in 0..4 {
+                r_o[n][e] *= alpha[e >> 1];
+            }
+        }
+    }
 }

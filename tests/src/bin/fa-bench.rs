@@ -1055,11 +1055,11 @@ fn run_ours(
                     .map(Which::Tc)
                     .ok_or_else(|| "no FA2 tensor-core kernel for this dtype/d".into()),
                 "hopper" if !has_hopper => Err(format!("no sm_90a build on this device ({build_arch})")),
-                // FA_BENCH_HOPPER_BC=<Bc>: a candidate tile instead of the default.
-                "hopper" => std::env::var("FA_BENCH_HOPPER_BC")
+                // FA_BENCH_HOPPER=<variant> (e.g. bc128_ov_pp): a candidate
+                // kernel instead of the default.
+                "hopper" => std::env::var("FA_BENCH_HOPPER")
                     .ok()
-                    .and_then(|v| v.parse().ok())
-                    .and_then(|bc| flash_attn::hopper::HopperKernel::find_bc(c.dtype == Dtype::Bf16, c.d, bc))
+                    .and_then(|v| flash_attn::hopper::HopperKernel::find_variant(c.dtype == Dtype::Bf16, c.d, &v))
                     .or_else(|| flash_attn::hopper::HopperKernel::find(c.dtype == Dtype::Bf16, c.d))
                     .map(Which::Hopper)
                     .ok_or_else(|| "no Hopper kernel for this dtype/d".into()),
