@@ -19,8 +19,11 @@ const ARCHS: &[(&str, &str)] = &[("sm_80", "+ptx71"), ("sm_90", "+ptx80"), ("sm_
 /// directives their entries get: `setmaxnreg` is ignored (ptxas C7508)
 /// unless the kernel has a register cap at entry, which `.maxntid` with
 /// `.minnctapersm 1` gives (rustc has no launch-bounds attribute).
+/// Threads: 128 per warpgroup, the producer and 2 consumers, or 3 consumers
+/// for the kernels named `*_w3`.
 const HOPPER_ENTRY_PREFIX: &str = ".entry flash_fwd_hopper_";
 const HOPPER_ENTRY_DIRECTIVES: &str = ".maxntid 384, 1, 1\n.minnctapersm 1";
+const HOPPER_ENTRY_DIRECTIVES_W3: &str = ".maxntid 512, 1, 1\n.minnctapersm 1";
 
 fn main() {
     let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
@@ -96,10 +99,12 @@ fn main() {
 fn add_hopper_entry_directives(ptx: &str) -> String {
     let mut out = String::with_capacity(ptx.len() + 4096);
     let mut in_hopper_params = false;
+    let mut w3 = false;
     let mut edited = 0;
     for line in ptx.lines() {
         if line.contains(HOPPER_ENTRY_PREFIX) {
             in_hopper_params = true;
+            w3 = line.trim_end().trim_end_matches('(').ends_with("_w3");
         }
         // Tensor-map parameters (128 bytes, `#[repr(align(16))]` in Rust:
         // rustc rejects a by-value kernel parameter aligned to more than 16)
@@ -114,7 +119,7 @@ fn add_hopper_entry_directives(ptx: &str) -> String {
         out.push_str(line);
         out.push('\n');
         if in_hopper_params && line.trim() == ")" {
-            out.push_str(HOPPER_ENTRY_DIRECTIVES);
+            out.push_str(if w3 { HOPPER_ENTRY_DIRECTIVES_W3 } else { HOPPER_ENTRY_DIRECTIVES });
             out.push('\n');
             in_hopper_params = false;
             edited += 1;

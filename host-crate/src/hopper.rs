@@ -2,8 +2,9 @@
 //! table, the tensor maps they read q, k and v through, the dispatch rule
 //! and the launch.
 //!
-//! Kernel names are `flash_fwd_hopper_{f16,bf16}_d{D}_bc{Bc}`; every one
-//! has `Br = 128` (two consumer warpgroups of 64 rows) and 384 threads. They
+//! Kernel names are `flash_fwd_hopper_{f16,bf16}_d{D}_bc{Bc}[_ov][_pp][_w3]`;
+//! `Br = 64` per consumer warpgroup (2, or 3 for `_w3`), one producer
+//! warpgroup, 128 threads each. They
 //! exist only in the sm_90a PTX, which the library loads on compute
 //! capability 9.0 unless [`KernelFamily::MmaSync`] is asked for.
 //!
@@ -20,7 +21,7 @@ use cudarc::driver::sys::{
 };
 use cudarc::driver::{CudaStream, DeviceRepr, DriverError, PushKernelArg};
 use flash_attn_common::AttnParams;
-use flash_attn_common::hopper::{HOPPER_BR, HOPPER_PANEL_COLS, HOPPER_THREADS, HopperSmem};
+use flash_attn_common::hopper::{HOPPER_PANEL_COLS, HopperSmem, hopper_br, hopper_threads};
 
 use crate::api::LoopOrder;
 use crate::device::FlashAttention;
@@ -48,6 +49,8 @@ pub struct HopperKernel {
     pub d: usize,
     /// Keys per K/V block.
     pub bc: usize,
+    /// Consumer warpgroups (64 query rows each).
+    pub wgs: usize,
 }
 
 /// Every Hopper kernel compiled into the sm_90a PTX (mirrors
@@ -64,26 +67,28 @@ pub struct HopperKernel {
 /// 578/581); d = 256: Bc = 64 with overlap 715/764 (no overlap 628/616,
 /// + pingpong 734/736).
 pub const HOPPER_KERNELS: &[HopperKernel] = &[
-    HopperKernel { name: "flash_fwd_hopper_f16_d64_bc192_ov_pp", bf16: false, d: 64, bc: 192 },
-    HopperKernel { name: "flash_fwd_hopper_bf16_d64_bc192_ov_pp", bf16: true, d: 64, bc: 192 },
-    HopperKernel { name: "flash_fwd_hopper_f16_d64_bc128_ov", bf16: false, d: 64, bc: 128 },
-    HopperKernel { name: "flash_fwd_hopper_bf16_d64_bc128_ov", bf16: true, d: 64, bc: 128 },
-    HopperKernel { name: "flash_fwd_hopper_f16_d64_bc192_ov", bf16: false, d: 64, bc: 192 },
-    HopperKernel { name: "flash_fwd_hopper_bf16_d64_bc192_ov", bf16: true, d: 64, bc: 192 },
-    HopperKernel { name: "flash_fwd_hopper_f16_d128_bc128_ov", bf16: false, d: 128, bc: 128 },
-    HopperKernel { name: "flash_fwd_hopper_bf16_d128_bc128_ov", bf16: true, d: 128, bc: 128 },
-    HopperKernel { name: "flash_fwd_hopper_f16_d128_bc128", bf16: false, d: 128, bc: 128 },
-    HopperKernel { name: "flash_fwd_hopper_bf16_d128_bc128", bf16: true, d: 128, bc: 128 },
-    HopperKernel { name: "flash_fwd_hopper_f16_d128_bc128_ov_pp", bf16: false, d: 128, bc: 128 },
-    HopperKernel { name: "flash_fwd_hopper_bf16_d128_bc128_ov_pp", bf16: true, d: 128, bc: 128 },
-    HopperKernel { name: "flash_fwd_hopper_f16_d128_bc176_ov_pp", bf16: false, d: 128, bc: 176 },
-    HopperKernel { name: "flash_fwd_hopper_bf16_d128_bc176_ov_pp", bf16: true, d: 128, bc: 176 },
-    HopperKernel { name: "flash_fwd_hopper_f16_d256_bc64_ov", bf16: false, d: 256, bc: 64 },
-    HopperKernel { name: "flash_fwd_hopper_bf16_d256_bc64_ov", bf16: true, d: 256, bc: 64 },
-    HopperKernel { name: "flash_fwd_hopper_f16_d256_bc64", bf16: false, d: 256, bc: 64 },
-    HopperKernel { name: "flash_fwd_hopper_bf16_d256_bc64", bf16: true, d: 256, bc: 64 },
-    HopperKernel { name: "flash_fwd_hopper_f16_d256_bc64_ov_pp", bf16: false, d: 256, bc: 64 },
-    HopperKernel { name: "flash_fwd_hopper_bf16_d256_bc64_ov_pp", bf16: true, d: 256, bc: 64 },
+    HopperKernel { name: "flash_fwd_hopper_f16_d64_bc192_ov_pp", bf16: false, d: 64, bc: 192, wgs: 2 },
+    HopperKernel { name: "flash_fwd_hopper_bf16_d64_bc192_ov_pp", bf16: true, d: 64, bc: 192, wgs: 2 },
+    HopperKernel { name: "flash_fwd_hopper_f16_d64_bc128_ov", bf16: false, d: 64, bc: 128, wgs: 2 },
+    HopperKernel { name: "flash_fwd_hopper_bf16_d64_bc128_ov", bf16: true, d: 64, bc: 128, wgs: 2 },
+    HopperKernel { name: "flash_fwd_hopper_f16_d64_bc192_ov", bf16: false, d: 64, bc: 192, wgs: 2 },
+    HopperKernel { name: "flash_fwd_hopper_bf16_d64_bc192_ov", bf16: true, d: 64, bc: 192, wgs: 2 },
+    HopperKernel { name: "flash_fwd_hopper_f16_d64_bc128_ov_w3", bf16: false, d: 64, bc: 128, wgs: 3 },
+    HopperKernel { name: "flash_fwd_hopper_bf16_d64_bc128_ov_w3", bf16: true, d: 64, bc: 128, wgs: 3 },
+    HopperKernel { name: "flash_fwd_hopper_f16_d128_bc128_ov", bf16: false, d: 128, bc: 128, wgs: 2 },
+    HopperKernel { name: "flash_fwd_hopper_bf16_d128_bc128_ov", bf16: true, d: 128, bc: 128, wgs: 2 },
+    HopperKernel { name: "flash_fwd_hopper_f16_d128_bc128", bf16: false, d: 128, bc: 128, wgs: 2 },
+    HopperKernel { name: "flash_fwd_hopper_bf16_d128_bc128", bf16: true, d: 128, bc: 128, wgs: 2 },
+    HopperKernel { name: "flash_fwd_hopper_f16_d128_bc128_ov_pp", bf16: false, d: 128, bc: 128, wgs: 2 },
+    HopperKernel { name: "flash_fwd_hopper_bf16_d128_bc128_ov_pp", bf16: true, d: 128, bc: 128, wgs: 2 },
+    HopperKernel { name: "flash_fwd_hopper_f16_d128_bc176_ov_pp", bf16: false, d: 128, bc: 176, wgs: 2 },
+    HopperKernel { name: "flash_fwd_hopper_bf16_d128_bc176_ov_pp", bf16: true, d: 128, bc: 176, wgs: 2 },
+    HopperKernel { name: "flash_fwd_hopper_f16_d256_bc64_ov", bf16: false, d: 256, bc: 64, wgs: 2 },
+    HopperKernel { name: "flash_fwd_hopper_bf16_d256_bc64_ov", bf16: true, d: 256, bc: 64, wgs: 2 },
+    HopperKernel { name: "flash_fwd_hopper_f16_d256_bc64", bf16: false, d: 256, bc: 64, wgs: 2 },
+    HopperKernel { name: "flash_fwd_hopper_bf16_d256_bc64", bf16: true, d: 256, bc: 64, wgs: 2 },
+    HopperKernel { name: "flash_fwd_hopper_f16_d256_bc64_ov_pp", bf16: false, d: 256, bc: 64, wgs: 2 },
+    HopperKernel { name: "flash_fwd_hopper_bf16_d256_bc64_ov_pp", bf16: true, d: 256, bc: 64, wgs: 2 },
 ];
 
 /// The probe kernels (one warpgroup, one 64 × 128 tile at d = 128; see
@@ -95,19 +100,19 @@ pub const PROBE_SMEM_BYTES: u32 = (64 * 128 * 2 + 2 * 128 * 128 * 2 + 8 + 1024) 
 impl HopperKernel {
     /// Query rows per block.
     pub const fn br(&self) -> usize {
-        HOPPER_BR
+        hopper_br(self.wgs)
     }
     pub const fn threads(&self) -> u32 {
-        HOPPER_THREADS as u32
+        hopper_threads(self.wgs) as u32
     }
     /// Dynamic shared memory per block, bytes (tiles, barriers, 1 KB of
     /// alignment slack).
     pub const fn smem_bytes(&self) -> usize {
-        HopperSmem::new(self.d, self.bc).request_bytes()
+        HopperSmem::new(self.d, self.bc, self.wgs).request_bytes()
     }
     /// Blocks of the 1-D grid, or `None` past 2³¹ − 1.
     pub fn grid_blocks(&self, batch: usize, nheads: usize, seqlen_q: usize) -> Option<u32> {
-        let n = seqlen_q.div_ceil(HOPPER_BR).checked_mul(batch.checked_mul(nheads)?)?;
+        let n = seqlen_q.div_ceil(self.br()).checked_mul(batch.checked_mul(nheads)?)?;
         u32::try_from(n).ok().filter(|&n| n <= i32::MAX as u32 && n > 0)
     }
     /// The default kernel for a dtype and head dim, if one is compiled.
@@ -142,8 +147,8 @@ pub fn plan(
     }
     let blocks = kernel.grid_blocks(dims.batch, dims.nheads, dims.seqlen_q).ok_or(FlashAttnError::DimTooLarge {
         argument: "q",
-        axis: "batch·nheads·ceil(seqlen/128) (grid blocks)",
-        value: dims.batch.saturating_mul(dims.nheads).saturating_mul(dims.seqlen_q.div_ceil(HOPPER_BR)),
+        axis: "batch·nheads·ceil(seqlen/Br) (grid blocks)",
+        value: dims.batch.saturating_mul(dims.nheads).saturating_mul(dims.seqlen_q.div_ceil(kernel.br())),
         max: i32::MAX as usize,
     })?;
     let main = Launch { kernel: kernel.name, grid: blocks, threads: kernel.threads(), smem_bytes: kernel.smem_bytes() as u32 };
@@ -222,7 +227,7 @@ pub fn tensor_maps(k: &HopperKernel, p: &AttnParams) -> std::result::Result<[Ten
     let (b, h, d) = (p.batch as usize, p.nheads as usize, p.headdim as usize);
     let st = |s: [u64; 3]| s.map(|x| x as usize);
     Ok([
-        TensorMap::encode_bshd(p.q_ptr, [b, p.seqlen_q as usize, h, d], st(p.q_stride), HOPPER_BR as u32, k.bf16)?,
+        TensorMap::encode_bshd(p.q_ptr, [b, p.seqlen_q as usize, h, d], st(p.q_stride), k.br() as u32, k.bf16)?,
         TensorMap::encode_bshd(p.k_ptr, [b, p.seqlen_k as usize, h, d], st(p.k_stride), k.bc as u32, k.bf16)?,
         TensorMap::encode_bshd(p.v_ptr, [b, p.seqlen_k as usize, h, d], st(p.v_stride), k.bc as u32, k.bf16)?,
     ])
@@ -298,7 +303,7 @@ pub(crate) unsafe fn launch(
     // SAFETY: `flash_fwd_hopper_*(tq, tk, tv: TensorMap, p: AttnParams,
     // g_tmaps: u64)`; the maps describe the buffers `p` names (encoded above
     // from the same pointers, shapes and strides); the caller guarantees the
-    // buffers; `cfg` has 384 threads, the kernel's grid and its dynamic
+    // buffers; `cfg` has the kernel's threads, grid and dynamic
     // shared memory (within the limit set at load).
     unsafe { launch_with_maps(stream, f, cfg, &maps, p) }
 }

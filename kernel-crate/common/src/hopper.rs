@@ -3,25 +3,31 @@
 //! encodes the tensor-map boxes and requests the shared memory).
 //!
 //! Block: one producer warpgroup (one thread issues every TMA copy) and
-//! [`HOPPER_CONSUMER_WGS`] consumer warpgroups of 64 query rows each, so
-//! `Br = 128`. Shared memory (from a 1024-byte aligned base, 128B-swizzled
+//! `wgs` (2 or 3) consumer warpgroups of 64 query rows each, so
+//! `Br = 64·wgs`. Shared memory (from a 1024-byte aligned base, 128B-swizzled
 //! tiles stored as 64-column panels of `rows × 128` bytes):
 //! `Q (Br × d) | K stage 0, 1 (Bc × d) | V stage 0, 1 (Bc × d) | 9 mbarriers`.
 
-/// Consumer warpgroups per block (64 query rows each).
-pub const HOPPER_CONSUMER_WGS: usize = 2;
-/// Query rows per block.
-pub const HOPPER_BR: usize = 64 * HOPPER_CONSUMER_WGS;
+/// Query rows per block with `wgs` consumer warpgroups.
+pub const fn hopper_br(wgs: usize) -> usize {
+    64 * wgs
+}
 /// Threads per block: the producer warpgroup and the consumers.
-pub const HOPPER_THREADS: usize = 128 * (1 + HOPPER_CONSUMER_WGS);
+pub const fn hopper_threads(wgs: usize) -> usize {
+    128 * (1 + wgs)
+}
 /// K/V pipeline depth.
 pub const HOPPER_STAGES: usize = 2;
 /// Columns of one 128B-swizzled panel (128 bytes of 16-bit elements): the
 /// innermost box extent of every tensor map.
 pub const HOPPER_PANEL_COLS: usize = 64;
-/// Registers per thread after `setmaxnreg`: producer, consumers.
+/// Registers per thread after `setmaxnreg`: producer, consumers (2 consumer
+/// warpgroups: 24 + 2·240 per lane quad of 128 threads = 504 ≤ 512; 3: 24 +
+/// 3·160 = 504).
 pub const HOPPER_PRODUCER_REGS: u32 = 24;
-pub const HOPPER_CONSUMER_REGS: u32 = 240;
+pub const fn hopper_consumer_regs(wgs: usize) -> u32 {
+    if wgs == 3 { 160 } else { 240 }
+}
 
 /// Byte offsets of the shared-memory carve-up of a `(d, bc)` kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -37,8 +43,8 @@ pub struct HopperSmem {
 }
 
 impl HopperSmem {
-    pub const fn new(d: usize, bc: usize) -> Self {
-        let q_bytes = HOPPER_BR * d * 2;
+    pub const fn new(d: usize, bc: usize, wgs: usize) -> Self {
+        let q_bytes = hopper_br(wgs) * d * 2;
         let kv = bc * d * 2;
         let k = [q_bytes, q_bytes + kv];
         let v = [q_bytes + 2 * kv, q_bytes + 3 * kv];

@@ -37,7 +37,7 @@ use crate::arch::shfl::vote_all;
 use crate::tc::fa2::{clamp_keys, exp_row, mask, quad_sum, row_max, scale_row};
 use crate::tc::{Elem16, pack};
 use flash_attn_common::hopper::{
-    HOPPER_BR, HOPPER_CONSUMER_REGS, HOPPER_CONSUMER_WGS, HOPPER_PRODUCER_REGS, HopperSmem, hopper_tile_bytes,
+    HOPPER_PRODUCER_REGS, HopperSmem, hopper_br, hopper_consumer_regs, hopper_tile_bytes,
 };
 use flash_attn_common::{AttnParams, RowState};
 
@@ -50,7 +50,7 @@ const PANEL_ROW_BYTES: usize = 128;
 /// # Safety
 /// See the entry points in `super`: tensor maps `tq`, `tk`, `tv` (generic
 /// addresses of the parameters) for q, k, v with boxes `64 × Br` and
-/// `64 × Bc`; `p` valid; the launch shape of `HopperSmem`/`HOPPER_THREADS`.
+/// `64 × Bc`; `p` valid; the launch shape of `HopperSmem`/`hopper_threads(WGS)`.
 #[inline(always)]
 pub unsafe fn forward<
     T: Elem16,
@@ -61,15 +61,17 @@ pub unsafe fn forward<
     const BCK: usize,
     const OVERLAP: bool,
     const PINGPONG: bool,
+    const WGS: usize,
 >(
     tq: u64,
     tk: u64,
     tv: u64,
     p: &AttnParams,
 ) {
-    const { assert!(DN * 8 == D && BCN * 8 == BC && BCK * 16 == BC && D % 64 == 0 && BC % 16 == 0 && HOPPER_CONSUMER_WGS == 2 && (OVERLAP || !PINGPONG)) };
-    let lay = const { HopperSmem::new(D, BC) };
-    let q_bytes = hopper_tile_bytes(HOPPER_BR, D) as u32;
+    const { assert!(DN * 8 == D && BCN * 8 == BC && BCK * 16 == BC && D % 64 == 0 && BC % 16 == 0 && (WGS == 2 || WGS == 3) && (OVERLAP || !PINGPONG) && (WGS == 2 || !PINGPONG)) };
+    let br = const { hopper_br(WGS) };
+    let lay = const { HopperSmem::new(D, BC, WGS) };
+    let q_bytes = hopper_tile_bytes(br, D) as u32;
     let kv_bytes = hopper_tile_bytes(BC, D) as u32;
 
     // ---- prologue: shared memory, barriers, block coordinates -------------
@@ -92,8 +94,8 @@ pub unsafe fn forward<
             for s in 0..2 {
                 mbarrier_init(bar_k_full(s), 1);
                 mbarrier_init(bar_v_full(s), 1);
-                mbarrier_init(bar_k_empty(s), (128 * HOPPER_CONSUMER_WGS) as u32);
-                mbarrier_init(bar_v_empty(s), (128 * HOPPER_CONSUMER_WGS) as u32);
+                mbarrier_init(bar_k_empty(s), (128 * WGS) as u32);
+                mbarrier_init(bar_v_empty(s), (128 * WGS) as u32);
             }
             fence_mbarrier_init();
             prefetch_tensormap(tq);
@@ -104,16 +106,16 @@ pub unsafe fn forward<
     sync_threads();
 
     let (nq, nk) = (p.seqlen_q as usize, p.seqlen_k as usize);
-    let num_m = nq.div_ceil(HOPPER_BR);
+    let num_m = nq.div_ceil(br);
     let idx = sreg::block_idx_x() as usize;
     let bh = idx / num_m;
     let mb = if p.causal != 0 { num_m - 1 - idx % num_m } else { idx % num_m };
     let (b, h) = (bh / p.nheads as usize, bh % p.nheads as usize);
-    let q0 = mb * HOPPER_BR;
+    let q0 = mb * br;
     // Keys this block can see: causal rows see keys < i + 1 + nk - nq.
     let shift = nk as i64 - nq as i64;
     let (kv_end, mask_from) = if p.causal != 0 {
-        (clamp_keys((q0 + HOPPER_BR) as i64 + shift, nk), clamp_keys(q0 as i64 + 1 + shift, nk))
+        (clamp_keys((q0 + br) as i64 + shift, nk), clamp_keys(q0 as i64 + 1 + shift, nk))
     } else {
         (nk, nk)
     };
@@ -131,7 +133,7 @@ pub unsafe fn forward<
             unsafe {
                 mbarrier_arrive_expect_tx(bar_q, q_bytes);
                 for pn in 0..D / 64 {
-                    tma_load_4d(s_q + (pn * HOPPER_BR * PANEL_ROW_BYTES) as u32, tq, [64 * pn as i32, q0 as i32, hi, bi], bar_q);
+                    tma_load_4d(s_q + (pn * br * PANEL_ROW_BYTES) as u32, tq, [64 * pn as i32, q0 as i32, hi, bi], bar_q);
                 }
                 for it in 0..n_blocks {
                     let j = n_blocks - 1 - it;
@@ -160,7 +162,11 @@ pub unsafe fn forward<
     }
 
     // ---- consumer warpgroups ------------------------------------------------
-    setmaxnreg_inc::<HOPPER_CONSUMER_REGS>();
+    if WGS == 3 {
+        setmaxnreg_inc::<{ hopper_consumer_regs(3) }>();
+    } else {
+        setmaxnreg_inc::<{ hopper_consumer_regs(2) }>();
+    }
     let cw = tid / 128 - 1;
     let warp = (tid / 32) % 4;
     let lane = tid % 32;
@@ -209,7 +215,7 @@ pub unsafe fn forward<
         unsafe { mbarrier_wait(bar_k_full(0), 0) };
         let mut r_s = [[0f32; 4]; BCN];
         my_turn();
-        issue_qk::<T, D, BC, BCN>(&mut r_s, s_q_wg, s_k(0));
+        issue_qk::<T, D, BC, BCN>(&mut r_s, s_q_wg, br * PANEL_ROW_BYTES, s_k(0));
         pass_turn();
         wgmma_wait::<0>();
         acc_fence(&mut r_s);
@@ -227,7 +233,7 @@ pub unsafe fn forward<
             // SAFETY: see above.
             unsafe { mbarrier_wait(bar_k_full(s), phase) };
             my_turn();
-            issue_qk::<T, D, BC, BCN>(&mut r_s_next, s_q_wg, s_k(s));
+            issue_qk::<T, D, BC, BCN>(&mut r_s_next, s_q_wg, br * PANEL_ROW_BYTES, s_k(s));
             // SAFETY: see above.
             unsafe { mbarrier_wait(bar_v_full(sp), phase_p) };
             issue_pv::<T, BC, DN, BCK>(&mut r_o[0], &r_p, s_v(sp));
@@ -268,7 +274,7 @@ pub unsafe fn forward<
             let mut r_s = [[0f32; 4]; BCN];
             // SAFETY: see above.
             unsafe { mbarrier_wait(bar_k_full(s), phase) };
-            issue_qk::<T, D, BC, BCN>(&mut r_s, s_q_wg, s_k(s));
+            issue_qk::<T, D, BC, BCN>(&mut r_s, s_q_wg, br * PANEL_ROW_BYTES, s_k(s));
             wgmma_wait::<0>();
             acc_fence(&mut r_s);
             // SAFETY: initialized barrier; the products reading K stage s completed.
@@ -315,10 +321,15 @@ pub unsafe fn forward<
 /// Issues `S = Q·Kᵀ` (`D/16` products, one commit group) for the
 /// warpgroup's 64 rows of Q at `s_q_wg` and the K tile at `s_k`.
 #[inline(always)]
-fn issue_qk<T: Elem16, const D: usize, const BC: usize, const BCN: usize>(r_s: &mut [[f32; 4]; BCN], s_q_wg: u32, s_k: u32) {
+fn issue_qk<T: Elem16, const D: usize, const BC: usize, const BCN: usize>(
+    r_s: &mut [[f32; 4]; BCN],
+    s_q_wg: u32,
+    q_panel_bytes: usize,
+    s_k: u32,
+) {
     wgmma_fence();
     for kk in 0..D / 16 {
-        let da = desc_kmajor(s_q_wg + ((kk / 4) * HOPPER_BR * PANEL_ROW_BYTES + (kk % 4) * 32) as u32);
+        let da = desc_kmajor(s_q_wg + ((kk / 4) * q_panel_bytes + (kk % 4) * 32) as u32);
         let db = desc_kmajor(s_k + ((kk / 4) * BC * PANEL_ROW_BYTES + (kk % 4) * 32) as u32);
         // SAFETY: Q and K landed (their barriers completed); neither is
         // rewritten before this warpgroup arrives on the empty barrier.

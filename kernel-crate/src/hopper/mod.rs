@@ -119,18 +119,18 @@ pub fn acc_fence<const N8: usize>(d: &mut [[f32; 4]; N8]) {
     }
 }
 
-/// Kernel entry points: `flash_fwd_hopper_{dtype}_d{D}_bc{Bc}[_ov][_pp]`
+/// Kernel entry points: `flash_fwd_hopper_{dtype}_d{D}_bc{Bc}[_ov][_pp][_w3]`
 /// (`_ov`: intra-warpgroup overlap, `_pp`: pingpong between the consumer
-/// warpgroups).
+/// warpgroups, `_w3`: three consumer warpgroups (Br = 192) instead of two).
 macro_rules! hopper_kernels {
-    ($( $name:ident : $t:ty, d = $d:literal, bc = $bc:literal, ov = $ov:literal, pp = $pp:literal; )*) => {$(
+    ($( $name:ident : $t:ty, d = $d:literal, bc = $bc:literal, ov = $ov:literal, pp = $pp:literal, wgs = $wgs:literal; )*) => {$(
         /// Hopper forward kernel (see [`fwd`]).
         ///
         /// # Safety
         /// The tensor maps describe q, k and v as `host-crate/src/hopper.rs`
         /// encodes them (boxes of 64 × Br for Q, 64 × Bc for K and V,
         /// 128B swizzle); `p` valid as for the tensor-core kernels; launched
-        /// with `HOPPER_THREADS` threads, `HopperSmem::new(D, Bc).request_bytes()`
+        /// with `hopper_threads(WGS)` threads, `HopperSmem::new(D, Bc, WGS).request_bytes()`
         /// bytes of dynamic shared memory, `ceil(seqlen_q / Br)·batch·nheads` blocks.
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(_tq: TensorMap, _tk: TensorMap, _tv: TensorMap, p: AttnParams, g_tmaps: u64) {
@@ -144,7 +144,7 @@ macro_rules! hopper_kernels {
                 )
             };
             // SAFETY: forwarded to the host's launch.
-            unsafe { fwd::forward::<$t, $d, $bc, { $d / 8 }, { $bc / 8 }, { $bc / 16 }, $ov, $pp>(tq, tk, tv, &p) }
+            unsafe { fwd::forward::<$t, $d, $bc, { $d / 8 }, { $bc / 8 }, { $bc / 16 }, $ov, $pp, $wgs>(tq, tk, tv, &p) }
         }
     )*};
 }
@@ -154,26 +154,28 @@ use crate::tc::{Bf16, F16};
 // Keep in step with `HOPPER_KERNELS` in host-crate/src/hopper.rs (the first
 // kernel of a (dtype, d) there is the default).
 hopper_kernels! {
-    flash_fwd_hopper_f16_d64_bc128_ov: F16, d = 64, bc = 128, ov = true, pp = false;
-    flash_fwd_hopper_bf16_d64_bc128_ov: Bf16, d = 64, bc = 128, ov = true, pp = false;
-    flash_fwd_hopper_f16_d64_bc192_ov: F16, d = 64, bc = 192, ov = true, pp = false;
-    flash_fwd_hopper_bf16_d64_bc192_ov: Bf16, d = 64, bc = 192, ov = true, pp = false;
-    flash_fwd_hopper_f16_d64_bc192_ov_pp: F16, d = 64, bc = 192, ov = true, pp = true;
-    flash_fwd_hopper_bf16_d64_bc192_ov_pp: Bf16, d = 64, bc = 192, ov = true, pp = true;
-    flash_fwd_hopper_f16_d128_bc128: F16, d = 128, bc = 128, ov = false, pp = false;
-    flash_fwd_hopper_bf16_d128_bc128: Bf16, d = 128, bc = 128, ov = false, pp = false;
-    flash_fwd_hopper_f16_d128_bc128_ov: F16, d = 128, bc = 128, ov = true, pp = false;
-    flash_fwd_hopper_bf16_d128_bc128_ov: Bf16, d = 128, bc = 128, ov = true, pp = false;
-    flash_fwd_hopper_f16_d128_bc128_ov_pp: F16, d = 128, bc = 128, ov = true, pp = true;
-    flash_fwd_hopper_bf16_d128_bc128_ov_pp: Bf16, d = 128, bc = 128, ov = true, pp = true;
-    flash_fwd_hopper_f16_d128_bc176_ov_pp: F16, d = 128, bc = 176, ov = true, pp = true;
-    flash_fwd_hopper_bf16_d128_bc176_ov_pp: Bf16, d = 128, bc = 176, ov = true, pp = true;
-    flash_fwd_hopper_f16_d256_bc64: F16, d = 256, bc = 64, ov = false, pp = false;
-    flash_fwd_hopper_bf16_d256_bc64: Bf16, d = 256, bc = 64, ov = false, pp = false;
-    flash_fwd_hopper_f16_d256_bc64_ov: F16, d = 256, bc = 64, ov = true, pp = false;
-    flash_fwd_hopper_bf16_d256_bc64_ov: Bf16, d = 256, bc = 64, ov = true, pp = false;
-    flash_fwd_hopper_f16_d256_bc64_ov_pp: F16, d = 256, bc = 64, ov = true, pp = true;
-    flash_fwd_hopper_bf16_d256_bc64_ov_pp: Bf16, d = 256, bc = 64, ov = true, pp = true;
+    flash_fwd_hopper_f16_d64_bc128_ov: F16, d = 64, bc = 128, ov = true, pp = false, wgs = 2;
+    flash_fwd_hopper_bf16_d64_bc128_ov: Bf16, d = 64, bc = 128, ov = true, pp = false, wgs = 2;
+    flash_fwd_hopper_f16_d64_bc192_ov: F16, d = 64, bc = 192, ov = true, pp = false, wgs = 2;
+    flash_fwd_hopper_bf16_d64_bc192_ov: Bf16, d = 64, bc = 192, ov = true, pp = false, wgs = 2;
+    flash_fwd_hopper_f16_d64_bc192_ov_pp: F16, d = 64, bc = 192, ov = true, pp = true, wgs = 2;
+    flash_fwd_hopper_bf16_d64_bc192_ov_pp: Bf16, d = 64, bc = 192, ov = true, pp = true, wgs = 2;
+    flash_fwd_hopper_f16_d64_bc128_ov_w3: F16, d = 64, bc = 128, ov = true, pp = false, wgs = 3;
+    flash_fwd_hopper_bf16_d64_bc128_ov_w3: Bf16, d = 64, bc = 128, ov = true, pp = false, wgs = 3;
+    flash_fwd_hopper_f16_d128_bc128: F16, d = 128, bc = 128, ov = false, pp = false, wgs = 2;
+    flash_fwd_hopper_bf16_d128_bc128: Bf16, d = 128, bc = 128, ov = false, pp = false, wgs = 2;
+    flash_fwd_hopper_f16_d128_bc128_ov: F16, d = 128, bc = 128, ov = true, pp = false, wgs = 2;
+    flash_fwd_hopper_bf16_d128_bc128_ov: Bf16, d = 128, bc = 128, ov = true, pp = false, wgs = 2;
+    flash_fwd_hopper_f16_d128_bc128_ov_pp: F16, d = 128, bc = 128, ov = true, pp = true, wgs = 2;
+    flash_fwd_hopper_bf16_d128_bc128_ov_pp: Bf16, d = 128, bc = 128, ov = true, pp = true, wgs = 2;
+    flash_fwd_hopper_f16_d128_bc176_ov_pp: F16, d = 128, bc = 176, ov = true, pp = true, wgs = 2;
+    flash_fwd_hopper_bf16_d128_bc176_ov_pp: Bf16, d = 128, bc = 176, ov = true, pp = true, wgs = 2;
+    flash_fwd_hopper_f16_d256_bc64: F16, d = 256, bc = 64, ov = false, pp = false, wgs = 2;
+    flash_fwd_hopper_bf16_d256_bc64: Bf16, d = 256, bc = 64, ov = false, pp = false, wgs = 2;
+    flash_fwd_hopper_f16_d256_bc64_ov: F16, d = 256, bc = 64, ov = true, pp = false, wgs = 2;
+    flash_fwd_hopper_bf16_d256_bc64_ov: Bf16, d = 256, bc = 64, ov = true, pp = false, wgs = 2;
+    flash_fwd_hopper_f16_d256_bc64_ov_pp: F16, d = 256, bc = 64, ov = true, pp = true, wgs = 2;
+    flash_fwd_hopper_bf16_d256_bc64_ov_pp: Bf16, d = 256, bc = 64, ov = true, pp = true, wgs = 2;
 }
 
 /// The probe kernels (one warpgroup, d = 128, one 64 × 128 tile).
