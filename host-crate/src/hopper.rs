@@ -59,28 +59,31 @@ pub struct HopperKernel {
 /// the candidates it was measured against (docs/perf-notes.md, Hopper
 /// section). Suffixes: `_ov` intra-warpgroup overlap, `_pp` pingpong.
 ///
-/// Defaults, from one H100 run of every candidate (perf notes, Hopper step
-/// 4; TFLOP/s at N = 16384 non-causal, f16/bf16): d = 64: Bc = 192 with
-/// overlap and pingpong 443/441 (Bc = 192 overlap only 437/444, Bc = 128
-/// overlap 430/433); d = 128: Bc = 128 with overlap 640/660 (pingpong added
+/// Defaults, from H100 runs of every candidate (perf notes, Hopper steps
+/// 4–5; TFLOP/s at N = 16384 non-causal, f16/bf16): d = 64: three consumer
+/// warpgroups (Br = 192), Bc = 128, overlap 452/462, and +8% at N = 4096
+/// over Bc = 192 with overlap and pingpong (451/447; overlap only 437/444,
+/// Bc = 128 overlap 430/433); d = 128: Bc = 128 with overlap 640/660 (pingpong added
 /// 611/633, Bc = 176 + pingpong 640/661 but slower at N = 4096, no overlap
 /// 578/581); d = 256: Bc = 64 with overlap 715/764 (no overlap 628/616,
 /// + pingpong 734/736).
 pub const HOPPER_KERNELS: &[HopperKernel] = &[
+    HopperKernel { name: "flash_fwd_hopper_f16_d64_bc128_ov_w3", bf16: false, d: 64, bc: 128, wgs: 3 },
+    HopperKernel { name: "flash_fwd_hopper_bf16_d64_bc128_ov_w3", bf16: true, d: 64, bc: 128, wgs: 3 },
     HopperKernel { name: "flash_fwd_hopper_f16_d64_bc192_ov_pp", bf16: false, d: 64, bc: 192, wgs: 2 },
     HopperKernel { name: "flash_fwd_hopper_bf16_d64_bc192_ov_pp", bf16: true, d: 64, bc: 192, wgs: 2 },
     HopperKernel { name: "flash_fwd_hopper_f16_d64_bc128_ov", bf16: false, d: 64, bc: 128, wgs: 2 },
     HopperKernel { name: "flash_fwd_hopper_bf16_d64_bc128_ov", bf16: true, d: 64, bc: 128, wgs: 2 },
     HopperKernel { name: "flash_fwd_hopper_f16_d64_bc192_ov", bf16: false, d: 64, bc: 192, wgs: 2 },
     HopperKernel { name: "flash_fwd_hopper_bf16_d64_bc192_ov", bf16: true, d: 64, bc: 192, wgs: 2 },
-    HopperKernel { name: "flash_fwd_hopper_f16_d64_bc128_ov_w3", bf16: false, d: 64, bc: 128, wgs: 3 },
-    HopperKernel { name: "flash_fwd_hopper_bf16_d64_bc128_ov_w3", bf16: true, d: 64, bc: 128, wgs: 3 },
     HopperKernel { name: "flash_fwd_hopper_f16_d128_bc128_ov", bf16: false, d: 128, bc: 128, wgs: 2 },
     HopperKernel { name: "flash_fwd_hopper_bf16_d128_bc128_ov", bf16: true, d: 128, bc: 128, wgs: 2 },
     HopperKernel { name: "flash_fwd_hopper_f16_d128_bc128", bf16: false, d: 128, bc: 128, wgs: 2 },
     HopperKernel { name: "flash_fwd_hopper_bf16_d128_bc128", bf16: true, d: 128, bc: 128, wgs: 2 },
     HopperKernel { name: "flash_fwd_hopper_f16_d128_bc128_ov_pp", bf16: false, d: 128, bc: 128, wgs: 2 },
     HopperKernel { name: "flash_fwd_hopper_bf16_d128_bc128_ov_pp", bf16: true, d: 128, bc: 128, wgs: 2 },
+    HopperKernel { name: "flash_fwd_hopper_f16_d128_bc176_ov", bf16: false, d: 128, bc: 176, wgs: 2 },
+    HopperKernel { name: "flash_fwd_hopper_bf16_d128_bc176_ov", bf16: true, d: 128, bc: 176, wgs: 2 },
     HopperKernel { name: "flash_fwd_hopper_f16_d128_bc176_ov_pp", bf16: false, d: 128, bc: 176, wgs: 2 },
     HopperKernel { name: "flash_fwd_hopper_bf16_d128_bc176_ov_pp", bf16: true, d: 128, bc: 176, wgs: 2 },
     HopperKernel { name: "flash_fwd_hopper_f16_d256_bc64_ov", bf16: false, d: 256, bc: 64, wgs: 2 },

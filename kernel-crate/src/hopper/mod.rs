@@ -168,6 +168,8 @@ hopper_kernels! {
     flash_fwd_hopper_bf16_d128_bc128_ov: Bf16, d = 128, bc = 128, ov = true, pp = false, wgs = 2;
     flash_fwd_hopper_f16_d128_bc128_ov_pp: F16, d = 128, bc = 128, ov = true, pp = true, wgs = 2;
     flash_fwd_hopper_bf16_d128_bc128_ov_pp: Bf16, d = 128, bc = 128, ov = true, pp = true, wgs = 2;
+    flash_fwd_hopper_f16_d128_bc176_ov: F16, d = 128, bc = 176, ov = true, pp = false, wgs = 2;
+    flash_fwd_hopper_bf16_d128_bc176_ov: Bf16, d = 128, bc = 176, ov = true, pp = false, wgs = 2;
     flash_fwd_hopper_f16_d128_bc176_ov_pp: F16, d = 128, bc = 176, ov = true, pp = true, wgs = 2;
     flash_fwd_hopper_bf16_d128_bc176_ov_pp: Bf16, d = 128, bc = 176, ov = true, pp = true, wgs = 2;
     flash_fwd_hopper_f16_d256_bc64: F16, d = 256, bc = 64, ov = false, pp = false, wgs = 2;
