@@ -20,7 +20,7 @@ const ARCHS: &[(&str, &str)] = &[("sm_80", "+ptx71"), ("sm_90", "+ptx80"), ("sm_
 /// unless the kernel has a register cap at entry, which `.maxntid` with
 /// `.minnctapersm 1` gives (rustc has no launch-bounds attribute).
 /// Threads: 128 per warpgroup, the producer and 2 consumers, or 3 consumers
-/// for the kernels named `*_w3`.
+/// for the kernels named `*_w3*`.
 const HOPPER_ENTRY_PREFIX: &str = ".entry flash_fwd_hopper_";
 const HOPPER_ENTRY_DIRECTIVES: &str = ".maxntid 384, 1, 1\n.minnctapersm 1";
 const HOPPER_ENTRY_DIRECTIVES_W3: &str = ".maxntid 512, 1, 1\n.minnctapersm 1";
@@ -104,7 +104,7 @@ fn add_hopper_entry_directives(ptx: &str) -> String {
     for line in ptx.lines() {
         if line.contains(HOPPER_ENTRY_PREFIX) {
             in_hopper_params = true;
-            w3 = line.trim_end().trim_end_matches('(').ends_with("_w3");
+            w3 = line.contains("_w3");
         }
         // Tensor-map parameters (128 bytes, `#[repr(align(16))]` in Rust:
         // rustc rejects a by-value kernel parameter aligned to more than 16)

@@ -51,6 +51,9 @@ pub struct HopperKernel {
     pub bc: usize,
     /// Consumer warpgroups (64 query rows each).
     pub wgs: usize,
+    /// Persistent: launched with at most one block per SM, each looping
+    /// over tiles.
+    pub persistent: bool,
 }
 
 /// Every Hopper kernel compiled into the sm_90a PTX (mirrors
@@ -68,30 +71,30 @@ pub struct HopperKernel {
 /// 578/581); d = 256: Bc = 64 with overlap 715/764 (no overlap 628/616,
 /// + pingpong 734/736).
 pub const HOPPER_KERNELS: &[HopperKernel] = &[
-    HopperKernel { name: "flash_fwd_hopper_f16_d64_bc128_ov_w3", bf16: false, d: 64, bc: 128, wgs: 3 },
-    HopperKernel { name: "flash_fwd_hopper_bf16_d64_bc128_ov_w3", bf16: true, d: 64, bc: 128, wgs: 3 },
-    HopperKernel { name: "flash_fwd_hopper_f16_d64_bc192_ov_pp", bf16: false, d: 64, bc: 192, wgs: 2 },
-    HopperKernel { name: "flash_fwd_hopper_bf16_d64_bc192_ov_pp", bf16: true, d: 64, bc: 192, wgs: 2 },
-    HopperKernel { name: "flash_fwd_hopper_f16_d64_bc128_ov", bf16: false, d: 64, bc: 128, wgs: 2 },
-    HopperKernel { name: "flash_fwd_hopper_bf16_d64_bc128_ov", bf16: true, d: 64, bc: 128, wgs: 2 },
-    HopperKernel { name: "flash_fwd_hopper_f16_d64_bc192_ov", bf16: false, d: 64, bc: 192, wgs: 2 },
-    HopperKernel { name: "flash_fwd_hopper_bf16_d64_bc192_ov", bf16: true, d: 64, bc: 192, wgs: 2 },
-    HopperKernel { name: "flash_fwd_hopper_f16_d128_bc128_ov", bf16: false, d: 128, bc: 128, wgs: 2 },
-    HopperKernel { name: "flash_fwd_hopper_bf16_d128_bc128_ov", bf16: true, d: 128, bc: 128, wgs: 2 },
-    HopperKernel { name: "flash_fwd_hopper_f16_d128_bc128", bf16: false, d: 128, bc: 128, wgs: 2 },
-    HopperKernel { name: "flash_fwd_hopper_bf16_d128_bc128", bf16: true, d: 128, bc: 128, wgs: 2 },
-    HopperKernel { name: "flash_fwd_hopper_f16_d128_bc128_ov_pp", bf16: false, d: 128, bc: 128, wgs: 2 },
-    HopperKernel { name: "flash_fwd_hopper_bf16_d128_bc128_ov_pp", bf16: true, d: 128, bc: 128, wgs: 2 },
-    HopperKernel { name: "flash_fwd_hopper_f16_d128_bc176_ov", bf16: false, d: 128, bc: 176, wgs: 2 },
-    HopperKernel { name: "flash_fwd_hopper_bf16_d128_bc176_ov", bf16: true, d: 128, bc: 176, wgs: 2 },
-    HopperKernel { name: "flash_fwd_hopper_f16_d128_bc176_ov_pp", bf16: false, d: 128, bc: 176, wgs: 2 },
-    HopperKernel { name: "flash_fwd_hopper_bf16_d128_bc176_ov_pp", bf16: true, d: 128, bc: 176, wgs: 2 },
-    HopperKernel { name: "flash_fwd_hopper_f16_d256_bc64_ov", bf16: false, d: 256, bc: 64, wgs: 2 },
-    HopperKernel { name: "flash_fwd_hopper_bf16_d256_bc64_ov", bf16: true, d: 256, bc: 64, wgs: 2 },
-    HopperKernel { name: "flash_fwd_hopper_f16_d256_bc64", bf16: false, d: 256, bc: 64, wgs: 2 },
-    HopperKernel { name: "flash_fwd_hopper_bf16_d256_bc64", bf16: true, d: 256, bc: 64, wgs: 2 },
-    HopperKernel { name: "flash_fwd_hopper_f16_d256_bc64_ov_pp", bf16: false, d: 256, bc: 64, wgs: 2 },
-    HopperKernel { name: "flash_fwd_hopper_bf16_d256_bc64_ov_pp", bf16: true, d: 256, bc: 64, wgs: 2 },
+    HopperKernel { name: "flash_fwd_hopper_f16_d64_bc128_ov_w3", bf16: false, d: 64, bc: 128, wgs: 3, persistent: false },
+    HopperKernel { name: "flash_fwd_hopper_bf16_d64_bc128_ov_w3", bf16: true, d: 64, bc: 128, wgs: 3, persistent: false },
+    HopperKernel { name: "flash_fwd_hopper_f16_d64_bc192_ov_pp", bf16: false, d: 64, bc: 192, wgs: 2, persistent: false },
+    HopperKernel { name: "flash_fwd_hopper_bf16_d64_bc192_ov_pp", bf16: true, d: 64, bc: 192, wgs: 2, persistent: false },
+    HopperKernel { name: "flash_fwd_hopper_f16_d64_bc128_ov", bf16: false, d: 64, bc: 128, wgs: 2, persistent: false },
+    HopperKernel { name: "flash_fwd_hopper_bf16_d64_bc128_ov", bf16: true, d: 64, bc: 128, wgs: 2, persistent: false },
+    HopperKernel { name: "flash_fwd_hopper_f16_d64_bc192_ov", bf16: false, d: 64, bc: 192, wgs: 2, persistent: false },
+    HopperKernel { name: "flash_fwd_hopper_bf16_d64_bc192_ov", bf16: true, d: 64, bc: 192, wgs: 2, persistent: false },
+    HopperKernel { name: "flash_fwd_hopper_f16_d128_bc128_ov", bf16: false, d: 128, bc: 128, wgs: 2, persistent: false },
+    HopperKernel { name: "flash_fwd_hopper_bf16_d128_bc128_ov", bf16: true, d: 128, bc: 128, wgs: 2, persistent: false },
+    HopperKernel { name: "flash_fwd_hopper_f16_d128_bc128", bf16: false, d: 128, bc: 128, wgs: 2, persistent: false },
+    HopperKernel { name: "flash_fwd_hopper_bf16_d128_bc128", bf16: true, d: 128, bc: 128, wgs: 2, persistent: false },
+    HopperKernel { name: "flash_fwd_hopper_f16_d128_bc128_ov_pp", bf16: false, d: 128, bc: 128, wgs: 2, persistent: false },
+    HopperKernel { name: "flash_fwd_hopper_bf16_d128_bc128_ov_pp", bf16: true, d: 128, bc: 128, wgs: 2, persistent: false },
+    HopperKernel { name: "flash_fwd_hopper_f16_d256_bc64_ov", bf16: false, d: 256, bc: 64, wgs: 2, persistent: false },
+    HopperKernel { name: "flash_fwd_hopper_bf16_d256_bc64_ov", bf16: true, d: 256, bc: 64, wgs: 2, persistent: false },
+    HopperKernel { name: "flash_fwd_hopper_f16_d256_bc64", bf16: false, d: 256, bc: 64, wgs: 2, persistent: false },
+    HopperKernel { name: "flash_fwd_hopper_bf16_d256_bc64", bf16: true, d: 256, bc: 64, wgs: 2, persistent: false },
+    HopperKernel { name: "flash_fwd_hopper_f16_d64_bc128_ov_w3_ps", bf16: false, d: 64, bc: 128, wgs: 3, persistent: true },
+    HopperKernel { name: "flash_fwd_hopper_bf16_d64_bc128_ov_w3_ps", bf16: true, d: 64, bc: 128, wgs: 3, persistent: true },
+    HopperKernel { name: "flash_fwd_hopper_f16_d128_bc128_ov_ps", bf16: false, d: 128, bc: 128, wgs: 2, persistent: true },
+    HopperKernel { name: "flash_fwd_hopper_bf16_d128_bc128_ov_ps", bf16: true, d: 128, bc: 128, wgs: 2, persistent: true },
+    HopperKernel { name: "flash_fwd_hopper_f16_d256_bc64_ov_ps", bf16: false, d: 256, bc: 64, wgs: 2, persistent: true },
+    HopperKernel { name: "flash_fwd_hopper_bf16_d256_bc64_ov_ps", bf16: true, d: 256, bc: 64, wgs: 2, persistent: true },
 ];
 
 /// The probe kernels (one warpgroup, one 64 × 128 tile at d = 128; see
@@ -302,7 +305,15 @@ pub(crate) unsafe fn launch(
     p: &AttnParams,
 ) -> Result<()> {
     let maps = tensor_maps(k, p)?;
-    let (f, cfg) = fa.prepare(main)?;
+    let (f, mut cfg) = fa.prepare(main)?;
+    if k.persistent {
+        // One block per SM at most (the register file holds one), each
+        // looping over the tiles blockIdx.x, + gridDim.x, ….
+        let sms = fa
+            .context()
+            .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+        cfg.grid_dim.0 = cfg.grid_dim.0.min(sms.max(1) as u32);
+    }
     // SAFETY: `flash_fwd_hopper_*(tq, tk, tv: TensorMap, p: AttnParams,
     // g_tmaps: u64)`; the maps describe the buffers `p` names (encoded above
     // from the same pointers, shapes and strides); the caller guarantees the

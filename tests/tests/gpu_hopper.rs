@@ -191,8 +191,14 @@ fn gpu_hopper_every_kernel() {
     let mut rng = Rng::fresh(test);
     let mut failures = Vec::new();
     for (i, k) in HOPPER_KERNELS.iter().enumerate() {
-        for causal in [i % 2 == 0, i % 2 == 1] {
-            let c = Case::new(1, 2, 300 + i, 333 - i, k.d, causal);
+        // Persistent kernels: also more tiles than SMs (80 heads × 2–3 Q blocks),
+        // 3 K/V blocks per tile (odd: the next tile starts on the other stage).
+        let mut cases = vec![(1, 2, 300 + i, 333 - i)];
+        if k.persistent {
+            cases.push((2, 40, 300, 333));
+        }
+        for (causal, &(b, h, nq, nk)) in [i % 2 == 0, i % 2 == 1].into_iter().flat_map(|c| cases.iter().map(move |x| (c, x))) {
+            let c = Case::new(b, h, nq, nk, k.d, causal);
             let res = if k.bf16 { direct::<bf16>(g, k, &c, &mut rng) } else { direct::<f16>(g, k, &c, &mut rng) };
             match res {
                 Ok(m) => println!("ok   {m}"),

@@ -6,7 +6,7 @@
 //! `wgs` (2 or 3) consumer warpgroups of 64 query rows each, so
 //! `Br = 64·wgs`. Shared memory (from a 1024-byte aligned base, 128B-swizzled
 //! tiles stored as 64-column panels of `rows × 128` bytes):
-//! `Q (Br × d) | K stage 0, 1 (Bc × d) | V stage 0, 1 (Bc × d) | 9 mbarriers`.
+//! `Q (Br × d) | K stage 0, 1 (Bc × d) | V stage 0, 1 (Bc × d) | 10 mbarriers`.
 
 /// Query rows per block with `wgs` consumer warpgroups.
 pub const fn hopper_br(wgs: usize) -> usize {
@@ -21,12 +21,14 @@ pub const HOPPER_STAGES: usize = 2;
 /// Columns of one 128B-swizzled panel (128 bytes of 16-bit elements): the
 /// innermost box extent of every tensor map.
 pub const HOPPER_PANEL_COLS: usize = 64;
-/// Registers per thread after `setmaxnreg`: producer, consumers (2 consumer
-/// warpgroups: 24 + 2·240 per lane quad of 128 threads = 504 ≤ 512; 3: 24 +
-/// 3·160 = 504).
-pub const HOPPER_PRODUCER_REGS: u32 = 24;
+/// Registers per thread after `setmaxnreg`: producer, consumers, within the
+/// 512 registers per lane of a 128-thread quarter of the register file: 2
+/// consumer warpgroups 32 + 2·232 = 496, 3: 32 + 3·160 = 512. (Step 5 of
+/// the perf notes used 24 / 240; the persistent tile loop needs 32 in the
+/// producer, and 232 still fits every default consumer without spills.)
+pub const HOPPER_PRODUCER_REGS: u32 = 32;
 pub const fn hopper_consumer_regs(wgs: usize) -> u32 {
-    if wgs == 3 { 160 } else { 240 }
+    if wgs == 3 { 160 } else { 232 }
 }
 
 /// Byte offsets of the shared-memory carve-up of a `(d, bc)` kernel.
@@ -35,8 +37,8 @@ pub struct HopperSmem {
     pub q: usize,
     pub k: [usize; HOPPER_STAGES],
     pub v: [usize; HOPPER_STAGES],
-    /// The mbarriers: Q full, K full ×2, V full ×2, K empty ×2, V empty ×2
-    /// (8 bytes each).
+    /// The mbarriers: Q full, K full ×2, V full ×2, K empty ×2, V empty ×2,
+    /// Q empty (8 bytes each).
     pub bars: usize,
     /// Bytes used from the aligned base.
     pub used: usize,
@@ -49,7 +51,7 @@ impl HopperSmem {
         let k = [q_bytes, q_bytes + kv];
         let v = [q_bytes + 2 * kv, q_bytes + 3 * kv];
         let bars = q_bytes + 4 * kv;
-        Self { q: 0, k, v, bars, used: bars + 8 * 9 }
+        Self { q: 0, k, v, bars, used: bars + 8 * 10 }
     }
 
     /// Dynamic shared memory to request: what is used plus 1 KB of slack to

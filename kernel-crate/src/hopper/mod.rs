@@ -119,11 +119,12 @@ pub fn acc_fence<const N8: usize>(d: &mut [[f32; 4]; N8]) {
     }
 }
 
-/// Kernel entry points: `flash_fwd_hopper_{dtype}_d{D}_bc{Bc}[_ov][_pp][_w3]`
+/// Kernel entry points: `flash_fwd_hopper_{dtype}_d{D}_bc{Bc}[_ov][_pp][_w3][_ps]`
 /// (`_ov`: intra-warpgroup overlap, `_pp`: pingpong between the consumer
-/// warpgroups, `_w3`: three consumer warpgroups (Br = 192) instead of two).
+/// warpgroups, `_w3`: three consumer warpgroups (Br = 192) instead of two,
+/// `_ps`: persistent, a grid of at most one block per SM looping over tiles).
 macro_rules! hopper_kernels {
-    ($( $name:ident : $t:ty, d = $d:literal, bc = $bc:literal, ov = $ov:literal, pp = $pp:literal, wgs = $wgs:literal; )*) => {$(
+    ($( $name:ident : $t:ty, d = $d:literal, bc = $bc:literal, ov = $ov:literal, pp = $pp:literal, wgs = $wgs:literal, ps = $ps:literal; )*) => {$(
         /// Hopper forward kernel (see [`fwd`]).
         ///
         /// # Safety
@@ -144,7 +145,7 @@ macro_rules! hopper_kernels {
                 )
             };
             // SAFETY: forwarded to the host's launch.
-            unsafe { fwd::forward::<$t, $d, $bc, { $d / 8 }, { $bc / 8 }, { $bc / 16 }, $ov, $pp, $wgs>(tq, tk, tv, &p) }
+            unsafe { fwd::forward::<$t, $d, $bc, { $d / 8 }, { $bc / 8 }, { $bc / 16 }, $ov, $pp, $wgs, $ps>(tq, tk, tv, &p) }
         }
     )*};
 }
@@ -154,30 +155,30 @@ use crate::tc::{Bf16, F16};
 // Keep in step with `HOPPER_KERNELS` in host-crate/src/hopper.rs (the first
 // kernel of a (dtype, d) there is the default).
 hopper_kernels! {
-    flash_fwd_hopper_f16_d64_bc128_ov: F16, d = 64, bc = 128, ov = true, pp = false, wgs = 2;
-    flash_fwd_hopper_bf16_d64_bc128_ov: Bf16, d = 64, bc = 128, ov = true, pp = false, wgs = 2;
-    flash_fwd_hopper_f16_d64_bc192_ov: F16, d = 64, bc = 192, ov = true, pp = false, wgs = 2;
-    flash_fwd_hopper_bf16_d64_bc192_ov: Bf16, d = 64, bc = 192, ov = true, pp = false, wgs = 2;
-    flash_fwd_hopper_f16_d64_bc192_ov_pp: F16, d = 64, bc = 192, ov = true, pp = true, wgs = 2;
-    flash_fwd_hopper_bf16_d64_bc192_ov_pp: Bf16, d = 64, bc = 192, ov = true, pp = true, wgs = 2;
-    flash_fwd_hopper_f16_d64_bc128_ov_w3: F16, d = 64, bc = 128, ov = true, pp = false, wgs = 3;
-    flash_fwd_hopper_bf16_d64_bc128_ov_w3: Bf16, d = 64, bc = 128, ov = true, pp = false, wgs = 3;
-    flash_fwd_hopper_f16_d128_bc128: F16, d = 128, bc = 128, ov = false, pp = false, wgs = 2;
-    flash_fwd_hopper_bf16_d128_bc128: Bf16, d = 128, bc = 128, ov = false, pp = false, wgs = 2;
-    flash_fwd_hopper_f16_d128_bc128_ov: F16, d = 128, bc = 128, ov = true, pp = false, wgs = 2;
-    flash_fwd_hopper_bf16_d128_bc128_ov: Bf16, d = 128, bc = 128, ov = true, pp = false, wgs = 2;
-    flash_fwd_hopper_f16_d128_bc128_ov_pp: F16, d = 128, bc = 128, ov = true, pp = true, wgs = 2;
-    flash_fwd_hopper_bf16_d128_bc128_ov_pp: Bf16, d = 128, bc = 128, ov = true, pp = true, wgs = 2;
-    flash_fwd_hopper_f16_d128_bc176_ov: F16, d = 128, bc = 176, ov = true, pp = false, wgs = 2;
-    flash_fwd_hopper_bf16_d128_bc176_ov: Bf16, d = 128, bc = 176, ov = true, pp = false, wgs = 2;
-    flash_fwd_hopper_f16_d128_bc176_ov_pp: F16, d = 128, bc = 176, ov = true, pp = true, wgs = 2;
-    flash_fwd_hopper_bf16_d128_bc176_ov_pp: Bf16, d = 128, bc = 176, ov = true, pp = true, wgs = 2;
-    flash_fwd_hopper_f16_d256_bc64: F16, d = 256, bc = 64, ov = false, pp = false, wgs = 2;
-    flash_fwd_hopper_bf16_d256_bc64: Bf16, d = 256, bc = 64, ov = false, pp = false, wgs = 2;
-    flash_fwd_hopper_f16_d256_bc64_ov: F16, d = 256, bc = 64, ov = true, pp = false, wgs = 2;
-    flash_fwd_hopper_bf16_d256_bc64_ov: Bf16, d = 256, bc = 64, ov = true, pp = false, wgs = 2;
-    flash_fwd_hopper_f16_d256_bc64_ov_pp: F16, d = 256, bc = 64, ov = true, pp = true, wgs = 2;
-    flash_fwd_hopper_bf16_d256_bc64_ov_pp: Bf16, d = 256, bc = 64, ov = true, pp = true, wgs = 2;
+    flash_fwd_hopper_f16_d64_bc128_ov: F16, d = 64, bc = 128, ov = true, pp = false, wgs = 2, ps = false;
+    flash_fwd_hopper_bf16_d64_bc128_ov: Bf16, d = 64, bc = 128, ov = true, pp = false, wgs = 2, ps = false;
+    flash_fwd_hopper_f16_d64_bc192_ov: F16, d = 64, bc = 192, ov = true, pp = false, wgs = 2, ps = false;
+    flash_fwd_hopper_bf16_d64_bc192_ov: Bf16, d = 64, bc = 192, ov = true, pp = false, wgs = 2, ps = false;
+    flash_fwd_hopper_f16_d64_bc192_ov_pp: F16, d = 64, bc = 192, ov = true, pp = true, wgs = 2, ps = false;
+    flash_fwd_hopper_bf16_d64_bc192_ov_pp: Bf16, d = 64, bc = 192, ov = true, pp = true, wgs = 2, ps = false;
+    flash_fwd_hopper_f16_d64_bc128_ov_w3: F16, d = 64, bc = 128, ov = true, pp = false, wgs = 3, ps = false;
+    flash_fwd_hopper_bf16_d64_bc128_ov_w3: Bf16, d = 64, bc = 128, ov = true, pp = false, wgs = 3, ps = false;
+    flash_fwd_hopper_f16_d64_bc128_ov_w3_ps: F16, d = 64, bc = 128, ov = true, pp = false, wgs = 3, ps = true;
+    flash_fwd_hopper_bf16_d64_bc128_ov_w3_ps: Bf16, d = 64, bc = 128, ov = true, pp = false, wgs = 3, ps = true;
+    flash_fwd_hopper_f16_d128_bc128_ov_ps: F16, d = 128, bc = 128, ov = true, pp = false, wgs = 2, ps = true;
+    flash_fwd_hopper_bf16_d128_bc128_ov_ps: Bf16, d = 128, bc = 128, ov = true, pp = false, wgs = 2, ps = true;
+    flash_fwd_hopper_f16_d256_bc64_ov_ps: F16, d = 256, bc = 64, ov = true, pp = false, wgs = 2, ps = true;
+    flash_fwd_hopper_bf16_d256_bc64_ov_ps: Bf16, d = 256, bc = 64, ov = true, pp = false, wgs = 2, ps = true;
+    flash_fwd_hopper_f16_d128_bc128: F16, d = 128, bc = 128, ov = false, pp = false, wgs = 2, ps = false;
+    flash_fwd_hopper_bf16_d128_bc128: Bf16, d = 128, bc = 128, ov = false, pp = false, wgs = 2, ps = false;
+    flash_fwd_hopper_f16_d128_bc128_ov: F16, d = 128, bc = 128, ov = true, pp = false, wgs = 2, ps = false;
+    flash_fwd_hopper_bf16_d128_bc128_ov: Bf16, d = 128, bc = 128, ov = true, pp = false, wgs = 2, ps = false;
+    flash_fwd_hopper_f16_d128_bc128_ov_pp: F16, d = 128, bc = 128, ov = true, pp = true, wgs = 2, ps = false;
+    flash_fwd_hopper_bf16_d128_bc128_ov_pp: Bf16, d = 128, bc = 128, ov = true, pp = true, wgs = 2, ps = false;
+    flash_fwd_hopper_f16_d256_bc64: F16, d = 256, bc = 64, ov = false, pp = false, wgs = 2, ps = false;
+    flash_fwd_hopper_bf16_d256_bc64: Bf16, d = 256, bc = 64, ov = false, pp = false, wgs = 2, ps = false;
+    flash_fwd_hopper_f16_d256_bc64_ov: F16, d = 256, bc = 64, ov = true, pp = false, wgs = 2, ps = false;
+    flash_fwd_hopper_bf16_d256_bc64_ov: Bf16, d = 256, bc = 64, ov = true, pp = false, wgs = 2, ps = false;
 }
 
 /// The probe kernels (one warpgroup, d = 128, one 64 × 128 tile).
