@@ -9,9 +9,21 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 /// (arch, PTX ISA feature). sm_80 is the portable build (Ampere and later,
-/// PTX ISA 7.1 = CUDA 11.1 drivers); sm_90 is the Hopper build (ISA 8.0).
+/// PTX ISA 7.1 = CUDA 11.1 drivers); sm_90 is the Hopper build (ISA 8.0);
+/// sm_90a adds the Hopper-native kernels (`kernel-crate/src/hopper`, compiled
+/// only with `--cfg fa_sm90a`: wgmma and setmaxnreg exist on sm_90a alone).
 /// Never emit an ISA newer than the oldest driver we support JIT-compiles.
-const ARCHS: &[(&str, &str)] = &[("sm_80", "+ptx71"), ("sm_90", "+ptx80")];
+const ARCHS: &[(&str, &str)] = &[("sm_80", "+ptx71"), ("sm_90", "+ptx80"), ("sm_90a", "+ptx80")];
+
+/// Entry-name prefixes of the warp-specialized Hopper kernels and the
+/// directives their entries get: `setmaxnreg` is ignored (ptxas C7508)
+/// unless the kernel has a register cap at entry, which `.maxntid` with
+/// `.minnctapersm 1` gives (rustc has no launch-bounds attribute).
+/// Threads: 128 per warpgroup, the producer and 2 consumers, or 3 consumers
+/// for the kernels named `*_w3*`.
+const HOPPER_ENTRY_PREFIX: &str = ".entry flash_fwd_hopper_";
+const HOPPER_ENTRY_DIRECTIVES: &str = ".maxntid 384, 1, 1\n.minnctapersm 1";
+const HOPPER_ENTRY_DIRECTIVES_W3: &str = ".maxntid 512, 1, 1\n.minnctapersm 1";
 
 fn main() {
     let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
@@ -31,6 +43,7 @@ fn main() {
             let target_dir = out_dir.join(format!("kernels-{arch}"));
             let mut cmd = Command::new(&cargo);
             clean_env(&mut cmd);
+            let extra: &[&str] = if arch == "sm_90a" { &["--cfg", "fa_sm90a"] } else { &[] };
             cmd.current_dir(&kernel_dir)
                 .env("RUSTC", &rustc)
                 .env(
@@ -47,7 +60,11 @@ fn main() {
                         "-Cllvm-args=-unroll-threshold=5000",
                         "-Awarnings",
                     ]
-                        .join("\x1f"),
+                    .iter()
+                    .chain(extra)
+                    .copied()
+                    .collect::<Vec<&str>>()
+                    .join("\x1f"),
                 )
                 .args(["rustc", "--quiet", "--release", "--target", "nvptx64-nvidia-cuda", "-Zbuild-std=core"])
                 .arg("--target-dir")
@@ -71,8 +88,45 @@ fn main() {
         }
         let asm = target_dir.join("nvptx64-nvidia-cuda/release/deps/flash_attn_kernels.s");
         let dst = out_dir.join(format!("flash_attn_{arch}.ptx"));
-        std::fs::copy(&asm, &dst).unwrap_or_else(|e| panic!("copy {} -> {}: {e}", asm.display(), dst.display()));
+        let ptx = std::fs::read_to_string(&asm).unwrap_or_else(|e| panic!("read {}: {e}", asm.display()));
+        let ptx = if arch == "sm_90a" { add_hopper_entry_directives(&ptx) } else { ptx };
+        std::fs::write(&dst, ptx).unwrap_or_else(|e| panic!("write {}: {e}", dst.display()));
     }
+}
+
+/// Inserts [`HOPPER_ENTRY_DIRECTIVES`] after the parameter list of every
+/// entry named `flash_fwd_hopper_*` (between its closing `)` and `{`).
+fn add_hopper_entry_directives(ptx: &str) -> String {
+    let mut out = String::with_capacity(ptx.len() + 4096);
+    let mut in_hopper_params = false;
+    let mut w3 = false;
+    let mut edited = 0;
+    for line in ptx.lines() {
+        if line.contains(HOPPER_ENTRY_PREFIX) {
+            in_hopper_params = true;
+            w3 = line.contains("_w3");
+        }
+        // Tensor-map parameters (128 bytes, `#[repr(align(16))]` in Rust:
+        // rustc rejects a by-value kernel parameter aligned to more than 16)
+        // get the 64-byte alignment TMA needs, as nvcc declares a
+        // `__grid_constant__ CUtensorMap`. Their offsets (0, 128, 256) are
+        // multiples of 64 either way, so the layout is unchanged.
+        if line.contains("hopper") && line.contains(".param .align 16 .b8 ") && line.trim_end_matches(',').ends_with("[128]") {
+            out.push_str(&line.replacen(".align 16", ".align 64", 1));
+            out.push('\n');
+            continue;
+        }
+        out.push_str(line);
+        out.push('\n');
+        if in_hopper_params && line.trim() == ")" {
+            out.push_str(if w3 { HOPPER_ENTRY_DIRECTIVES_W3 } else { HOPPER_ENTRY_DIRECTIVES });
+            out.push('\n');
+            in_hopper_params = false;
+            edited += 1;
+        }
+    }
+    assert!(edited > 0, "sm_90a PTX: no flash_fwd_hopper_* entry found to add .maxntid to");
+    out
 }
 
 /// `-Zbuild-std=core` compiles core from the toolchain's `rust-src`; say

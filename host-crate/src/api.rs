@@ -688,6 +688,19 @@ impl FlashAttention {
                 // `cfg` has the kernel's threads, grid and dynamic shared memory.
                 unsafe { stream.launch_builder(f).arg(&arg).launch(cfg) }?;
             }
+            (Plan::Hopper { kernel, main }, StatsMut::LogSumExp(mut lse)) => {
+                check_tc_alignment(&p)?;
+                let (lse_ptr, _lse_guard) = lse.device_ptr_mut(stream);
+                p.lse_ptr = lse_ptr;
+                p.br = kernel.br() as u32;
+                p.bc = kernel.bc as u32;
+                // SAFETY: q, k, v, o validated against their shapes and
+                // strides (o non-overlapping), 16-byte aligned with strides
+                // multiple of 8 elements (checked above); headdim == kernel.d
+                // (the plan matched it); lse ≥ batch·nheads·seqlen_q f32;
+                // `main` is the plan's launch for `kernel`.
+                unsafe { crate::hopper::launch(self, stream, kernel, &main, &p) }?;
+            }
             (Plan::TcFa1 { kernel, init, main, accum_len }, StatsMut::Fa1 { mut l, mut m }) => {
                 check_tc_alignment(&p)?;
                 let (l_ptr, _l_guard) = l.device_ptr_mut(stream);
@@ -743,6 +756,17 @@ impl FlashAttention {
             arch: self.compute_capability(),
             features: Features { varlen, mods: alibi || problem.opts.softcap > 0.0, decode: false },
         };
+        // The sm_90a kernels take dense MHA with causal or no mask (GQA,
+        // windows, varlen, softcap and ALiBi stay on the mma.sync kernels).
+        let o = &problem.opts;
+        let plain_mask = o.window_left < 0 && (o.window_right < 0 || (params.causal && o.window_right == 0));
+        let hopper_ok = key.features == Features::default() && problem.dims.nheads_k == problem.dims.nheads && plain_mask;
+        let smem = self.limits().max_smem_per_block;
+        if hopper_ok
+            && let Some(plan) = crate::hopper::plan(self.has_hopper_kernels(), &key, &problem.dims, params.block, smem)?
+        {
+            return Ok(plan);
+        }
         dispatch::plan(&key, &problem.dims, params.block, &self.limits())
     }
 }

@@ -33,9 +33,20 @@ impl FlashAttention {
     /// first load). Errors: [`FlashAttnError::UnsupportedDevice`] below sm_80,
     /// [`FlashAttnError::Driver`] if loading fails.
     pub fn new(ctx: &Arc<CudaContext>) -> Result<Self> {
+        Self::with_family(ctx, crate::hopper::KernelFamily::Auto)
+    }
+
+    /// As [`FlashAttention::new`], choosing the kernel family: `Auto` loads
+    /// the sm_90a build (with the Hopper-native kernels) on compute
+    /// capability 9.0; `MmaSync` keeps the portable build everywhere.
+    pub fn with_family(ctx: &Arc<CudaContext>, family: crate::hopper::KernelFamily) -> Result<Self> {
         let (major, minor) = ctx.compute_capability()?;
         let device_name = ctx.name()?;
-        let build = ptx::for_compute_capability(major, minor).ok_or_else(|| FlashAttnError::UnsupportedDevice {
+        let pick = match family {
+            crate::hopper::KernelFamily::Auto => ptx::for_compute_capability,
+            crate::hopper::KernelFamily::MmaSync => ptx::portable_for_compute_capability,
+        };
+        let build = pick(major, minor).ok_or_else(|| FlashAttnError::UnsupportedDevice {
             name: device_name.clone(),
             major,
             minor,
@@ -46,7 +57,11 @@ impl FlashAttention {
         let module = ctx.load_module(Ptx::from_src(build.ptx))?;
         let mut kernels = HashMap::new();
         let tc_names = crate::tc::TC_KERNELS.iter().map(|k| k.name);
-        for name in dispatch::F32_KERNELS.iter().chain(crate::decode::DECODE_KERNELS).copied().chain(tc_names) {
+        let hopper_names: &[&'static str] = if build.arch == "sm_90a" { crate::hopper::PROBE_KERNELS } else { &[] };
+        let hopper_names = hopper_names.iter().copied().chain(
+            crate::hopper::HOPPER_KERNELS.iter().map(|k| k.name).filter(|_| build.arch == "sm_90a"),
+        );
+        for name in dispatch::F32_KERNELS.iter().chain(crate::decode::DECODE_KERNELS).copied().chain(tc_names).chain(hopper_names) {
             let f = module.load_function(name)?;
             f.set_attribute(CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, max_smem)?;
             kernels.insert(name, f);
@@ -64,7 +79,12 @@ impl FlashAttention {
         &self.module
     }
 
-    /// The PTX build in use (`"sm_80"` or `"sm_90"`).
+    /// Whether the Hopper-native kernels are loaded (the sm_90a build).
+    pub fn has_hopper_kernels(&self) -> bool {
+        self.build.arch == "sm_90a"
+    }
+
+    /// The PTX build in use (`"sm_80"`, `"sm_90"` or `"sm_90a"`).
     pub fn ptx_build(&self) -> PtxBuild {
         self.build
     }

@@ -129,6 +129,8 @@ pub enum Plan {
     /// output (`accum_len` elements, contiguous), l and m to 0, 0, −inf; then
     /// the tensor-core kernel.
     TcFa1 { kernel: &'static TcKernel, init: Launch, main: Launch, accum_len: usize },
+    /// f16/bf16 FA2 on the Hopper-native kernels (sm_90a; `crate::hopper`).
+    Hopper { kernel: &'static crate::hopper::HopperKernel, main: Launch },
 }
 
 /// Every kernel the host loads from the PTX (f32 path).

@@ -19,6 +19,7 @@ pub mod decode;
 pub mod device;
 pub mod dispatch;
 pub mod error;
+pub mod hopper;
 pub mod ndarray_api;
 pub mod params;
 pub mod ptx;
@@ -37,6 +38,7 @@ pub use decode::{BlockTable, DecodeOptions, KvCache, SplitScratch};
 pub use device::FlashAttention;
 pub use dispatch::DType;
 pub use error::{FlashAttnError, Result};
+pub use hopper::KernelFamily;
 pub use ndarray_api::{
     Backend, default_backend, flash_attn_func, flash_attn_func_ext, flash_attn_func_on, flash_attn_func_on_ext,
     flash_attn_varlen_func,

@@ -17,6 +17,8 @@ pub mod arch;
 pub mod decode;
 pub mod fa1;
 pub mod fa2;
+#[cfg(fa_sm90a)]
+pub mod hopper;
 pub mod score;
 pub mod softmax_rows;
 pub mod standard;

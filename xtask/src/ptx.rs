@@ -34,6 +34,30 @@ pub const REQUIRED: &[(&str, &[&str])] = &[
     ),
 ];
 
+/// Instructions the Hopper-native kernels must contain, checked only in
+/// the sm_90a PTX (the other builds do not have these kernels): wgmma
+/// products, TMA copies, mbarrier waits and the register reallocation of the
+/// warp-specialized roles. The sm_90a file itself must exist
+/// ([`HOPPER_TARGET`]).
+pub const REQUIRED_SM90A: &[(&str, &[&str])] = &[(
+    "flash_fwd_hopper_",
+    &[
+        "wgmma.mma_async.sync.aligned",
+        "cp.async.bulk.tensor",
+        "mbarrier.try_wait",
+        "mbarrier.arrive",
+        "setmaxnreg.inc",
+        "setmaxnreg.dec",
+    ],
+)];
+/// The `.target` of the Hopper-native build.
+pub const HOPPER_TARGET: &str = "sm_90a";
+
+/// ptxas messages that fail the check: `setmaxnreg` ignored for want of a
+/// register cap at entry (C7508), and wgmma serialized (a performance bug:
+/// the products lose their asynchrony).
+pub const FORBIDDEN_PTXAS_MESSAGES: &[&str] = &["C7508", "serialized"];
+
 /// Where `ptxas` is: `$PTXAS`, then `PATH`, then the `nvidia-cuda-nvcc` pip
 /// wheel (`<site-packages>/nvidia/cu13/bin/ptxas`, or `cuda_nvcc/bin` for
 /// CUDA 12 wheels).
@@ -183,6 +207,9 @@ pub fn check(ptxas: &Path, files: &[PtxFile], verbose: bool) -> Result<Summary, 
         for l in text.lines().filter(|l| l.contains("warning")) {
             println!("  {l}");
         }
+        for l in text.lines().filter(|l| FORBIDDEN_PTXAS_MESSAGES.iter().any(|m| l.contains(m))) {
+            sum.problems.push(format!("{} ({}): ptxas says: {}", f.path.display(), f.target, l.trim()));
+        }
         sum.targets.push(f.target.clone());
         let report = parse_report(&text);
         let ptx_entries = entries(&f.text);
@@ -223,19 +250,28 @@ pub fn check(ptxas: &Path, files: &[PtxFile], verbose: bool) -> Result<Summary, 
                 }
             }
         }
-        for p in missing_instructions(&ptx_entries) {
+        for p in missing_instructions(&ptx_entries, REQUIRED) {
             sum.problems.push(format!("{} ({}): {p}", f.path.display(), f.target));
         }
+        if f.target == HOPPER_TARGET {
+            for p in missing_instructions(&ptx_entries, REQUIRED_SM90A) {
+                sum.problems.push(format!("{} ({}): {p}", f.path.display(), f.target));
+            }
+        }
+    }
+    if !files.iter().any(|f| f.target == HOPPER_TARGET) {
+        sum.problems.push(format!("no {HOPPER_TARGET} PTX among the embedded files (host-crate/build.rs builds one)"));
     }
     Ok(sum)
 }
 
-/// The [`REQUIRED`] check of one PTX file's entries: each kernel missing a
-/// required instruction, and each prefix no kernel has (so the check cannot
-/// pass by the kernels disappearing or being renamed).
-pub fn missing_instructions(ptx_entries: &[(String, String)]) -> Vec<String> {
+/// The [`REQUIRED`] (or [`REQUIRED_SM90A`]) check of one PTX file's
+/// entries: each kernel missing a required instruction, and each prefix no
+/// kernel has (so the check cannot pass by the kernels disappearing or
+/// being renamed).
+pub fn missing_instructions(ptx_entries: &[(String, String)], required: &[(&str, &[&str])]) -> Vec<String> {
     let mut problems = Vec::new();
-    for (prefix, needed) in REQUIRED {
+    for (prefix, needed) in required {
         let kernels: Vec<_> = ptx_entries.iter().filter(|(name, _)| name.starts_with(prefix)).collect();
         if kernels.is_empty() {
             problems.push(format!("no kernel named `{prefix}*` (required instructions {needed:?})"));
@@ -321,19 +357,35 @@ ptxas info    : Used 255 registers, used 1 barriers, 8192 bytes smem
         assert!(e[0].1.contains("mma.sync") && !e[1].1.contains("mma.sync"));
     }
 
+    fn missing_instructions_tc(e: &[(String, String)]) -> Vec<String> {
+        missing_instructions(e, REQUIRED)
+    }
+
+    #[test]
+    fn requires_hopper_instructions_per_kernel() {
+        let full = "wgmma.mma_async.sync.aligned.m64n128k16 x; cp.async.bulk.tensor.4d y; mbarrier.try_wait.parity z; mbarrier.arrive w; setmaxnreg.inc.sync.aligned.u32 240; setmaxnreg.dec.sync.aligned.u32 24;";
+        let e = |name: &str, body: &str| (name.to_string(), body.to_string());
+        assert!(missing_instructions(&[e("flash_fwd_hopper_f16_d128_bc128", full)], REQUIRED_SM90A).is_empty());
+        let no_setmaxnreg = full.replace("setmaxnreg.inc", "nop");
+        let p = missing_instructions(&[e("flash_fwd_hopper_f16_d128_bc128", &no_setmaxnreg)], REQUIRED_SM90A);
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert!(p[0].contains("setmaxnreg.inc"));
+        assert_eq!(missing_instructions(&[e("flash_fwd_tc_fa2_f16_d64", "x")], REQUIRED_SM90A).len(), 1);
+    }
+
     #[test]
     fn requires_tensor_core_instructions_per_kernel() {
         let full = "\tcp.async.cg.shared.global [%r1], [%rd1], 16, %r2;\n\tldmatrix.sync.aligned.m8n8.x4.shared.b16 {%r3, %r4, %r5, %r6}, [%r7];\n\tldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%r3, %r4, %r5, %r6}, [%r7];\n\tmma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%f1, %f2, %f3, %f4}, {%r3, %r4, %r5, %r6}, {%r8, %r9}, {%f1, %f2, %f3, %f4};\n";
         let e = |name: &str, body: &str| (name.to_string(), body.to_string());
-        assert!(missing_instructions(&[e("flash_fwd_tc_fa2_f16_d64", full), e("fa2_forward_f32", "ret;")]).is_empty());
+        assert!(missing_instructions_tc(&[e("flash_fwd_tc_fa2_f16_d64", full), e("fa2_forward_f32", "ret;")]).is_empty());
         // FA1 without the transposing ldmatrix for V, and without cp.async.
         let no_trans = full.replace(".x4.trans", ".x4").replace("cp.async.cg", "ld.global");
-        let p = missing_instructions(&[e("flash_fwd_tc_fa2_f16_d64", full), e("flash_fwd_tc_fa1_bf16_d64", &no_trans)]);
+        let p = missing_instructions_tc(&[e("flash_fwd_tc_fa2_f16_d64", full), e("flash_fwd_tc_fa1_bf16_d64", &no_trans)]);
         assert_eq!(p.len(), 2, "{p:?}");
         assert!(p[0].contains("flash_fwd_tc_fa1_bf16_d64") && p[0].contains("ldmatrix.sync.aligned.m8n8.x4.trans"));
         assert!(p[1].contains("cp.async.cg.shared.global"));
         // No tensor-core kernel at all is a problem too.
-        let p = missing_instructions(&[e("fa2_forward_f32", "ret;")]);
+        let p = missing_instructions_tc(&[e("fa2_forward_f32", "ret;")]);
         assert_eq!(p.len(), 1);
         assert!(p[0].contains("flash_fwd_tc_"));
     }

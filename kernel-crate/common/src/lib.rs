@@ -14,6 +14,7 @@
 #![cfg_attr(not(feature = "std"), no_std)]
 #![cfg_attr(target_arch = "nvptx64", feature(asm_experimental_arch))]
 
+pub mod hopper;
 pub mod mask;
 pub mod params;
 pub mod plan;

@@ -9,3 +9,15 @@ pub mod cp_async;
 pub mod cvt;
 pub mod ldmatrix;
 pub mod mma;
+// Hopper (sm_90a) primitives: only the sm_90a build compiles them (the
+// older targets' ptxas rejects wgmma and setmaxnreg).
+#[cfg(fa_sm90a)]
+pub mod mbarrier;
+#[cfg(fa_sm90a)]
+pub mod setmaxnreg;
+#[cfg(fa_sm90a)]
+pub mod tma;
+#[cfg(fa_sm90a)]
+pub mod wgmma;
+#[cfg(fa_sm90a)]
+pub mod named_barrier;

@@ -44,6 +44,12 @@ pub fn quad_sum(x: f32) -> f32 {
     x + shfl_xor_f32(x, 2)
 }
 
+/// `min(max(x, 0), hi)` for key bounds.
+#[inline(always)]
+pub fn clamp_keys(x: i64, hi: usize) -> usize {
+    if x <= 0 { 0 } else if x as u64 >= hi as u64 { hi } else { x as usize }
+}
+
 /// XORs the sign bits of a fragment's 16-bit pairs with `q_sign`
 /// (`0x8000_8000` negates exactly, 0 leaves it): a negative softmax scale is
 /// applied as `|scale| · (−q)·k`, so the softmax only ever sees scale ≥ 0.

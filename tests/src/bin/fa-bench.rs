@@ -99,6 +99,11 @@ const IMPLS: &[Impl] = &[
         color: "#d62728",
     },
     Impl {
+        key: "hopper",
+        label: "Hopper (ours)",
+        color: "#e377c2",
+    },
+    Impl {
         key: "fa1",
         label: "FA1 (ours)",
         color: "#ff7f0e",
@@ -166,7 +171,7 @@ USAGE: fa-bench [FLAGS]
   --all-dims           every tensor-core head dim (32,64,96,128,256)
   --seqlens LIST       512,1024,2048,4096,8192,16384    [all six]
   --causal WHICH       both | yes | no                  [both]
-  --impls LIST         fa2,fa1,standard,torch-flash,torch-cudnn,torch-efficient,torch-math [all]
+  --impls LIST         fa2,hopper,fa1,standard,torch-flash,torch-cudnn,torch-efficient,torch-math [all]
   --no-torch           skip the PyTorch backends
   --python PATH        python with torch                [python3]
   --tokens N           batch x seqlen                   [16384]
@@ -743,6 +748,13 @@ impl Gpu {
     fn go(&mut self, o: &Opts, c: &Cfg, w: Which, set: usize) -> Res<()> {
         match w {
             Which::Tc(k) => self.launch(o, c, k, set),
+            Which::Hopper(k) => {
+                let fa2 = TcKernel::default_for(TcLoop::Fa2, k.bf16, k.d, Default::default()).ok_or("no FA2 kernel")?;
+                let p = AttnParams { br: k.br() as u32, bc: k.bc as u32, ..self.params(o, c, fa2, set) };
+                // SAFETY: as `launch` (same buffers and contiguous strides); headdim == k.d.
+                unsafe { flash_attn::hopper::launch_params(&self.fa, &self.stream, k, &p)? };
+                Ok(())
+            }
             Which::Standard => match c.dtype {
                 Dtype::F16 => Ok(self.standard::<half::f16>(o, c, set)?),
                 Dtype::Bf16 => Ok(self.standard::<half::bf16>(o, c, set)?),
@@ -865,6 +877,8 @@ impl Gpu {
 #[derive(Clone, Copy, Debug)]
 enum Which {
     Tc(&'static TcKernel),
+    /// The Hopper-native kernel (sm_90a build only).
+    Hopper(&'static flash_attn::hopper::HopperKernel),
     Standard,
 }
 
@@ -873,6 +887,7 @@ impl Which {
         match self {
             Which::Tc(k) if k.loop_order == TcLoop::Fa1 => "fa1",
             Which::Tc(_) => "fa2",
+            Which::Hopper(_) => "hopper",
             Which::Standard => "standard",
         }
     }
@@ -992,7 +1007,7 @@ fn run_ours(
         .impls
         .iter()
         .copied()
-        .filter(|k| ["fa2", "fa1", "standard"].contains(k))
+        .filter(|k| ["fa2", "hopper", "fa1", "standard"].contains(k))
         .collect();
     if ours.is_empty() && !o.check {
         return Ok(());
@@ -1034,11 +1049,21 @@ fn run_ours(
         let fa1_skip = c.n > o.fa1_max_seqlen;
         let std_skip = c.s_bytes(o) > o.mem_cap_gb * 1e9;
         // What runs for each of our implementations, or why not.
+        let (has_hopper, build_arch) = (gpu.fa.has_hopper_kernels(), gpu.fa.ptx_build().arch);
         let plan = |key: &str| -> Result<Which, String> {
             match key {
                 "fa2" => kernel(TcLoop::Fa2)
                     .map(Which::Tc)
                     .ok_or_else(|| "no FA2 tensor-core kernel for this dtype/d".into()),
+                "hopper" if !has_hopper => Err(format!("no sm_90a build on this device ({build_arch})")),
+                // FA_BENCH_HOPPER=<variant> (e.g. bc128_ov_pp): a candidate
+                // kernel instead of the default.
+                "hopper" => std::env::var("FA_BENCH_HOPPER")
+                    .ok()
+                    .and_then(|v| flash_attn::hopper::HopperKernel::find_variant(c.dtype == Dtype::Bf16, c.d, &v))
+                    .or_else(|| flash_attn::hopper::HopperKernel::find(c.dtype == Dtype::Bf16, c.d))
+                    .map(Which::Hopper)
+                    .ok_or_else(|| "no Hopper kernel for this dtype/d".into()),
                 "fa1" if fa1_skip => Err(format!(
                     "skipped: N > --fa1-max-seqlen {} (FA1's grid is batch·heads = {} blocks)",
                     o.fa1_max_seqlen,
@@ -1114,6 +1139,7 @@ fn run_ours(
                 (Ok(w), _) => Meas {
                     kernel: match w {
                         Which::Tc(k) => Some(k.name),
+                        Which::Hopper(k) => Some(k.name),
                         Which::Standard => None,
                     },
                     ..gpu.time(o, c, w)?
@@ -1244,6 +1270,10 @@ fn ratio(a: Option<f64>, b: Option<f64>) -> Option<f64> {
     }
 }
 
+/// Ratio columns of the Hopper kernel (TFLOP/s of ours over the other).
+const HOPPER_RATIOS: &[(&str, &str)] =
+    &[("torch-flash", "Hopper/flash"), ("torch-cudnn", "Hopper/cuDNN"), ("fa2", "Hopper/FA2")];
+
 const RATIOS: &[(&str, &str)] = &[
     ("torch-flash", "FA2/flash"),
     ("torch-cudnn", "FA2/cuDNN"),
@@ -1288,6 +1318,12 @@ fn markdown(
                 sep += " --- |";
             }
         }
+        for (k, name) in HOPPER_RATIOS {
+            if o.impls.contains(&"hopper") && o.impls.contains(k) {
+                head += &format!(" {name} |");
+                sep += " --- |";
+            }
+        }
         writeln!(s, "{head}\n{sep}").unwrap();
         for c in cfgs {
             let Some(row) = results.get(c) else { continue };
@@ -1323,6 +1359,15 @@ fn markdown(
             for (k, _) in RATIOS {
                 if o.impls.contains(&"fa2") && o.impls.contains(k) {
                     match ratio(fa2, row.get(k).and_then(|m| m.tflops(flops))) {
+                        Some(r) => line += &format!(" {r:.2}× |"),
+                        None => line += " – |",
+                    }
+                }
+            }
+            let hop = row.get("hopper").and_then(|m| m.tflops(flops));
+            for (k, _) in HOPPER_RATIOS {
+                if o.impls.contains(&"hopper") && o.impls.contains(k) {
+                    match ratio(hop, row.get(k).and_then(|m| m.tflops(flops))) {
                         Some(r) => line += &format!(" {r:.2}× |"),
                         None => line += " – |",
                     }

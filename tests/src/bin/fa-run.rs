@@ -522,6 +522,7 @@ fn plan_blocks(p: &Plan) -> Option<(usize, usize)> {
     match p {
         Plan::Fa1 { br, bc, .. } | Plan::Fa2 { br, bc, .. } => Some((*br, *bc)),
         Plan::TcFa2 { kernel, .. } | Plan::TcFa1 { kernel, .. } => Some((kernel.br(), kernel.bc)),
+        Plan::Hopper { kernel, .. } => Some((kernel.br(), kernel.bc)),
         Plan::Standard { .. } => None,
     }
 }
@@ -530,7 +531,7 @@ fn plan_blocks(p: &Plan) -> Option<(usize, usize)> {
 fn plan_kernels(p: &Plan) -> Vec<&'static str> {
     match p {
         Plan::Fa1 { init, main, .. } | Plan::TcFa1 { init, main, .. } => vec![init.kernel, main.kernel],
-        Plan::Fa2 { main, .. } | Plan::TcFa2 { main, .. } => vec![main.kernel],
+        Plan::Fa2 { main, .. } | Plan::TcFa2 { main, .. } | Plan::Hopper { main, .. } => vec![main.kernel],
         Plan::Standard { scores, softmax, pv, .. } => vec![scores.kernel, softmax.kernel, pv.kernel],
     }
 }

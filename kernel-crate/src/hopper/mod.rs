@@ -1,0 +1,214 @@
+//! Hopper-native (sm_90a) forward kernels: `wgmma` products from
+//! 128B-swizzled shared memory filled by TMA copies that complete on
+//! mbarriers, one producer warpgroup and two consumer warpgroups with
+//! `setmaxnreg` (FlashAttention-3's structure; `../shared/HOPPER-KERNEL.md`).
+//!
+//! * [`fwd`]: the FA2-order forward kernel (Q blocks across the grid, K/V
+//!   blocks through a 2-stage full/empty mbarrier pipeline).
+//! * [`probe`]: one warpgroup, one tile: `S = Q·Kᵀ` and `O = P·V` written out
+//!   in f32, to prove the descriptors, the swizzle, the fragment layouts and
+//!   the tensor-map parameter bit-exactly on the GPU.
+//!
+//! Entry points take three tensor maps (Q, K, V; 128 bytes each, by value,
+//! first so that their parameter offsets are 0, 128, 256), then the
+//! [`AttnParams`] every other kernel takes, then `g_tmaps`: 0, or the
+//! address of the same three maps in global memory (384 bytes, 64-byte
+//! aligned), which the kernel then reads instead of its parameters. They are compiled only into the
+//! sm_90a PTX (`--cfg fa_sm90a`), and `host-crate/build.rs` adds `.maxntid`
+//! and `.minnctapersm 1` to their entries so that `setmaxnreg` is honoured.
+
+pub mod fwd;
+pub mod probe;
+
+use crate::arch::wgmma;
+use crate::tc::Elem16;
+use flash_attn_common::AttnParams;
+
+/// A CUDA tensor map (`CUtensorMap`, 128 opaque bytes) as a by-value kernel
+/// parameter (`.param .align 16 .b8 p[128]`). Never read in Rust: the
+/// kernels take its address with [`crate::param_generic_addr`].
+#[repr(C, align(16))]
+#[derive(Clone, Copy)]
+pub struct TensorMap(pub [u64; 16]);
+
+/// Shared-memory matrix descriptor of a 128B-swizzled tile (PTX ISA
+/// §9.7.15.5.1): start address `>> 4` in bits 0–13, leading byte offset
+/// `>> 4` in 16–29, stride byte offset `>> 4` in 32–45, base offset 0 (the
+/// tiles are 1024-byte aligned), swizzle mode 1 (128B) in bits 62–63.
+#[inline(always)]
+pub const fn desc_sw128(addr: u32, lbo: u32, sbo: u32) -> u64 {
+    (((addr & 0x3FFFF) >> 4) as u64) | (((lbo >> 4) as u64) << 16) | (((sbo >> 4) as u64) << 32) | (1u64 << 62)
+}
+
+/// K-major operand (Q, K: the head dim contiguous): rows 128 bytes apart,
+/// 8-row groups 1024 bytes apart (stride offset), leading offset unused (16).
+#[inline(always)]
+pub const fn desc_kmajor(addr: u32) -> u64 {
+    desc_sw128(addr, 16, 1024)
+}
+
+/// MN-major B operand (V read as `Bc × d` with d contiguous, `trans-b = 1`):
+/// 64-column panels `panel_bytes` apart (leading offset), 8-row groups 1024
+/// bytes apart (stride offset).
+#[inline(always)]
+pub const fn desc_mnmajor(addr: u32, panel_bytes: u32) -> u64 {
+    desc_sw128(addr, panel_bytes, 1024)
+}
+
+/// Reinterprets an `[[f32; 4]; N8]` accumulator as `[[f32; 4]; M]` (the
+/// caller checked `N8 == M`).
+#[inline(always)]
+fn acc_as<const N8: usize, const M: usize>(d: &mut [[f32; 4]; N8]) -> &mut [[f32; 4]; M] {
+    assert!(N8 == M);
+    // SAFETY: same type and length (asserted; the check folds at compile time).
+    unsafe { &mut *(d as *mut [[f32; 4]; N8] as *mut [[f32; 4]; M]) }
+}
+
+/// `d (64 × 8·N8) = A·B (+ d)` with A and B K-major in shared memory.
+///
+/// # Safety
+/// As `wgmma::wgmma_ss_*`.
+#[inline(always)]
+pub unsafe fn mma_ss<T: Elem16, const N8: usize>(d: &mut [[f32; 4]; N8], da: u64, db: u64, scale_d: u32) {
+    const { assert!(N8 == 8 || N8 == 16 || N8 == 22 || N8 == 24) };
+    // SAFETY: forwarded to the caller.
+    unsafe {
+        match (N8, T::IS_BF16) {
+            (8, false) => wgmma::wgmma_ss_m64n64k16_f16(acc_as(d), da, db, scale_d),
+            (8, true) => wgmma::wgmma_ss_m64n64k16_bf16(acc_as(d), da, db, scale_d),
+            (16, false) => wgmma::wgmma_ss_m64n128k16_f16(acc_as(d), da, db, scale_d),
+            (16, true) => wgmma::wgmma_ss_m64n128k16_bf16(acc_as(d), da, db, scale_d),
+            (22, false) => wgmma::wgmma_ss_m64n176k16_f16(acc_as(d), da, db, scale_d),
+            (22, true) => wgmma::wgmma_ss_m64n176k16_bf16(acc_as(d), da, db, scale_d),
+            (_, false) => wgmma::wgmma_ss_m64n192k16_f16(acc_as(d), da, db, scale_d),
+            (_, true) => wgmma::wgmma_ss_m64n192k16_bf16(acc_as(d), da, db, scale_d),
+        }
+    }
+}
+
+/// `d (64 × 8·N8) = A·B (+ d)`, A from registers, B MN-major in shared memory.
+///
+/// # Safety
+/// As `wgmma::wgmma_rs_*`.
+#[inline(always)]
+pub unsafe fn mma_rs<T: Elem16, const N8: usize>(d: &mut [[f32; 4]; N8], a: [u32; 4], db: u64, scale_d: u32) {
+    const { assert!(N8 == 8 || N8 == 16 || N8 == 32) };
+    // SAFETY: forwarded to the caller.
+    unsafe {
+        match (N8, T::IS_BF16) {
+            (8, false) => wgmma::wgmma_rs_m64n64k16_f16(acc_as(d), a, db, scale_d),
+            (8, true) => wgmma::wgmma_rs_m64n64k16_bf16(acc_as(d), a, db, scale_d),
+            (16, false) => wgmma::wgmma_rs_m64n128k16_f16(acc_as(d), a, db, scale_d),
+            (16, true) => wgmma::wgmma_rs_m64n128k16_bf16(acc_as(d), a, db, scale_d),
+            (_, false) => wgmma::wgmma_rs_m64n256k16_f16(acc_as(d), a, db, scale_d),
+            (_, true) => wgmma::wgmma_rs_m64n256k16_bf16(acc_as(d), a, db, scale_d),
+        }
+    }
+}
+
+/// The accumulator fence (see `wgmma::acc_fence_n*`) for `N8 · 8` columns.
+#[inline(always)]
+pub fn acc_fence<const N8: usize>(d: &mut [[f32; 4]; N8]) {
+    const { assert!(N8 == 8 || N8 == 16 || N8 == 22 || N8 == 24 || N8 == 32) };
+    match N8 {
+        8 => wgmma::acc_fence_n64(acc_as(d)),
+        16 => wgmma::acc_fence_n128(acc_as(d)),
+        22 => wgmma::acc_fence_n176(acc_as(d)),
+        24 => wgmma::acc_fence_n192(acc_as(d)),
+        _ => wgmma::acc_fence_n256(acc_as(d)),
+    }
+}
+
+/// Kernel entry points: `flash_fwd_hopper_{dtype}_d{D}_bc{Bc}[_ov][_pp][_w3][_ps]`
+/// (`_ov`: intra-warpgroup overlap, `_pp`: pingpong between the consumer
+/// warpgroups, `_w3`: three consumer warpgroups (Br = 192) instead of two,
+/// `_ps`: persistent, a grid of at most one block per SM looping over tiles).
+macro_rules! hopper_kernels {
+    ($( $name:ident : $t:ty, d = $d:literal, bc = $bc:literal, ov = $ov:literal, pp = $pp:literal, wgs = $wgs:literal, ps = $ps:literal; )*) => {$(
+        /// Hopper forward kernel (see [`fwd`]).
+        ///
+        /// # Safety
+        /// The tensor maps describe q, k and v as `host-crate/src/hopper.rs`
+        /// encodes them (boxes of 64 × Br for Q, 64 × Bc for K and V,
+        /// 128B swizzle); `p` valid as for the tensor-core kernels; launched
+        /// with `hopper_threads(WGS)` threads, `HopperSmem::new(D, Bc, WGS).request_bytes()`
+        /// bytes of dynamic shared memory, `ceil(seqlen_q / Br)·batch·nheads` blocks.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $name(_tq: TensorMap, _tk: TensorMap, _tv: TensorMap, p: AttnParams, g_tmaps: u64) {
+            let (tq, tk, tv) = if g_tmaps != 0 {
+                (g_tmaps, g_tmaps + 128, g_tmaps + 256)
+            } else {
+                (
+                    crate::param_generic_addr!(concat!(stringify!($name), "_param_0")),
+                    crate::param_generic_addr!(concat!(stringify!($name), "_param_1")),
+                    crate::param_generic_addr!(concat!(stringify!($name), "_param_2")),
+                )
+            };
+            // SAFETY: forwarded to the host's launch.
+            unsafe { fwd::forward::<$t, $d, $bc, { $d / 8 }, { $bc / 8 }, { $bc / 16 }, $ov, $pp, $wgs, $ps>(tq, tk, tv, &p) }
+        }
+    )*};
+}
+
+use crate::tc::{Bf16, F16};
+
+// Keep in step with `HOPPER_KERNELS` in host-crate/src/hopper.rs (the first
+// kernel of a (dtype, d) there is the default).
+hopper_kernels! {
+    flash_fwd_hopper_f16_d64_bc128_ov: F16, d = 64, bc = 128, ov = true, pp = false, wgs = 2, ps = false;
+    flash_fwd_hopper_bf16_d64_bc128_ov: Bf16, d = 64, bc = 128, ov = true, pp = false, wgs = 2, ps = false;
+    flash_fwd_hopper_f16_d64_bc192_ov: F16, d = 64, bc = 192, ov = true, pp = false, wgs = 2, ps = false;
+    flash_fwd_hopper_bf16_d64_bc192_ov: Bf16, d = 64, bc = 192, ov = true, pp = false, wgs = 2, ps = false;
+    flash_fwd_hopper_f16_d64_bc192_ov_pp: F16, d = 64, bc = 192, ov = true, pp = true, wgs = 2, ps = false;
+    flash_fwd_hopper_bf16_d64_bc192_ov_pp: Bf16, d = 64, bc = 192, ov = true, pp = true, wgs = 2, ps = false;
+    flash_fwd_hopper_f16_d64_bc128_ov_w3: F16, d = 64, bc = 128, ov = true, pp = false, wgs = 3, ps = false;
+    flash_fwd_hopper_bf16_d64_bc128_ov_w3: Bf16, d = 64, bc = 128, ov = true, pp = false, wgs = 3, ps = false;
+    flash_fwd_hopper_f16_d64_bc128_ov_w3_ps: F16, d = 64, bc = 128, ov = true, pp = false, wgs = 3, ps = true;
+    flash_fwd_hopper_bf16_d64_bc128_ov_w3_ps: Bf16, d = 64, bc = 128, ov = true, pp = false, wgs = 3, ps = true;
+    flash_fwd_hopper_f16_d128_bc128_ov_ps: F16, d = 128, bc = 128, ov = true, pp = false, wgs = 2, ps = true;
+    flash_fwd_hopper_bf16_d128_bc128_ov_ps: Bf16, d = 128, bc = 128, ov = true, pp = false, wgs = 2, ps = true;
+    flash_fwd_hopper_f16_d256_bc64_ov_ps: F16, d = 256, bc = 64, ov = true, pp = false, wgs = 2, ps = true;
+    flash_fwd_hopper_bf16_d256_bc64_ov_ps: Bf16, d = 256, bc = 64, ov = true, pp = false, wgs = 2, ps = true;
+    flash_fwd_hopper_f16_d128_bc128: F16, d = 128, bc = 128, ov = false, pp = false, wgs = 2, ps = false;
+    flash_fwd_hopper_bf16_d128_bc128: Bf16, d = 128, bc = 128, ov = false, pp = false, wgs = 2, ps = false;
+    flash_fwd_hopper_f16_d128_bc128_ov: F16, d = 128, bc = 128, ov = true, pp = false, wgs = 2, ps = false;
+    flash_fwd_hopper_bf16_d128_bc128_ov: Bf16, d = 128, bc = 128, ov = true, pp = false, wgs = 2, ps = false;
+    flash_fwd_hopper_f16_d128_bc128_ov_pp: F16, d = 128, bc = 128, ov = true, pp = true, wgs = 2, ps = false;
+    flash_fwd_hopper_bf16_d128_bc128_ov_pp: Bf16, d = 128, bc = 128, ov = true, pp = true, wgs = 2, ps = false;
+    flash_fwd_hopper_f16_d256_bc64: F16, d = 256, bc = 64, ov = false, pp = false, wgs = 2, ps = false;
+    flash_fwd_hopper_bf16_d256_bc64: Bf16, d = 256, bc = 64, ov = false, pp = false, wgs = 2, ps = false;
+    flash_fwd_hopper_f16_d256_bc64_ov: F16, d = 256, bc = 64, ov = true, pp = false, wgs = 2, ps = false;
+    flash_fwd_hopper_bf16_d256_bc64_ov: Bf16, d = 256, bc = 64, ov = true, pp = false, wgs = 2, ps = false;
+}
+
+/// The probe kernels (one warpgroup, d = 128, one 64 × 128 tile).
+macro_rules! probe_kernels {
+    ($( $name:ident : $t:ty; )*) => {$(
+        /// `S = Q·Kᵀ` (64 × 128, f32, to `p.scratch_ptr`) and `O = P·V` with
+        /// `P = S` rounded to the dtype (64 × 128, f32, to `p.o_ptr`), for
+        /// batch 0, head 0 of tensor maps with boxes 64 × 64 (Q) and 64 × 128
+        /// (K, V).
+        ///
+        /// # Safety
+        /// As above; 128 threads, one block, `probe::PROBE_SMEM` bytes.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $name(_tq: TensorMap, _tk: TensorMap, _tv: TensorMap, p: AttnParams, g_tmaps: u64) {
+            let (tq, tk, tv) = if g_tmaps != 0 {
+                (g_tmaps, g_tmaps + 128, g_tmaps + 256)
+            } else {
+                (
+                    crate::param_generic_addr!(concat!(stringify!($name), "_param_0")),
+                    crate::param_generic_addr!(concat!(stringify!($name), "_param_1")),
+                    crate::param_generic_addr!(concat!(stringify!($name), "_param_2")),
+                )
+            };
+            // SAFETY: forwarded to the host's launch.
+            unsafe { probe::probe::<$t>(tq, tk, tv, &p) }
+        }
+    )*};
+}
+
+probe_kernels! {
+    hopper_probe_f16: F16;
+    hopper_probe_bf16: Bf16;
+}
