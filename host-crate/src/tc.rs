@@ -105,10 +105,10 @@ table! {
     Fa2 flash_fwd_tc_fa2v_bf16_d32_w4_m2_bc64 true true false false 32 4 2 64;
     Fa2 flash_fwd_tc_fa2v_f16_d64_w4_m2_bc96 false true false false 64 4 2 96;
     Fa2 flash_fwd_tc_fa2v_bf16_d64_w4_m2_bc96 true true false false 64 4 2 96;
-    Fa2 flash_fwd_tc_fa2v_f16_d96_w4_m2_bc64 false true false false 96 4 2 64;
-    Fa2 flash_fwd_tc_fa2v_bf16_d96_w4_m2_bc64 true true false false 96 4 2 64;
-    Fa2 flash_fwd_tc_fa2v_f16_d128_w4_m2_bc32 false true false false 128 4 2 32;
-    Fa2 flash_fwd_tc_fa2v_bf16_d128_w4_m2_bc32 true true false false 128 4 2 32;
+    Fa2 flash_fwd_tc_fa2v_f16_d96_w4_m2_bc80 false true false false 96 4 2 80;
+    Fa2 flash_fwd_tc_fa2v_bf16_d96_w4_m2_bc80 true true false false 96 4 2 80;
+    Fa2 flash_fwd_tc_fa2v_f16_d128_w4_m2_bc48 false true false false 128 4 2 48;
+    Fa2 flash_fwd_tc_fa2v_bf16_d128_w4_m2_bc48 true true false false 128 4 2 48;
     Fa2 flash_fwd_tc_fa2v_f16_d160_w8_m1_bc64 false true false false 160 8 1 64;
     Fa2 flash_fwd_tc_fa2v_bf16_d160_w8_m1_bc64 true true false false 160 8 1 64;
     Fa2 flash_fwd_tc_fa2v_f16_d192_w8_m1_bc64 false true false false 192 8 1 64;

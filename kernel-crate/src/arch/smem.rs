@@ -26,3 +26,28 @@ pub fn smem_addr<T>(p: *const T) -> u32 {
     };
     a
 }
+
+/// `st.shared.u32 [addr], v` (a 32-bit shared-window address).
+///
+/// # Safety
+/// `addr` 4-byte aligned inside the block's shared memory.
+#[inline(always)]
+pub unsafe fn st_shared_u32(addr: u32, v: u32) {
+    // SAFETY: caller.
+    unsafe { core::arch::asm!("st.shared.u32 [{a}], {v};", a = in(reg32) addr, v = in(reg32) v, options(nostack)) };
+}
+
+/// `ld.volatile.shared.u32`: a block-uniform value kept in shared memory
+/// and read where it is used, so it holds no register across a loop (the
+/// compiler may not hoist a volatile load).
+///
+/// # Safety
+/// `addr` 4-byte aligned inside the block's shared memory, written before
+/// a barrier that this thread passed.
+#[inline(always)]
+pub unsafe fn ld_volatile_shared_u32(addr: u32) -> u32 {
+    let v: u32;
+    // SAFETY: caller.
+    unsafe { core::arch::asm!("ld.volatile.shared.u32 {v}, [{a}];", v = out(reg32) v, a = in(reg32) addr, options(nostack, readonly)) };
+    v
+}

@@ -25,7 +25,7 @@ use super::tile::{SmemTile, tile_bytes};
 use super::{Elem16, mma, pack};
 use crate::arch::cp_async::{cp_async_commit, cp_async_wait};
 use crate::arch::shfl::{shfl_xor_f32, vote_all};
-use crate::arch::smem::{dynamic_smem, smem_addr};
+use crate::arch::smem::{dynamic_smem, ld_volatile_shared_u32, smem_addr, st_shared_u32};
 use crate::arch::sreg;
 use crate::arch::sync::sync_threads;
 use flash_attn_common::{AttnParams, Real, RowState};
@@ -503,7 +503,31 @@ pub unsafe fn forward<
     let kv_bytes = tile_bytes(BC, D) as u32;
     let s_k = |buf: usize| SmemTile::<D> { base: k_base + buf as u32 * kv_bytes };
     let s_v = |buf: usize| SmemTile::<D> { base: k_base + (2 + buf) as u32 * kv_bytes };
-    let load_kv = |j: usize| {
+    // Varlen and decode kernels keep the sequence's key count and the loop
+    // bounds in shared memory (read where used: no registers held across
+    // the loop), dense kernels in registers (theirs come from the parameter
+    // space).
+    const UNI_K: u32 = 0;
+    const UNI_J_END: u32 = 4;
+    const UNI_FULL_START: u32 = 8;
+    const UNI_FULL_END: u32 = 12;
+    // The 16 padding bytes of Q's row 0 (never read by ldmatrix, never
+    // written by the loads: they cover columns < D only).
+    let uni_addr = base + 2 * D as u32;
+    let in_smem = VARLEN || DECODE;
+    if in_smem && tid == 0 {
+        // SAFETY: Q row 0's padding (row_bytes = 2·D + 16); read after the
+        // loop's first barrier.
+        unsafe {
+            st_shared_u32(uni_addr + UNI_K, nk as u32);
+            st_shared_u32(uni_addr + UNI_J_END, j_end as u32);
+            st_shared_u32(uni_addr + UNI_FULL_START, full_start);
+            st_shared_u32(uni_addr + UNI_FULL_END, full_end);
+        }
+    }
+    // SAFETY: as above (only called after a barrier when `in_smem`).
+    let uni = |off: u32, reg: u32| if in_smem { unsafe { ld_volatile_shared_u32(uni_addr + off) } } else { reg };
+    let load_kv = |j: usize, nk: usize| {
         let k0 = j * BC;
         let valid = (nk - k0).min(BC);
         // SAFETY: rows k0..k0+valid of K and V exist (host-checked shapes,
@@ -520,7 +544,7 @@ pub unsafe fn forward<
     unsafe { s_q.load_async(g_q, qs1, br, (nq - q0).min(br), d, tid, nt) };
     cp_async_commit();
     if j_first < j_end {
-        load_kv(j_first);
+        load_kv(j_first, nk);
     }
 
     let mut r_o = [[[0f32; 4]; DN]; MT];
@@ -532,7 +556,11 @@ pub unsafe fn forward<
     let soft_scale = if MODS { 1.0 } else { scale_log2 };
 
     // ---- main loop over K/V blocks -----------------------------------------
-    for j in j_first..j_end {
+    // The first bound check reads the register (no barrier passed yet); the
+    // loop's barrier comes before every later read of the uniforms.
+    let mut j = j_first;
+    let mut go = j_first < j_end;
+    while go {
         // K_j and V_j were issued together one iteration ago (or in the
         // prologue). One barrier makes what landed visible to every warp and
         // frees buffers (j+1)&1 (last read in iteration j−1) for the prefetch
@@ -553,9 +581,9 @@ pub unsafe fn forward<
                 }
             }
         }
-        let more = j + 1 < j_end;
+        let more = j + 1 < uni(UNI_J_END, j_end as u32) as usize;
         if more {
-            load_kv(j + 1);
+            load_kv(j + 1, uni(UNI_K, nk as u32) as usize);
         }
 
         // SAFETY: K_j landed and a barrier passed.
@@ -570,7 +598,7 @@ pub unsafe fn forward<
                 mods.apply(&mut r_s[mt], k0, t, [r0, r0 + 8]);
             }
         }
-        if (k0 as u32) < full_start || (k0 + BC) as u32 > full_end {
+        if (k0 as u32) < uni(UNI_FULL_START, full_start) || (k0 + BC) as u32 > uni(UNI_FULL_END, full_end) {
             // Window edge, diagonal (causal) or tail block: mask per element.
             let (row0, win) = fresh_window::<MT, NW, VARLEN, DECODE>(p, num_m);
             for mt in 0..MT {
@@ -592,10 +620,12 @@ pub unsafe fn forward<
         }
         // SAFETY: V_j landed and a barrier passed.
         unsafe { pv::<T, D, DN, BCN, BCK, MT>(&mut r_o, &r_s, s_v(j & 1), lane) };
+        go = more;
+        j += 1;
     }
-    if j_first >= j_end {
-        cp_async_wait::<0>(); // the Q copy: never leave with copies in flight
-    }
+    // Never leave with copies in flight (the Q copy when no key block ran;
+    // a no-op otherwise: the last block waited for everything).
+    cp_async_wait::<0>();
 
     // ---- epilogue: one 1/l, store O and the logsumexp -----------------------
     // Block coordinates derived again from the special registers (and the

@@ -122,10 +122,10 @@ tc_kernels! {
     fa2 flash_fwd_tc_fa2v_bf16_d32_w4_m2_bc64: Bf16, d = 32, w = 4, mt = 2, bc = 64, qreg = true, split = true, varlen = true, mods = false, decode = false;
     fa2 flash_fwd_tc_fa2v_f16_d64_w4_m2_bc96: F16, d = 64, w = 4, mt = 2, bc = 96, qreg = false, split = false, varlen = true, mods = false, decode = false;
     fa2 flash_fwd_tc_fa2v_bf16_d64_w4_m2_bc96: Bf16, d = 64, w = 4, mt = 2, bc = 96, qreg = false, split = false, varlen = true, mods = false, decode = false;
-    fa2 flash_fwd_tc_fa2v_f16_d96_w4_m2_bc64: F16, d = 96, w = 4, mt = 2, bc = 64, qreg = false, split = false, varlen = true, mods = false, decode = false;
-    fa2 flash_fwd_tc_fa2v_bf16_d96_w4_m2_bc64: Bf16, d = 96, w = 4, mt = 2, bc = 64, qreg = false, split = false, varlen = true, mods = false, decode = false;
-    fa2 flash_fwd_tc_fa2v_f16_d128_w4_m2_bc32: F16, d = 128, w = 4, mt = 2, bc = 32, qreg = false, split = true, varlen = true, mods = false, decode = false;
-    fa2 flash_fwd_tc_fa2v_bf16_d128_w4_m2_bc32: Bf16, d = 128, w = 4, mt = 2, bc = 32, qreg = false, split = true, varlen = true, mods = false, decode = false;
+    fa2 flash_fwd_tc_fa2v_f16_d96_w4_m2_bc80: F16, d = 96, w = 4, mt = 2, bc = 80, qreg = false, split = false, varlen = true, mods = false, decode = false;
+    fa2 flash_fwd_tc_fa2v_bf16_d96_w4_m2_bc80: Bf16, d = 96, w = 4, mt = 2, bc = 80, qreg = false, split = false, varlen = true, mods = false, decode = false;
+    fa2 flash_fwd_tc_fa2v_f16_d128_w4_m2_bc48: F16, d = 128, w = 4, mt = 2, bc = 48, qreg = false, split = true, varlen = true, mods = false, decode = false;
+    fa2 flash_fwd_tc_fa2v_bf16_d128_w4_m2_bc48: Bf16, d = 128, w = 4, mt = 2, bc = 48, qreg = false, split = true, varlen = true, mods = false, decode = false;
     fa2 flash_fwd_tc_fa2v_f16_d160_w8_m1_bc64: F16, d = 160, w = 8, mt = 1, bc = 64, qreg = false, split = false, varlen = true, mods = false, decode = false;
     fa2 flash_fwd_tc_fa2v_bf16_d160_w8_m1_bc64: Bf16, d = 160, w = 8, mt = 1, bc = 64, qreg = false, split = false, varlen = true, mods = false, decode = false;
     fa2 flash_fwd_tc_fa2v_f16_d192_w8_m1_bc64: F16, d = 192, w = 8, mt = 1, bc = 64, qreg = false, split = false, varlen = true, mods = false, decode = false;

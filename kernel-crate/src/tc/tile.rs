@@ -42,7 +42,7 @@ impl<const D: usize> SmemTile<D> {
     #[inline(always)]
     pub unsafe fn load_async(&self, g: *const u16, row_stride: u64, rows: usize, rows_valid: usize, cols_valid: usize, tid: usize, nt: usize) {
         // SAFETY: forwarded (rows < rows_valid are readable at this address).
-        unsafe { self.load_rows_async(g, |r| g.wrapping_add(r * row_stride as usize), rows, rows_valid, cols_valid, tid, nt) }
+        unsafe { self.load_chunks_async(g, |r| g.wrapping_add(r * row_stride as usize), rows, rows_valid, cols_valid, tid, nt) }
     }
 
     /// [`SmemTile::load_async`] with the address of each row given by
@@ -65,6 +65,47 @@ impl<const D: usize> SmemTile<D> {
     ) {
         const { assert!(D % 8 == 0) };
         let cpr = D / 8; // 16-byte chunks per row
+        // One address per row and thread when the threads split the rows
+        // evenly (paged K/V: the page lookup is per row, not per chunk):
+        // thread `tid` copies chunks `c0..c0 + cpt` of row `tid / tpr`.
+        if nt % rows == 0 && nt >= rows && cpr % (nt / rows) == 0 {
+            let tpr = nt / rows;
+            let cpt = cpr / tpr;
+            if tid < nt {
+                let r = tid / tpr;
+                let c0 = (tid % tpr) * cpt;
+                let ok_row = r < rows_valid;
+                let src_row = if ok_row { row_ptr(r) } else { base };
+                for c in c0..c0 + cpt {
+                    let ok = ok_row && c * 8 < cols_valid;
+                    let src = if ok { src_row.wrapping_add(c * 8) } else { base };
+                    // SAFETY: see the function's contract; src_size 0 reads nothing.
+                    unsafe { cp_async_cg_16(self.addr(r, c * 8), src as *const u8, if ok { 16 } else { 0 }) };
+                }
+            }
+            return;
+        }
+        // SAFETY: forwarded.
+        unsafe { self.load_chunks_async(base, row_ptr, rows, rows_valid, cols_valid, tid, nt) }
+    }
+
+    /// The chunk loop of the loads: consecutive threads on consecutive
+    /// 16-byte chunks (coalesced rows), one `row_ptr` per chunk.
+    ///
+    /// # Safety
+    /// As [`SmemTile::load_rows_async`].
+    #[inline(always)]
+    unsafe fn load_chunks_async(
+        &self,
+        base: *const u16,
+        row_ptr: impl Fn(usize) -> *const u16,
+        rows: usize,
+        rows_valid: usize,
+        cols_valid: usize,
+        tid: usize,
+        nt: usize,
+    ) {
+        let cpr = D / 8;
         let total = rows * cpr;
         let mut i = tid;
         while i < total {
