@@ -1,0 +1,99 @@
+//! The CUDA path: flash-attn's kernels on candle's buffers, zero copy.
+//!
+//! * q, k, v: `as_cuda_slice().slice(start_offset..)`, a cudarc `CudaView`
+//!   of candle's own allocation, with candle's strides as our
+//!   [`TensorLayout`] (one cudarc is shared: candle's types are ours).
+//! * Stream: candle's (`CudaDevice::cuda_stream`); the kernels are loaded
+//!   once per CUDA context ([`kernels`]) and no stream of ours is created.
+//! * Output and logsumexp: allocated on that stream (uninitialized: the
+//!   kernel writes every element), the output wrapped with
+//!   `CudaStorage::wrap_cuda_slice`. Nothing synchronizes the host.
+
+use std::sync::{Arc, Mutex};
+
+use candle_core::backend::{BackendDevice, BackendStorage};
+use candle_core::cuda_backend::CudaDType;
+use candle_core::cuda_backend::cudarc::driver::CudaStream;
+use candle_core::{CudaStorage, DType, Layout, Result};
+use flash_attn::{AttnElem, FlashAttention, StatsMut, Tensor, TensorLayout, TensorMut};
+use half::{bf16, f16};
+
+use crate::check::{Checked, core_err, err};
+
+/// The dtypes `cuda_fwd` takes.
+pub(crate) const DTYPES: &[DType] = &[DType::F32, DType::F16, DType::BF16];
+
+/// The flash-attn kernels loaded in `stream`'s context, loaded on first use
+/// (the driver JIT-compiles the PTX once per context).
+pub fn kernels(stream: &Arc<CudaStream>) -> Result<Arc<FlashAttention>> {
+    static LOADED: Mutex<Vec<(usize, Arc<FlashAttention>)>> = Mutex::new(Vec::new());
+    let ctx = stream.context();
+    let key = ctx.cu_ctx() as usize;
+    let mut loaded = LOADED.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, fa)) = loaded.iter().find(|(k, _)| *k == key) {
+        return Ok(fa.clone());
+    }
+    let fa = Arc::new(FlashAttention::new(ctx).map_err(core_err)?);
+    loaded.push((key, fa.clone()));
+    Ok(fa)
+}
+
+pub(crate) fn forward(
+    c: &Checked,
+    q: &CudaStorage,
+    q_l: &Layout,
+    k: &CudaStorage,
+    k_l: &Layout,
+    v: &CudaStorage,
+    v_l: &Layout,
+) -> Result<(CudaStorage, CudaStorage)> {
+    match q.dtype() {
+        DType::F32 => run::<f32>(c, q, q_l, k, k_l, v, v_l),
+        DType::F16 => run::<f16>(c, q, q_l, k, k_l, v, v_l),
+        DType::BF16 => run::<bf16>(c, q, q_l, k, k_l, v, v_l),
+        dt => Err(err(format_args!("`q`: dtype {dt:?} is not supported on the GPU (supported: {DTYPES:?})"))),
+    }
+}
+
+fn run<T: AttnElem + CudaDType>(
+    c: &Checked,
+    q: &CudaStorage,
+    q_l: &Layout,
+    k: &CudaStorage,
+    k_l: &Layout,
+    v: &CudaStorage,
+    v_l: &Layout,
+) -> Result<(CudaStorage, CudaStorage)> {
+    let dev = q.device();
+    for (argument, s) in [("k", k), ("v", v)] {
+        if !s.device().same_device(dev) {
+            return Err(err(format_args!("device mismatch: `{argument}` is on {:?} but `q` on {:?}", s.device(), dev)));
+        }
+    }
+    let stream = dev.cuda_stream();
+    let fa = kernels(&stream)?;
+    let view = |s: &CudaStorage, l: &Layout| -> Result<_> {
+        let slice = s.as_cuda_slice::<T>()?;
+        Ok(slice.slice(l.start_offset().min(slice.len())..))
+    };
+    let (qv, kv, vv) = (view(q, q_l)?, view(k, k_l)?, view(v, v_l)?);
+    let o_layout = TensorLayout::contiguous(c.q.shape);
+    let o_len = o_layout.num_elements().ok_or_else(|| err("`q`: the output's size overflows"))?;
+    let (b, h, s) = c.lse_shape();
+    // SAFETY: uninitialized device memory; the forward pass writes every
+    // element of o and of the logsumexp (rows that see no key: 0 and −inf)
+    // before anything reads them, in stream order.
+    let mut o = unsafe { stream.alloc::<T>(o_len) }.map_err(|e| err(e))?;
+    let mut lse = unsafe { stream.alloc::<f32>(b * h * s) }.map_err(|e| err(e))?;
+    fa.forward_into(
+        &stream,
+        Tensor::new(&qv, c.q),
+        Tensor::new(&kv, c.k),
+        Tensor::new(&vv, c.v),
+        TensorMut::new(&mut o, o_layout),
+        StatsMut::LogSumExp(lse.as_view_mut()),
+        &c.params,
+    )
+    .map_err(core_err)?;
+    Ok((CudaStorage::wrap_cuda_slice(o, dev.clone()), CudaStorage::wrap_cuda_slice(lse, dev.clone())))
+}
