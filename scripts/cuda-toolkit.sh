@@ -6,6 +6,12 @@
 #
 #   scripts/cuda-toolkit.sh [DIR]        (default: .cuda-toolkit at the repo root)
 #   eval "$(scripts/cuda-toolkit.sh --env [DIR])"
+#   scripts/cuda-toolkit.sh --env-lines [DIR]   (KEY=VALUE lines, for `cargo xtask candle`)
+#
+# Running a binary built this way on a machine without a GPU (candle's CPU
+# device only) needs the libraries at run time too:
+#   LD_LIBRARY_PATH=DIR/lib:DIR/nvidia/cu13/lib   (the stub libcuda.so.1 never gets called)
+# On a GPU machine use the driver's libcuda instead (never DIR/lib).
 #
 # Why 13.0: the H100 box's driver is CUDA 13.0 and JIT-compiles PTX ISA <= 9.0;
 # nvcc 13.5 emits ISA 9.5, and cudarc 0.19.10's build script refuses it.
@@ -18,6 +24,7 @@ set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 env_only=0
 if [[ "${1:-}" == "--env" ]]; then env_only=1; shift; fi
+if [[ "${1:-}" == "--env-lines" ]]; then env_only=2; shift; fi
 dir="${1:-$root/.cuda-toolkit}"
 mkdir -p "$dir"
 dir="$(cd "$dir" && pwd)"
@@ -30,7 +37,14 @@ print_env() {
   # No nvidia-smi here: say which GPU to build candle's kernels for (H100).
   echo "export CUDA_COMPUTE_CAP=\"\${CUDA_COMPUTE_CAP:-90}\""
 }
+print_env_lines() {
+  echo "CUDA_ROOT=$cu"; echo "CUDA_PATH=$cu"; echo "CUDA_HOME=$cu"
+  echo "PATH=$cu/bin:$PATH"
+  echo "LIBRARY_PATH=$dir/lib${LIBRARY_PATH:+:$LIBRARY_PATH}"
+  echo "CUDA_COMPUTE_CAP=${CUDA_COMPUTE_CAP:-90}"
+}
 if [[ $env_only == 1 ]]; then print_env; exit 0; fi
+if [[ $env_only == 2 ]]; then print_env_lines; exit 0; fi
 
 pkgs=(
   "nvidia-cuda-nvcc==13.0.88" "nvidia-nvvm==13.0.*" "nvidia-cuda-crt==13.0.*" "nvidia-cuda-cccl==13.0.*"
@@ -57,6 +71,7 @@ if [[ ! -e "$dir/lib/libcuda.so" ]]; then
   } | tr -d ' (' | sort -u | sed 's/.*/void &(void) {}/' > "$dir/lib/libcuda_stub.c"
   gcc -shared -fPIC -Wl,-soname,libcuda.so.1 -o "$dir/lib/libcuda.so" "$dir/lib/libcuda_stub.c"
 fi
+ln -sf libcuda.so "$dir/lib/libcuda.so.1"
 touch "$dir/.complete"
 echo "cuda-toolkit: installed in $dir; build with:" >&2
 print_env
