@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 
 use candle_core::backend::{BackendDevice, BackendStorage};
 use candle_core::cuda_backend::CudaDType;
-use candle_core::cuda_backend::cudarc::driver::CudaStream;
+use candle_core::cuda_backend::cudarc::driver::{CudaStream, CudaView};
 use candle_core::{CudaStorage, DType, Layout, Result};
 use flash_attn::{AttnElem, FlashAttention, StatsMut, Tensor, TensorLayout, TensorMut};
 use half::{bf16, f16};
@@ -55,6 +55,13 @@ pub(crate) fn forward(
     }
 }
 
+/// candle's buffer from the layout's start offset on, as a cudarc view
+/// (no copy; the strides travel in our `TensorLayout`).
+fn view<'a, T: CudaDType>(s: &'a CudaStorage, l: &Layout) -> Result<CudaView<'a, T>> {
+    let slice = s.as_cuda_slice::<T>()?;
+    Ok(slice.slice(l.start_offset().min(slice.len())..))
+}
+
 fn run<T: AttnElem + CudaDType>(
     c: &Checked,
     q: &CudaStorage,
@@ -72,11 +79,7 @@ fn run<T: AttnElem + CudaDType>(
     }
     let stream = dev.cuda_stream();
     let fa = kernels(&stream)?;
-    let view = |s: &CudaStorage, l: &Layout| -> Result<_> {
-        let slice = s.as_cuda_slice::<T>()?;
-        Ok(slice.slice(l.start_offset().min(slice.len())..))
-    };
-    let (qv, kv, vv) = (view(q, q_l)?, view(k, k_l)?, view(v, v_l)?);
+    let (qv, kv, vv) = (view::<T>(q, q_l)?, view::<T>(k, k_l)?, view::<T>(v, v_l)?);
     let o_layout = TensorLayout::contiguous(c.q.shape);
     let o_len = o_layout.num_elements().ok_or_else(|| err("`q`: the output's size overflows"))?;
     let (b, h, s) = c.lse_shape();
