@@ -44,6 +44,12 @@ for d in $(python3 -c 'import nvidia, os; print(" ".join(os.path.join(p, "cu13",
   libs="$libs:$d"
 done
 export LD_LIBRARY_PATH="$libs:${LD_LIBRARY_PATH:-}"
+# Any library still missing: look for it under /usr and /opt.
+for lib in $(ldd ./llama-check | awk '/not found/ {print $1}'); do
+  d=$(find /usr /opt -name "$lib" 2>/dev/null | head -1)
+  [[ -n "$d" ]] && export LD_LIBRARY_PATH="$(dirname "$d"):$LD_LIBRARY_PATH"
+done
+ldd ./llama-check | grep -E 'cuda|cublas|curand|nvrtc|not found'
 fail=0
 for t in tests/*; do
   echo "== $t"
