@@ -31,10 +31,13 @@ use cudarc::driver::{
 use flash_attn_common::{AttnParams, LOG2_E};
 
 use crate::device::FlashAttention;
-use crate::dispatch::{self, DType, Dims, DispatchKey, Plan};
+use crate::dispatch::{self, DType, Dims, DispatchKey, Features, Plan};
+use crate::varlen::{check_alibi, check_gqa};
+use crate::varlen_api::VarlenLaunch;
 use crate::error::{FlashAttnError, Result};
 
 pub use crate::params::{AlibiShape, ForwardParams, LoopOrder, Resolved};
+pub use crate::varlen_api::{Varlen, VarlenOutput};
 
 /// Shape and element strides of one `(batch, seqlen, nheads, headdim)`
 /// tensor; the head dimension is contiguous (stride 1).
@@ -225,11 +228,14 @@ pub fn default_softmax_scale(headdim: usize) -> f32 {
     (1.0 / (headdim as f64).sqrt()) as f32
 }
 
-/// A validated problem: sizes and the effective softmax scale.
+/// A validated problem: sizes and the effective options.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Problem {
+    /// For varlen: `batch` = sequences, `seqlen_q/k` = the maxima.
     pub dims: Dims,
     pub softmax_scale: f32,
+    /// Window and softcap after FlashAttention-2's normalization.
+    pub opts: Resolved,
 }
 
 impl Problem {
@@ -237,6 +243,33 @@ impl Problem {
     pub fn stats_len(&self) -> usize {
         // Cannot overflow: q's layout (which has these axes) was validated.
         self.dims.batch * self.dims.nheads * self.dims.seqlen_q
+    }
+}
+
+/// Optional device-side inputs of a call beyond q, k and v.
+#[derive(Clone, Copy, Default)]
+pub struct Extras<'a> {
+    /// ALiBi slopes, f32 `(nheads)` or `(batch, nheads)` (FA2 paths).
+    pub alibi_slopes: Option<AlibiSlopes<'a>>,
+}
+
+impl std::fmt::Debug for Extras<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Extras").field("alibi_slopes", &self.alibi_slopes.map(|a| (a.slopes.len(), a.shape))).finish()
+    }
+}
+
+/// ALiBi slopes on the device: bias `−slope · |i + seqlen_k − seqlen_q − j|`
+/// added after the softcap.
+#[derive(Clone, Copy)]
+pub struct AlibiSlopes<'a> {
+    pub slopes: &'a dyn DevicePtr<f32>,
+    pub shape: AlibiShape,
+}
+
+impl<'a> AlibiSlopes<'a> {
+    pub fn new(slopes: &'a dyn DevicePtr<f32>, shape: AlibiShape) -> Self {
+        Self { slopes, shape }
     }
 }
 
@@ -285,11 +318,11 @@ pub fn validate(
     check_layout("v", v.0, v.1)?;
     let (ql, kl, vl) = (q.0, k.0, v.0);
     expect_eq("k", "batch", kl.batch(), ql.batch(), "same as q")?;
-    expect_eq("k", "nheads", kl.nheads(), ql.nheads(), "same as q")?;
+    check_gqa(ql.nheads(), kl.nheads())?;
     expect_eq("k", "headdim", kl.headdim(), ql.headdim(), "same as q")?;
     expect_eq("v", "batch", vl.batch(), ql.batch(), "same as q")?;
     expect_eq("v", "seqlen", vl.seqlen(), kl.seqlen(), "same as k")?;
-    expect_eq("v", "nheads", vl.nheads(), ql.nheads(), "same as q")?;
+    expect_eq("v", "nheads", vl.nheads(), kl.nheads(), "same as k")?;
     expect_eq("v", "headdim", vl.headdim(), ql.headdim(), "same as q")?;
     let ol = o.0;
     for (a, (&got, &want)) in ol.shape.iter().zip(ql.shape.iter()).enumerate() {
@@ -300,13 +333,17 @@ pub fn validate(
         return Err(FlashAttnError::OverlappingOutput { argument: "o", shape: ol.shape, strides: ol.strides });
     }
     let d = ql.headdim();
-    let softmax_scale = params.softmax_scale.unwrap_or_else(|| default_softmax_scale(d));
-    if !softmax_scale.is_finite() {
-        return Err(FlashAttnError::InvalidSoftmaxScale { value: softmax_scale });
-    }
+    let opts = params.resolve(d, kl.seqlen())?;
     // batch·nheads·seqlen_q fits (q's element count does), as does the lse index.
-    let dims = Dims { batch: ql.batch(), nheads: ql.nheads(), seqlen_q: ql.seqlen(), seqlen_k: kl.seqlen(), headdim: d };
-    Ok(Problem { dims, softmax_scale })
+    let dims = Dims {
+        batch: ql.batch(),
+        nheads: ql.nheads(),
+        nheads_k: kl.nheads(),
+        seqlen_q: ql.seqlen(),
+        seqlen_k: kl.seqlen(),
+        headdim: d,
+    };
+    Ok(Problem { dims, softmax_scale: opts.softmax_scale, opts })
 }
 
 /// The tensor-core kernels move 16-byte chunks (`cp.async`, 4-byte output
@@ -343,7 +380,7 @@ fn check_stats(argument: &'static str, len: usize, required: usize) -> Result<()
 }
 
 impl FlashAttention {
-    fn check_stream(&self, argument: &'static str, stream: &CudaStream) -> Result<()> {
+    pub(crate) fn check_stream(&self, argument: &'static str, stream: &CudaStream) -> Result<()> {
         let ctx = stream.context();
         if ctx.cu_ctx() != self.context().cu_ctx() {
             return Err(FlashAttnError::ContextMismatch { argument, found: ctx.ordinal(), expected: self.context().ordinal() });
@@ -375,36 +412,7 @@ impl FlashAttention {
         K: DevicePtr<T>,
         V: DevicePtr<T>,
     {
-        // Validate before allocating, with O's layout as it will be.
-        let o_layout = TensorLayout::contiguous(q.layout.shape);
-        let o_len = o_layout.required_len().unwrap_or(usize::MAX);
-        let problem = validate(
-            (&q.layout, q.data.len()),
-            (&k.layout, k.data.len()),
-            (&v.layout, v.data.len()),
-            (&o_layout, o_len),
-            params,
-        )?;
-        self.check_stream("stream", stream)?;
-        self.plan::<T>(&problem, params)?;
-
-        let mut o = stream.alloc_zeros::<T>(o_len)?;
-        let n = problem.stats_len();
-        let stats = match params.loop_order {
-            LoopOrder::Fa1 => {
-                let (mut l, mut m) = (stream.alloc_zeros::<f32>(n)?, stream.alloc_zeros::<f32>(n)?);
-                let stats = StatsMut::Fa1 { l: l.as_view_mut(), m: m.as_view_mut() };
-                self.forward_into(stream, q, k, v, TensorMut::new(&mut o, o_layout), stats, params)?;
-                RowStats::Fa1 { l, m }
-            }
-            LoopOrder::Fa2 | LoopOrder::Standard => {
-                let mut lse = stream.alloc_zeros::<f32>(n)?;
-                let stats = StatsMut::LogSumExp(lse.as_view_mut());
-                self.forward_into(stream, q, k, v, TensorMut::new(&mut o, o_layout), stats, params)?;
-                RowStats::LogSumExp(lse)
-            }
-        };
-        Ok(ForwardOutput { o, o_layout, stats })
+        self.forward_ext(stream, q, k, v, params, &Extras::default())
     }
 
     /// Attention forward into caller-owned buffers: `o` (any non-overlapping
@@ -430,6 +438,72 @@ impl FlashAttention {
         V: DevicePtr<T>,
         O: DevicePtrMut<T>,
     {
+        self.forward_into_ext(stream, q, k, v, o, stats, params, &Extras::default())
+    }
+
+    /// [`FlashAttention::forward`] with the device-side extras (ALiBi slopes).
+    pub fn forward_ext<T, Q, K, V>(
+        &self,
+        stream: &Arc<CudaStream>,
+        q: Tensor<'_, Q>,
+        k: Tensor<'_, K>,
+        v: Tensor<'_, V>,
+        params: &ForwardParams,
+        ext: &Extras<'_>,
+    ) -> Result<ForwardOutput<T>>
+    where
+        T: AttnElem,
+        Q: DevicePtr<T>,
+        K: DevicePtr<T>,
+        V: DevicePtr<T>,
+    {
+        let o_layout = TensorLayout::contiguous(q.layout.shape);
+        let o_len = o_layout.required_len().unwrap_or(usize::MAX);
+        let problem = validate(
+            (&q.layout, q.data.len()),
+            (&k.layout, k.data.len()),
+            (&v.layout, v.data.len()),
+            (&o_layout, o_len),
+            params,
+        )?;
+        self.check_stream("stream", stream)?;
+        self.plan::<T>(&problem, params, ext.alibi_slopes.is_some(), false)?;
+        let mut o = stream.alloc_zeros::<T>(o_len)?;
+        let n = problem.stats_len();
+        let stats = if params.loop_order == LoopOrder::Fa1 {
+            let (mut l, mut m) = (stream.alloc_zeros::<f32>(n)?, stream.alloc_zeros::<f32>(n)?);
+            let stats = StatsMut::Fa1 { l: l.as_view_mut(), m: m.as_view_mut() };
+            self.forward_into_ext(stream, q, k, v, TensorMut::new(&mut o, o_layout), stats, params, ext)?;
+            RowStats::Fa1 { l, m }
+        } else {
+            let mut lse = stream.alloc_zeros::<f32>(n)?;
+            let stats = StatsMut::LogSumExp(lse.as_view_mut());
+            self.forward_into_ext(stream, q, k, v, TensorMut::new(&mut o, o_layout), stats, params, ext)?;
+            RowStats::LogSumExp(lse)
+        };
+        Ok(ForwardOutput { o, o_layout, stats })
+    }
+
+    /// [`FlashAttention::forward_into`] with the device-side extras (ALiBi slopes).
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_into_ext<T, Q, K, V, O>(
+        &self,
+        stream: &Arc<CudaStream>,
+        q: Tensor<'_, Q>,
+        k: Tensor<'_, K>,
+        v: Tensor<'_, V>,
+        o: TensorMut<'_, O>,
+        stats: StatsMut<'_>,
+        params: &ForwardParams,
+        ext: &Extras<'_>,
+    ) -> Result<()>
+    where
+        T: AttnElem,
+        Q: DevicePtr<T>,
+        K: DevicePtr<T>,
+        V: DevicePtr<T>,
+        O: DevicePtrMut<T>,
+    {
         let problem = validate(
             (&q.layout, q.data.len()),
             (&k.layout, k.data.len()),
@@ -437,12 +511,44 @@ impl FlashAttention {
             (&o.layout, o.data.len()),
             params,
         )?;
+        self.launch_problem(stream, &problem, q, k, v, o, stats, params, ext, None)
+    }
+
+    /// Checks streams, stats and extras of a validated problem, then
+    /// dispatches and launches (the one place that fills [`AttnParams`]).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn launch_problem<T, Q, K, V, O>(
+        &self,
+        stream: &Arc<CudaStream>,
+        problem: &Problem,
+        q: Tensor<'_, Q>,
+        k: Tensor<'_, K>,
+        v: Tensor<'_, V>,
+        o: TensorMut<'_, O>,
+        stats: StatsMut<'_>,
+        params: &ForwardParams,
+        ext: &Extras<'_>,
+        varlen: Option<&VarlenLaunch<'_>>,
+    ) -> Result<()>
+    where
+        T: AttnElem,
+        Q: DevicePtr<T>,
+        K: DevicePtr<T>,
+        V: DevicePtr<T>,
+        O: DevicePtrMut<T>,
+    {
         self.check_stream("stream", stream)?;
         for (name, s) in [("q", q.data.stream()), ("k", k.data.stream()), ("v", v.data.stream()), ("o", o.data.stream())] {
             self.check_stream(name, s)?;
         }
-        let plan = self.plan::<T>(&problem, params)?;
-        let n = problem.stats_len();
+        let dims = problem.dims;
+        if let Some(a) = &ext.alibi_slopes {
+            check_alibi(a.shape, a.slopes.len(), dims.batch, dims.nheads)?;
+            self.check_stream("alibi_slopes", a.slopes.stream())?;
+        }
+        let plan = self.plan::<T>(problem, params, ext.alibi_slopes.is_some(), varlen.is_some())?;
+        // Row statistics: (batch, nheads, seqlen_q), or (nheads, total_q) for varlen.
+        let n = varlen.map_or(problem.stats_len(), |vl| dims.nheads * vl.total_q);
         let mut stats = stats;
         match (&mut stats, params.loop_order) {
             (StatsMut::LogSumExp(lse), LoopOrder::Fa2 | LoopOrder::Standard) => {
@@ -456,12 +562,8 @@ impl FlashAttention {
                 self.check_stream("m", m.stream())?;
             }
             (given, loop_order) => {
-                let name = |s: &StatsMut| match s {
-                    StatsMut::LogSumExp(_) => "StatsMut::LogSumExp",
-                    StatsMut::Fa1 { .. } => "StatsMut::Fa1 { l, m }",
-                };
                 let expected = if loop_order == LoopOrder::Fa1 { "StatsMut::Fa1 { l, m }" } else { "StatsMut::LogSumExp" };
-                return Err(FlashAttnError::StatsMismatch { loop_order, expected, given: name(given) });
+                return Err(FlashAttnError::StatsMismatch { loop_order, expected, given: given.name() });
             }
         }
 
@@ -471,8 +573,9 @@ impl FlashAttention {
         let (k_ptr, _k_guard) = k.data.device_ptr(stream);
         let (v_ptr, _v_guard) = v.data.device_ptr(stream);
         let (o_ptr, _o_guard) = o.data.device_ptr_mut(stream);
-        let dims = problem.dims;
+        let alibi = ext.alibi_slopes.map(|a| (a.slopes.device_ptr(stream), a.shape.batch_stride(dims.nheads)));
         let u = |x: usize| x as u64;
+        let opts = problem.opts;
         let mut p = AttnParams {
             q_ptr,
             k_ptr,
@@ -485,14 +588,24 @@ impl FlashAttention {
             // Validated: each ≤ MAX_DIM = 2³¹ − 1 (MAX_HEADDIM for headdim).
             batch: dims.batch as u32,
             nheads: dims.nheads as u32,
+            nheads_k: dims.nheads_k as u32,
             seqlen_q: dims.seqlen_q as u32,
             seqlen_k: dims.seqlen_k as u32,
             headdim: dims.headdim as u32,
             causal: params.causal as u32,
             softmax_scale: problem.softmax_scale,
             softmax_scale_log2: problem.softmax_scale * LOG2_E,
+            window_left: opts.window_left,
+            window_right: opts.window_right,
+            softcap: opts.softcap,
+            softcap_pre: if opts.softcap > 0.0 { problem.softmax_scale / opts.softcap } else { 0.0 },
+            alibi_ptr: alibi.as_ref().map_or(0, |((ptr, _), _)| *ptr),
+            alibi_batch_stride: alibi.as_ref().map_or(0, |(_, s)| *s as u32),
             ..Default::default()
         };
+        if let Some(vl) = varlen {
+            vl.fill(&mut p);
+        }
 
         match (plan, stats) {
             (Plan::Fa2 { main, br, bc }, StatsMut::LogSumExp(mut lse)) => {
@@ -504,11 +617,12 @@ impl FlashAttention {
                 let arg = crate::tc::KernelArg(p);
                 // SAFETY: `fa2_forward_f32(p: AttnParams)` takes exactly this one
                 // parameter block by value. `validate` checked q, k, v and o
-                // against their shapes and strides (o non-overlapping) and
-                // the guards above keep the buffers alive and ordered on
-                // `stream`; lse holds ≥ batch·nheads·seqlen_q f32; `cfg` has
-                // F32_THREADS threads and Fa2Smem::new(br, bc, d) bytes of
-                // dynamic shared memory, within the limit set at load.
+                // against their shapes and strides (o non-overlapping; varlen:
+                // cu_seqlens lengths, contents clamped in the kernel) and the
+                // guards above keep the buffers alive and ordered on `stream`;
+                // lse holds ≥ n f32; ALiBi slopes checked against their shape;
+                // `cfg` has F32_THREADS threads and Fa2Smem::new(br, bc, d)
+                // bytes of dynamic shared memory, within the limit set at load.
                 unsafe { stream.launch_builder(f).arg(&arg).launch(cfg) }?;
             }
             (Plan::Fa1 { init, main, br, bc }, StatsMut::Fa1 { mut l, mut m }) => {
@@ -564,12 +678,13 @@ impl FlashAttention {
                 p.bc = kernel.bc as u32;
                 let (f, cfg) = self.prepare(&main)?;
                 let arg = crate::tc::KernelArg(p);
-                // SAFETY: `flash_fwd_tc_fa2_*(p: AttnParams)` takes this one
+                // SAFETY: `flash_fwd_tc_fa2*(p: AttnParams)` takes this one
                 // block by value; q, k, v, o validated against their shapes and
                 // strides (o non-overlapping) and checked 16-byte aligned with
-                // strides multiple of 8 elements; headdim == kernel.d (the
-                // plan matched it); lse ≥ batch·nheads·seqlen_q f32; `cfg` has
-                // the kernel's threads, grid and dynamic shared memory.
+                // strides multiple of 8 elements; headdim ≤ kernel.d, a multiple
+                // of 8 (the plan matched it; the kernel zero-pads the rest);
+                // lse ≥ n f32; varlen and ALiBi as for the f32 kernel above;
+                // `cfg` has the kernel's threads, grid and dynamic shared memory.
                 unsafe { stream.launch_builder(f).arg(&arg).launch(cfg) }?;
             }
             (Plan::TcFa1 { kernel, init, main, accum_len }, StatsMut::Fa1 { mut l, mut m }) => {
@@ -584,12 +699,13 @@ impl FlashAttention {
                 p.m_ptr = m_ptr;
                 p.br = kernel.br() as u32;
                 p.bc = kernel.bc as u32;
-                let (nq, nh, d) = (dims.seqlen_q as u64, dims.nheads as u64, dims.headdim as u64);
-                let init_p = AttnParams { o_ptr: accum_ptr, o_stride: [nq * nh * d, nh * d, d], ..p };
+                // The accumulator rows are the kernel's compiled head dim wide.
+                let (nq, nh, kd) = (dims.seqlen_q as u64, dims.nheads as u64, kernel.d as u64);
+                let init_p = AttnParams { o_ptr: accum_ptr, o_stride: [nq * nh * kd, nh * kd, kd], headdim: kernel.d as u32, ..p };
                 let (f, cfg) = self.prepare(&init)?;
                 let arg = crate::tc::KernelArg(init_p);
                 // SAFETY: `fa1_init_f32(p: AttnParams)` writes the f32
-                // accumulator (accum_len = batch·seqlen_q·nheads·headdim,
+                // accumulator (accum_len = batch·seqlen_q·nheads·kernel.d,
                 // contiguous strides given) and l, m (≥ batch·nheads·seqlen_q).
                 unsafe { stream.launch_builder(f).arg(&arg).launch(cfg) }?;
                 p.o_accum_ptr = accum_ptr;
@@ -604,31 +720,38 @@ impl FlashAttention {
             // `plan` follows `params.loop_order`, and the stats were matched
             // against it above.
             (plan, stats) => {
-                let given = match stats {
-                    StatsMut::LogSumExp(_) => "StatsMut::LogSumExp",
-                    StatsMut::Fa1 { .. } => "StatsMut::Fa1 { l, m }",
-                };
                 let expected = if matches!(plan, Plan::Fa1 { .. } | Plan::TcFa1 { .. }) {
                     "StatsMut::Fa1 { l, m }"
                 } else {
                     "StatsMut::LogSumExp"
                 };
-                return Err(FlashAttnError::StatsMismatch { loop_order: params.loop_order, expected, given });
+                return Err(FlashAttnError::StatsMismatch { loop_order: params.loop_order, expected, given: stats.name() });
             }
         }
         Ok(())
     }
 
-    /// The dispatch decision for a validated problem on this device.
-    pub fn plan<T: AttnElem>(&self, problem: &Problem, params: &ForwardParams) -> Result<Plan> {
+    /// The dispatch decision for a validated problem on this device
+    /// (`alibi`: slopes given; `varlen`: a packed batch).
+    pub fn plan<T: AttnElem>(&self, problem: &Problem, params: &ForwardParams, alibi: bool, varlen: bool) -> Result<Plan> {
         let key = DispatchKey {
             dtype: T::DTYPE,
             headdim: problem.dims.headdim,
             causal: params.causal,
             loop_order: params.loop_order,
             arch: self.compute_capability(),
+            features: Features { varlen, mods: alibi || problem.opts.softcap > 0.0 },
         };
         dispatch::plan(&key, &problem.dims, params.block, &self.limits())
+    }
+}
+
+impl StatsMut<'_> {
+    fn name(&self) -> &'static str {
+        match self {
+            StatsMut::LogSumExp(_) => "StatsMut::LogSumExp",
+            StatsMut::Fa1 { .. } => "StatsMut::Fa1 { l, m }",
+        }
     }
 }
 
@@ -649,14 +772,18 @@ mod tests {
     #[test]
     fn accepts_cross_attention() {
         let p = run([2, 5, 3, 8], [2, 7, 3, 8], [2, 7, 3, 8], [2, 5, 3, 8]).unwrap();
-        assert_eq!(p.dims, Dims { batch: 2, nheads: 3, seqlen_q: 5, seqlen_k: 7, headdim: 8 });
+        assert_eq!(p.dims, Dims { batch: 2, nheads: 3, nheads_k: 3, seqlen_q: 5, seqlen_k: 7, headdim: 8 });
         assert_eq!(p.softmax_scale, 1.0 / 8f32.sqrt());
     }
 
     #[test]
     fn names_the_argument_and_value() {
-        let e = run([2, 5, 3, 8], [2, 7, 4, 8], [2, 7, 3, 8], [2, 5, 3, 8]).unwrap_err();
-        assert!(matches!(e, FlashAttnError::ShapeMismatch { argument: "k", axis: "nheads", actual: 4, expected: 3, .. }), "{e}");
+        let e = run([2, 5, 3, 8], [2, 7, 4, 8], [2, 7, 4, 8], [2, 5, 3, 8]).unwrap_err();
+        assert!(matches!(&e, FlashAttnError::InvalidArgument { argument: "nheads_k", value, .. } if value.contains("nheads_k = 4")), "{e}");
+        // GQA: 6 query heads over 2 KV heads is fine; v must have k's heads.
+        run([2, 5, 6, 8], [2, 7, 2, 8], [2, 7, 2, 8], [2, 5, 6, 8]).unwrap();
+        let e = run([2, 5, 6, 8], [2, 7, 2, 8], [2, 7, 3, 8], [2, 5, 6, 8]).unwrap_err();
+        assert!(matches!(e, FlashAttnError::ShapeMismatch { argument: "v", axis: "nheads", actual: 3, expected: 2, .. }), "{e}");
         let e = run([2, 5, 3, 8], [2, 7, 3, 8], [2, 6, 3, 8], [2, 5, 3, 8]).unwrap_err();
         assert!(matches!(e, FlashAttnError::ShapeMismatch { argument: "v", axis: "seqlen", actual: 6, expected: 7, .. }));
         let e = run([2, 5, 3, 257], [2, 7, 3, 257], [2, 7, 3, 257], [2, 5, 3, 257]).unwrap_err();

@@ -38,7 +38,7 @@
 //! 16-byte chunks: q, k, v and o must be 16-byte aligned with strides that
 //! are multiples of 8 elements ([`FlashAttnError::Misaligned`] otherwise).
 
-use crate::api::LoopOrder;
+use crate::params::LoopOrder;
 use crate::error::{FlashAttnError, Result};
 use crate::tc::{TC_HEAD_DIMS, TC_KERNELS, TcKernel, TcLoop};
 use flash_attn_common::smem_layout::{F32_THREADS, F32_WARPS, Fa1Smem, Fa2Smem, STD_TILE, StdSmem};
@@ -61,6 +61,16 @@ impl DType {
     }
 }
 
+/// The features of a call that need their own kernel variants (GQA,
+/// windows and head-dim padding are run-time parameters of every kernel).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Features {
+    /// A packed (varlen) batch.
+    pub varlen: bool,
+    /// Softcap or ALiBi: per-score work in the softmax.
+    pub mods: bool,
+}
+
 /// What the dispatch decision depends on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DispatchKey {
@@ -70,6 +80,7 @@ pub struct DispatchKey {
     pub loop_order: LoopOrder,
     /// Compute capability `(major, minor)` of the device.
     pub arch: (i32, i32),
+    pub features: Features,
 }
 
 /// Sizes of one problem (validated: every one ≥ 1, fits the kernels' u32 fields).
@@ -77,6 +88,8 @@ pub struct DispatchKey {
 pub struct Dims {
     pub batch: usize,
     pub nheads: usize,
+    /// Heads of k and v (GQA/MQA; `nheads` for MHA).
+    pub nheads_k: usize,
     pub seqlen_q: usize,
     pub seqlen_k: usize,
     pub headdim: usize,
@@ -202,10 +215,21 @@ pub fn choose_block(
     })
 }
 
+/// The compiled tensor-core head dim that runs a caller's head dim `d`: the
+/// smallest of [`TC_HEAD_DIMS`] ≥ `d`, for `d` a multiple of 8 in 8..=256
+/// (the kernels zero-pad the extra columns, as FlashAttention-2 rounds to
+/// 32/64/96/128/160/192/224/256).
+pub fn tc_head_dim(d: usize) -> Option<usize> {
+    if d == 0 || d % 8 != 0 {
+        return None;
+    }
+    TC_HEAD_DIMS.iter().copied().find(|&k| k >= d)
+}
+
 /// Whether the tensor-core path runs this 16-bit problem (else it is an
 /// [`FlashAttnError::Unsupported`] on the device-buffer API).
 pub fn tc_supports(loop_order: LoopOrder, headdim: usize) -> bool {
-    loop_order != LoopOrder::Standard && TC_HEAD_DIMS.contains(&headdim)
+    loop_order != LoopOrder::Standard && tc_head_dim(headdim).is_some()
 }
 
 /// The tensor-core plan of an f16/bf16 problem.
@@ -213,6 +237,13 @@ fn plan_tc(key: &DispatchKey, dims: &Dims, block: Option<(usize, usize)>, limits
     let dtype = key.dtype.name();
     let tc_loop = match key.loop_order {
         LoopOrder::Fa2 => TcLoop::Fa2,
+        LoopOrder::Fa1 if key.features.varlen || key.features.mods => {
+            return Err(FlashAttnError::Unsupported {
+                argument: "params.loop_order",
+                dtype,
+                what: "FA1 with varlen, softcap or ALiBi (FA1 takes GQA and windows; use FA2)",
+            });
+        }
         LoopOrder::Fa1 => TcLoop::Fa1,
         LoopOrder::Standard => {
             return Err(FlashAttnError::Unsupported {
@@ -222,23 +253,23 @@ fn plan_tc(key: &DispatchKey, dims: &Dims, block: Option<(usize, usize)>, limits
             });
         }
     };
-    if !TC_HEAD_DIMS.contains(&key.headdim) {
+    let Some(kd) = tc_head_dim(key.headdim) else {
         return Err(FlashAttnError::Unsupported {
             argument: "q",
             dtype,
-            what: "this head dim on the tensor-core path (supported: 32, 64, 96, 128, 256; f32 takes any 1..=256)",
+            what: "this head dim on the tensor-core path (supported: multiples of 8 in 8..=256; f32 takes any 1..=256)",
         });
-    }
+    };
     let bf16 = key.dtype == DType::BF16;
     let kernel = match block {
         // The tuned default, or the fastest smaller tile that fits this
         // device's shared memory (falls through to BlockTooLarge below only
         // when none does).
-        None => TcKernel::default_fitting(tc_loop, bf16, key.headdim, limits.max_smem_per_block)
-            .or_else(|| TcKernel::default_for(tc_loop, bf16, key.headdim)),
+        None => TcKernel::default_fitting(tc_loop, bf16, kd, key.features, limits.max_smem_per_block)
+            .or_else(|| TcKernel::default_for(tc_loop, bf16, kd, key.features)),
         Some((br, bc)) => TC_KERNELS
             .iter()
-            .find(|k| k.loop_order == tc_loop && k.bf16 == bf16 && k.d == key.headdim && k.br() == br && k.bc == bc),
+            .find(|k| k.loop_order == tc_loop && k.bf16 == bf16 && k.d == kd && k.serves(key.features) && k.br() == br && k.bc == bc),
     };
     let Some(kernel) = kernel else {
         let (br, bc) = block.unwrap_or((0, 0));
@@ -272,9 +303,9 @@ fn plan_tc(key: &DispatchKey, dims: &Dims, block: Option<(usize, usize)>, limits
             let accum_len = batch
                 .checked_mul(nheads)
                 .and_then(|x| x.checked_mul(seqlen_q))
-                .and_then(|x| x.checked_mul(key.headdim))
+                .and_then(|x| x.checked_mul(kd))
                 .filter(|&n| n.checked_mul(4).is_some())
-                .ok_or_else(|| FlashAttnError::ScratchTooLarge { what: format!("{batch}·{nheads}·{seqlen_q}·{} f32", key.headdim) })?;
+                .ok_or_else(|| FlashAttnError::ScratchTooLarge { what: format!("{batch}·{nheads}·{seqlen_q}·{kd} f32") })?;
             let init = Launch {
                 kernel: "fa1_init_f32",
                 grid: (accum_len as u64).div_ceil(F32_THREADS as u64).clamp(1, MAX_INIT_GRID) as u32,
@@ -294,9 +325,16 @@ pub fn plan(key: &DispatchKey, dims: &Dims, block: Option<(usize, usize)>, limit
     if key.dtype != DType::F32 {
         return plan_tc(key, dims, block, limits);
     }
-    let Dims { batch, nheads, seqlen_q, seqlen_k, headdim } = *dims;
+    let Dims { batch, nheads, seqlen_q, seqlen_k, headdim, .. } = *dims;
     let bh = batch as u64 * nheads as u64;
     let threads = F32_THREADS;
+    if key.features.varlen && key.loop_order != LoopOrder::Fa2 {
+        return Err(FlashAttnError::Unsupported {
+            argument: "params.loop_order",
+            dtype: key.dtype.name(),
+            what: "varlen with FA1 or Standard (varlen runs the FA2 loop order)",
+        });
+    }
     match key.loop_order {
         LoopOrder::Fa2 => {
             let (br, bc) = choose_block(LoopOrder::Fa2, headdim, block, limits)?;
@@ -387,26 +425,42 @@ mod tests {
     #[test]
     fn tensor_core_defaults_fall_back_to_tiles_that_fit() {
         use crate::tc::{TC_HEAD_DIMS, TcKernel, TcLoop};
+        let all = [
+            Features::default(),
+            Features { varlen: true, mods: false },
+            Features { varlen: false, mods: true },
+            Features { varlen: true, mods: true },
+        ];
         for lo in [TcLoop::Fa2, TcLoop::Fa1] {
             for bf16 in [false, true] {
                 for &d in TC_HEAD_DIMS {
-                    let best = TcKernel::default_for(lo, bf16, d).unwrap();
-                    // The H100 gets the tuned default itself.
-                    assert_eq!(TcKernel::default_fitting(lo, bf16, d, H100.max_smem_per_block), Some(best));
-                    for dev in [&A100, &SM89] {
-                        let k = TcKernel::default_fitting(lo, bf16, d, dev.max_smem_per_block)
-                            .unwrap_or_else(|| panic!("{lo:?} d={d}: no tile fits {} B", dev.max_smem_per_block));
-                        assert!(k.smem_bytes() <= dev.max_smem_per_block);
-                        assert_eq!((k.loop_order, k.bf16, k.d), (lo, bf16, d));
+                    // FA1 takes neither varlen nor the score modifiers.
+                    let features: &[Features] = if lo == TcLoop::Fa1 { &all[..1] } else { &all };
+                    for &f in features {
+                        let best = TcKernel::default_for(lo, bf16, d, f).unwrap_or_else(|| panic!("{lo:?} d={d} {f:?}"));
+                        assert!(best.serves(f));
+                        // The H100 gets the tuned default itself.
+                        assert_eq!(TcKernel::default_fitting(lo, bf16, d, f, H100.max_smem_per_block), Some(best));
+                        for dev in [&A100, &SM89] {
+                            let k = TcKernel::default_fitting(lo, bf16, d, f, dev.max_smem_per_block)
+                                .unwrap_or_else(|| panic!("{lo:?} d={d} {f:?}: no tile fits {} B", dev.max_smem_per_block));
+                            assert!(k.smem_bytes() <= dev.max_smem_per_block && k.serves(f));
+                            assert_eq!((k.loop_order, k.bf16, k.d), (lo, bf16, d));
+                        }
                     }
                 }
             }
         }
+        // Dense calls never pay for the variants; varlen takes fa2v, softcap/ALiBi fa2x.
+        let dense = TcKernel::default_for(TcLoop::Fa2, true, 128, Features::default()).unwrap();
+        assert!(!dense.varlen && !dense.mods && dense.bc == 64);
+        assert!(TcKernel::default_for(TcLoop::Fa2, true, 128, all[1]).unwrap().name.contains("fa2v"));
+        assert!(TcKernel::default_for(TcLoop::Fa2, true, 128, all[2]).unwrap().name.contains("fa2x"));
         // d = 256: 8 warps × Bc = 64 need 198 KB; the A100 gets 4 warps × Bc = 32.
-        let k = TcKernel::default_fitting(TcLoop::Fa2, true, 256, A100.max_smem_per_block).unwrap();
+        let k = TcKernel::default_fitting(TcLoop::Fa2, true, 256, all[0], A100.max_smem_per_block).unwrap();
         assert_eq!((k.warps, k.mt, k.bc), (4, 1, 32));
         // d = 128 on sm_89 (99 KB): Bc = 48 instead of 64.
-        let k = TcKernel::default_fitting(TcLoop::Fa2, false, 128, SM89.max_smem_per_block).unwrap();
+        let k = TcKernel::default_fitting(TcLoop::Fa2, false, 128, all[0], SM89.max_smem_per_block).unwrap();
         assert_eq!((k.warps, k.mt, k.bc), (4, 2, 48));
     }
 
@@ -429,16 +483,50 @@ mod tests {
 
     #[test]
     fn grid_is_capped_and_nonzero() {
-        let key = DispatchKey { dtype: DType::F32, headdim: 1, causal: false, loop_order: LoopOrder::Fa2, arch: (9, 0) };
-        let dims = Dims { batch: 1 << 20, nheads: 1 << 12, seqlen_q: 1 << 10, seqlen_k: 1, headdim: 1 };
+        let key = DispatchKey {
+            dtype: DType::F32,
+            headdim: 1,
+            causal: false,
+            loop_order: LoopOrder::Fa2,
+            arch: (9, 0),
+            features: Features::default(),
+        };
+        let dims = Dims { batch: 1 << 20, nheads: 1 << 12, nheads_k: 1 << 12, seqlen_q: 1 << 10, seqlen_k: 1, headdim: 1 };
         let Plan::Fa2 { main, .. } = plan(&key, &dims, None, &H100).unwrap() else { panic!() };
         assert_eq!(main.grid, i32::MAX as u32);
     }
 
     #[test]
     fn half_types_are_unsupported_here() {
-        let key = DispatchKey { dtype: DType::BF16, headdim: 64, causal: true, loop_order: LoopOrder::Fa2, arch: (9, 0) };
-        let dims = Dims { batch: 1, nheads: 1, seqlen_q: 1, seqlen_k: 1, headdim: 64 };
+        let key = DispatchKey {
+            dtype: DType::BF16,
+            headdim: 64,
+            causal: true,
+            loop_order: LoopOrder::Fa2,
+            arch: (9, 0),
+            features: Features::default(),
+        };
+        let dims = Dims { batch: 1, nheads: 1, nheads_k: 1, seqlen_q: 1, seqlen_k: 1, headdim: 64 };
         assert!(matches!(plan(&key, &dims, None, &H100), Ok(Plan::TcFa2 { .. }) | Ok(Plan::TcFa1 { .. }) | Err(FlashAttnError::Unsupported { dtype: "bf16", .. })));
+    }
+
+    #[test]
+    fn head_dims_round_up_to_compiled_tiles() {
+        assert_eq!(tc_head_dim(8), Some(32));
+        assert_eq!(tc_head_dim(40), Some(64));
+        assert_eq!(tc_head_dim(80), Some(96));
+        assert_eq!(tc_head_dim(136), Some(160));
+        assert_eq!(tc_head_dim(256), Some(256));
+        assert_eq!(tc_head_dim(12), None);
+        assert_eq!(tc_head_dim(264), None);
+        // FA1 and Standard with the variant-only features are typed errors.
+        let key = |lo, features| DispatchKey { dtype: DType::F16, headdim: 80, causal: false, loop_order: lo, arch: (9, 0), features };
+        let dims = Dims { batch: 1, nheads: 2, nheads_k: 1, seqlen_q: 5, seqlen_k: 5, headdim: 80 };
+        let mods = Features { varlen: false, mods: true };
+        assert!(matches!(plan(&key(LoopOrder::Fa1, mods), &dims, None, &H100), Err(FlashAttnError::Unsupported { .. })));
+        let Ok(Plan::TcFa2 { kernel, .. }) = plan(&key(LoopOrder::Fa2, mods), &dims, None, &H100) else { panic!() };
+        assert_eq!((kernel.d, kernel.mods), (96, true));
+        let f32_key = DispatchKey { dtype: DType::F32, ..key(LoopOrder::Standard, Features { varlen: true, mods: false }) };
+        assert!(matches!(plan(&f32_key, &dims, None, &H100), Err(FlashAttnError::Unsupported { .. })));
     }
 }

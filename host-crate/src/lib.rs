@@ -22,17 +22,23 @@ pub mod ndarray_api;
 pub mod params;
 pub mod ptx;
 pub mod reference;
+pub mod varlen;
 pub mod tc;
+pub mod varlen_api;
 
 pub use params::{AlibiShape, ForwardParams, LoopOrder, Resolved};
+pub use varlen_api::{Varlen, VarlenOutput};
 pub use api::{
-    AttnElem, ForwardOutput, RowStats, StatsMut, Tensor, TensorLayout, TensorMut,
+    AlibiSlopes, AttnElem, Extras, ForwardOutput, RowStats, StatsMut, Tensor, TensorLayout, TensorMut,
     default_softmax_scale,
 };
 pub use device::FlashAttention;
 pub use dispatch::DType;
 pub use error::{FlashAttnError, Result};
-pub use ndarray_api::{Backend, default_backend, flash_attn_func, flash_attn_func_on};
+pub use ndarray_api::{
+    Backend, default_backend, flash_attn_func, flash_attn_func_ext, flash_attn_func_on, flash_attn_func_on_ext,
+    flash_attn_varlen_func,
+};
 pub use flash_attn_common as common;
 pub use flash_attn_common::plan;
 pub use flash_attn_common::{AttnParams, RowState};

@@ -5,27 +5,31 @@
 //!   are copied to the device, run by the kernel of `params.loop_order`, and
 //!   copied back; the call blocks until the result is on the host. f32 runs
 //!   the f32 kernels; `half::f16` and `half::bf16` run the tensor-core
-//!   kernels as they are (head dims 32, 64, 96, 128, 256 with FA1 or FA2);
-//!   other 16-bit problems (standard attention, other head dims) are
-//!   converted to f32, run by the f32 kernels, and rounded back.
+//!   kernels as they are (head dims multiple of 8 up to 256; FA2 with every
+//!   feature, FA1 with GQA and windows); other 16-bit problems (standard
+//!   attention, other head dims, FA1 with softcap/ALiBi) are converted to
+//!   f32, run by the f32 kernels, and rounded back.
 //! * **Without a usable GPU** (no driver, no device, or an older device),
-//!   [`flash_attn_func`] falls back to the CPU: [`reference::fa2_forward`]
+//!   [`flash_attn_func`] falls back to the CPU: [`reference::fa2_forward_ext`]
 //!   in f32 (half inputs converted to f32), whatever `params.loop_order`
 //!   says — same results up to rounding, much slower. [`default_backend`]
 //!   tells which path a call will take, and why.
+//! * [`flash_attn_varlen_func`]: packed batches, same backends.
 //!
 //! Both paths validate their arguments identically and return the same
 //! typed errors.
 //!
-//! [`reference::fa2_forward`]: crate::reference::fa2_forward
+//! [`reference::fa2_forward_ext`]: crate::reference::fa2_forward_ext
 
 use std::sync::Arc;
 
-use cudarc::driver::CudaStream;
+use cudarc::driver::{CudaStream, DevicePtr};
 use flash_attn_common::RowState;
-use ndarray::{Array3, Array4, ArrayView4};
+use ndarray::{Array2, Array3, Array4, ArrayView3, ArrayView4};
 
-use crate::api::{AttnElem, ForwardParams, RowStats, Tensor, TensorLayout, validate};
+use crate::api::{AlibiSlopes, AttnElem, Extras, ForwardParams, RowStats, Tensor, TensorLayout, validate};
+use crate::reference::HostAlibi;
+use crate::varlen_api::Varlen;
 use crate::dispatch::{self, DType};
 use crate::device::{FlashAttention, default_flash_attention};
 use crate::error::Result;
@@ -58,12 +62,24 @@ pub fn flash_attn_func<T: AttnElem>(
     v: ArrayView4<'_, T>,
     params: &ForwardParams,
 ) -> Result<(Array4<T>, Array3<f32>)> {
+    flash_attn_func_ext(q, k, v, params, None)
+}
+
+/// [`flash_attn_func`] with ALiBi slopes (`(nheads)` or `(batch, nheads)`).
+/// k and v may have fewer heads than q (GQA/MQA).
+pub fn flash_attn_func_ext<T: AttnElem>(
+    q: ArrayView4<'_, T>,
+    k: ArrayView4<'_, T>,
+    v: ArrayView4<'_, T>,
+    params: &ForwardParams,
+    alibi: Option<HostAlibi<'_>>,
+) -> Result<(Array4<T>, Array3<f32>)> {
     match default_backend() {
         Backend::Gpu(fa) => {
             let stream = fa.context().default_stream();
-            flash_attn_func_on(&fa, &stream, q, k, v, params)
+            flash_attn_func_on_ext(&fa, &stream, q, k, v, params, alibi)
         }
-        Backend::Cpu { .. } => flash_attn_func_cpu(q, k, v, params),
+        Backend::Cpu { .. } => flash_attn_func_cpu_ext(q, k, v, params, alibi),
     }
 }
 
@@ -92,16 +108,41 @@ pub fn flash_attn_func_on<T: AttnElem>(
     v: ArrayView4<'_, T>,
     params: &ForwardParams,
 ) -> Result<(Array4<T>, Array3<f32>)> {
+    flash_attn_func_on_ext(fa, stream, q, k, v, params, None)
+}
+
+/// Whether f16/bf16 inputs run as they are on the tensor cores (else the
+/// ndarray API converts them to f32 for the f32 kernels).
+fn runs_on_tensor_cores<T: AttnElem>(params: &ForwardParams, headdim: usize, mods: bool) -> bool {
+    T::DTYPE != DType::F32
+        && dispatch::tc_supports(params.loop_order, headdim)
+        && (params.loop_order == crate::params::LoopOrder::Fa2 || !mods)
+}
+
+/// [`flash_attn_func_on`] with ALiBi slopes.
+pub fn flash_attn_func_on_ext<T: AttnElem>(
+    fa: &FlashAttention,
+    stream: &Arc<CudaStream>,
+    q: ArrayView4<'_, T>,
+    k: ArrayView4<'_, T>,
+    v: ArrayView4<'_, T>,
+    params: &ForwardParams,
+    alibi: Option<HostAlibi<'_>>,
+) -> Result<(Array4<T>, Array3<f32>)> {
     let problem = check_arrays(&q, &k, &v, params)?;
-    let (o, lse) = if T::DTYPE != DType::F32 && dispatch::tc_supports(params.loop_order, problem.dims.headdim) {
+    if let Some(a) = &alibi {
+        a.check(problem.dims.batch, problem.dims.nheads)?;
+    }
+    let mods = alibi.is_some() || problem.opts.softcap > 0.0;
+    let (o, lse) = if runs_on_tensor_cores::<T>(params, problem.dims.headdim, mods) {
         // f16/bf16 as they are, on the tensor cores.
         let to_host = |a: &ArrayView4<'_, T>| a.iter().copied().collect::<Vec<T>>();
-        forward_host::<T>(fa, stream, [to_host(&q), to_host(&k), to_host(&v)], [&q, &k, &v], params)?
+        forward_host::<T>(fa, stream, [to_host(&q), to_host(&k), to_host(&v)], [&q, &k, &v], params, alibi)?
     } else {
         // f32, or 16-bit problems the tensor cores do not take (standard
-        // attention, other head dims): through the f32 kernels.
+        // attention, FA1 with softcap/ALiBi): through the f32 kernels.
         let to_host = |a: &ArrayView4<'_, T>| a.iter().map(|x| x.to_f32()).collect::<Vec<f32>>();
-        let (o, lse) = forward_host::<f32>(fa, stream, [to_host(&q), to_host(&k), to_host(&v)], [&q, &k, &v], params)?;
+        let (o, lse) = forward_host::<f32>(fa, stream, [to_host(&q), to_host(&k), to_host(&v)], [&q, &k, &v], params, alibi)?;
         (o.into_iter().map(T::from_f32).collect(), lse)
     };
     let d = problem.dims;
@@ -118,16 +159,20 @@ fn forward_host<E: AttnElem>(
     host: [Vec<E>; 3],
     arrays: [&dyn HasDim; 3],
     params: &ForwardParams,
+    alibi: Option<HostAlibi<'_>>,
 ) -> Result<(Vec<E>, Vec<f32>)> {
     let [qh, kh, vh] = host;
     let layout = |a: &dyn HasDim| TensorLayout::contiguous(a.shape4());
     let (qd, kd, vd) = (stream.clone_htod(&qh)?, stream.clone_htod(&kh)?, stream.clone_htod(&vh)?);
-    let out = fa.forward::<E, _, _, _>(
+    let slopes = alibi.as_ref().map(|a| stream.clone_htod(a.slopes)).transpose()?;
+    let ext = Extras { alibi_slopes: slopes.as_ref().zip(alibi.as_ref()).map(|(d, a)| AlibiSlopes::new(d, a.shape)) };
+    let out = fa.forward_ext::<E, _, _, _>(
         stream,
         Tensor::new(&qd, layout(arrays[0])),
         Tensor::new(&kd, layout(arrays[1])),
         Tensor::new(&vd, layout(arrays[2])),
         params,
+        &ext,
     )?;
     let o = stream.clone_dtoh(&out.o)?;
     let lse: Vec<f32> = match &out.stats {
@@ -152,19 +197,95 @@ impl<T> HasDim for ArrayView4<'_, T> {
     }
 }
 
-/// The CPU path of [`flash_attn_func`]: [`reference::fa2_forward`] in f32,
-/// blocks `params.block` (default 64 × 64), for any `params.loop_order`.
+/// The CPU path of [`flash_attn_func`]: [`reference::fa2_forward_ext`] in
+/// f32, blocks `params.block` (default 64 × 64), for any `params.loop_order`.
 pub fn flash_attn_func_cpu<T: AttnElem>(
     q: ArrayView4<'_, T>,
     k: ArrayView4<'_, T>,
     v: ArrayView4<'_, T>,
     params: &ForwardParams,
 ) -> Result<(Array4<T>, Array3<f32>)> {
-    let problem = check_arrays(&q, &k, &v, params)?;
+    flash_attn_func_cpu_ext(q, k, v, params, None)
+}
+
+/// [`flash_attn_func_cpu`] with ALiBi slopes.
+pub fn flash_attn_func_cpu_ext<T: AttnElem>(
+    q: ArrayView4<'_, T>,
+    k: ArrayView4<'_, T>,
+    v: ArrayView4<'_, T>,
+    params: &ForwardParams,
+    alibi: Option<HostAlibi<'_>>,
+) -> Result<(Array4<T>, Array3<f32>)> {
+    check_arrays(&q, &k, &v, params)?;
     let (q, k, v) = (q.mapv(|x| x.to_f32()), k.mapv(|x| x.to_f32()), v.mapv(|x| x.to_f32()));
-    let (br, bc) = params.block.unwrap_or((64, 64));
-    let out = reference::fa2_forward::<f32>(q.view(), k.view(), v.view(), params.causal, Some(problem.softmax_scale), br, bc)?;
+    let (br, bc) = params.block.unwrap_or(reference::DEFAULT_BLOCK);
+    let out = reference::fa2_forward_ext::<f32>(q.view(), k.view(), v.view(), params, alibi, br, bc)?;
     Ok((out.o.mapv(T::from_f32), out.lse))
+}
+
+/// Varlen attention over packed arrays (`flash_attn_varlen_func`): q
+/// `(total_q, nheads, d)`, k/v `(total_k, nheads_k, d)`, host prefix sums
+/// (checked completely: [`crate::varlen::check_varlen`]). Returns O
+/// `(total_q, nheads, d)` and the unpadded logsumexp `(nheads, total_q)`.
+/// On the GPU: the FA2 kernels (f16/bf16 on the tensor cores); without one,
+/// [`reference::attention_varlen`] in f32.
+#[allow(clippy::too_many_arguments)]
+pub fn flash_attn_varlen_func<T: AttnElem>(
+    q: ArrayView3<'_, T>,
+    k: ArrayView3<'_, T>,
+    v: ArrayView3<'_, T>,
+    cu_seqlens_q: &[i32],
+    cu_seqlens_k: &[i32],
+    seqused_k: Option<&[i32]>,
+    max_seqlen: (usize, usize),
+    params: &ForwardParams,
+    alibi: Option<HostAlibi<'_>>,
+) -> Result<(Array3<T>, Array2<f32>)> {
+    let (max_q, max_k) = max_seqlen;
+    let (tq, h, d) = q.dim();
+    let tk = k.dim().0;
+    crate::varlen::check_varlen(cu_seqlens_q, cu_seqlens_k, seqused_k, tq, tk, max_q, max_k)?;
+    let fa = match default_backend() {
+        Backend::Gpu(fa) => fa,
+        Backend::Cpu { .. } => {
+            let f = |a: &ArrayView3<'_, T>| a.mapv(|x| x.to_f32());
+            let out = reference::attention_varlen::<f32>(
+                f(&q).view(),
+                f(&k).view(),
+                f(&v).view(),
+                cu_seqlens_q,
+                cu_seqlens_k,
+                seqused_k,
+                max_q,
+                max_k,
+                params,
+                alibi,
+            )?;
+            return Ok((out.o.mapv(T::from_f32), out.lse));
+        }
+    };
+    let stream = fa.context().default_stream();
+    let lay = |a: &ArrayView3<'_, T>| {
+        let (t, h, d) = a.dim();
+        TensorLayout::varlen(t, h, d)
+    };
+    let host = |a: &ArrayView3<'_, T>| a.iter().copied().collect::<Vec<T>>();
+    let (qd, kd, vd) = (stream.clone_htod(&host(&q))?, stream.clone_htod(&host(&k))?, stream.clone_htod(&host(&v))?);
+    let (cqd, ckd) = (stream.clone_htod(cu_seqlens_q)?, stream.clone_htod(cu_seqlens_k)?);
+    let used = seqused_k.map(|u| stream.clone_htod(u)).transpose()?;
+    let slopes = alibi.as_ref().map(|a| stream.clone_htod(a.slopes)).transpose()?;
+    let ext = Extras { alibi_slopes: slopes.as_ref().zip(alibi.as_ref()).map(|(d, a)| AlibiSlopes::new(d, a.shape)) };
+    let varlen = Varlen {
+        cu_seqlens_q: &cqd,
+        cu_seqlens_k: &ckd,
+        max_seqlen_q: max_q,
+        max_seqlen_k: max_k,
+        seqused_k: used.as_ref().map(|u| u as &dyn DevicePtr<i32>),
+    };
+    let out = fa.forward_varlen::<T, _, _, _>(&stream, Tensor::new(&qd, lay(&q)), Tensor::new(&kd, lay(&k)), Tensor::new(&vd, lay(&v)), &varlen, params, &ext)?;
+    let o = Array3::from_shape_vec((tq, h, d), stream.clone_dtoh(&out.o)?)?;
+    let lse = Array2::from_shape_vec((h, tq), stream.clone_dtoh(&out.lse)?)?;
+    Ok((o, lse))
 }
 
 #[cfg(test)]
@@ -194,6 +315,6 @@ mod tests {
         let q = Array4::<f32>::zeros((1, 3, 2, 4));
         let k = Array4::<f32>::zeros((1, 5, 3, 4));
         let e = flash_attn_func_cpu(q.view(), k.view(), k.view(), &ForwardParams::default()).unwrap_err();
-        assert!(matches!(e, FlashAttnError::ShapeMismatch { argument: "k", axis: "nheads", .. }), "{e}");
+        assert!(matches!(e, FlashAttnError::InvalidArgument { argument: "nheads_k", .. }), "{e}");
     }
 }

@@ -11,6 +11,8 @@ use std::sync::Arc;
 use cudarc::driver::sys::CUfunction_attribute_enum;
 use cudarc::driver::{CudaFunction, CudaModule, CudaStream, DeviceRepr, DriverError, LaunchConfig, PushKernelArg};
 use flash_attn_common::AttnParams;
+
+use crate::dispatch::Features;
 use flash_attn_common::tc::{fa1_tc_smem_bytes, fa2_tc_smem_bytes, tc_br};
 
 /// Which loop order a tensor-core kernel runs.
@@ -28,7 +30,11 @@ pub struct TcKernel {
     pub name: &'static str,
     pub loop_order: TcLoop,
     pub bf16: bool,
-    /// Head dim.
+    /// Varlen (packed batches) compiled in (`fa2v`, `fa2x` kernels).
+    pub varlen: bool,
+    /// Softcap/ALiBi score modifiers compiled in (`fa2x` kernels).
+    pub mods: bool,
+    /// Head dim (compiled; the caller's may be smaller: zero-padded).
     pub d: usize,
     /// Warps per block.
     pub warps: usize,
@@ -39,64 +45,112 @@ pub struct TcKernel {
 }
 
 macro_rules! table {
-    ($( $lo:ident $name:ident $bf:literal $d:literal $w:literal $mt:literal $bc:literal; )*) => {
+    ($( $lo:ident $name:ident $bf:literal $varlen:literal $mods:literal $d:literal $w:literal $mt:literal $bc:literal; )*) => {
         /// Every tensor-core kernel compiled into the PTX (mirrors the
         /// `tc_kernels!` list of `kernel-crate/src/tc/mod.rs`).
         pub const TC_KERNELS: &[TcKernel] = &[$(
-            TcKernel { name: stringify!($name), loop_order: TcLoop::$lo, bf16: $bf, d: $d, warps: $w, mt: $mt, bc: $bc },
+            TcKernel { name: stringify!($name), loop_order: TcLoop::$lo, bf16: $bf, varlen: $varlen, mods: $mods, d: $d, warps: $w, mt: $mt, bc: $bc },
         )*];
     };
 }
 
 table! {
-    Fa2 flash_fwd_tc_fa2_f16_d32_w4_m1_bc64 false 32 4 1 64;
-    Fa2 flash_fwd_tc_fa2_bf16_d32_w4_m1_bc64 true 32 4 1 64;
-    Fa2 flash_fwd_tc_fa2_f16_d32_w4_m2_bc64 false 32 4 2 64;
-    Fa2 flash_fwd_tc_fa2_bf16_d32_w4_m2_bc64 true 32 4 2 64;
-    Fa2 flash_fwd_tc_fa2_f16_d64_w4_m1_bc64 false 64 4 1 64;
-    Fa2 flash_fwd_tc_fa2_bf16_d64_w4_m1_bc64 true 64 4 1 64;
-    Fa2 flash_fwd_tc_fa2_f16_d64_w4_m2_bc64 false 64 4 2 64;
-    Fa2 flash_fwd_tc_fa2_bf16_d64_w4_m2_bc64 true 64 4 2 64;
-    Fa2 flash_fwd_tc_fa2_f16_d64_w4_m2_bc96 false 64 4 2 96;
-    Fa2 flash_fwd_tc_fa2_bf16_d64_w4_m2_bc96 true 64 4 2 96;
-    Fa2 flash_fwd_tc_fa2_f16_d64_w4_m2_bc128 false 64 4 2 128;
-    Fa2 flash_fwd_tc_fa2_bf16_d64_w4_m2_bc128 true 64 4 2 128;
-    Fa2 flash_fwd_tc_fa2_f16_d96_w4_m1_bc64 false 96 4 1 64;
-    Fa2 flash_fwd_tc_fa2_bf16_d96_w4_m1_bc64 true 96 4 1 64;
-    Fa2 flash_fwd_tc_fa2_f16_d96_w4_m2_bc64 false 96 4 2 64;
-    Fa2 flash_fwd_tc_fa2_bf16_d96_w4_m2_bc64 true 96 4 2 64;
-    Fa2 flash_fwd_tc_fa2_f16_d96_w4_m2_bc80 false 96 4 2 80;
-    Fa2 flash_fwd_tc_fa2_bf16_d96_w4_m2_bc80 true 96 4 2 80;
-    Fa2 flash_fwd_tc_fa2_f16_d96_w4_m2_bc96 false 96 4 2 96;
-    Fa2 flash_fwd_tc_fa2_bf16_d96_w4_m2_bc96 true 96 4 2 96;
-    Fa2 flash_fwd_tc_fa2_f16_d128_w4_m1_bc64 false 128 4 1 64;
-    Fa2 flash_fwd_tc_fa2_bf16_d128_w4_m1_bc64 true 128 4 1 64;
-    Fa2 flash_fwd_tc_fa2_f16_d128_w4_m2_bc32 false 128 4 2 32;
-    Fa2 flash_fwd_tc_fa2_bf16_d128_w4_m2_bc32 true 128 4 2 32;
-    Fa2 flash_fwd_tc_fa2_f16_d128_w4_m2_bc48 false 128 4 2 48;
-    Fa2 flash_fwd_tc_fa2_bf16_d128_w4_m2_bc48 true 128 4 2 48;
-    Fa2 flash_fwd_tc_fa2_f16_d128_w4_m2_bc64 false 128 4 2 64;
-    Fa2 flash_fwd_tc_fa2_bf16_d128_w4_m2_bc64 true 128 4 2 64;
-    Fa2 flash_fwd_tc_fa2_f16_d256_w8_m1_bc64 false 256 8 1 64;
-    Fa2 flash_fwd_tc_fa2_bf16_d256_w8_m1_bc64 true 256 8 1 64;
-    Fa2 flash_fwd_tc_fa2_f16_d256_w4_m1_bc32 false 256 4 1 32;
-    Fa2 flash_fwd_tc_fa2_bf16_d256_w4_m1_bc32 true 256 4 1 32;
-    Fa2 flash_fwd_tc_fa2_f16_d256_w8_m1_bc32 false 256 8 1 32;
-    Fa2 flash_fwd_tc_fa2_bf16_d256_w8_m1_bc32 true 256 8 1 32;
-    Fa1 flash_fwd_tc_fa1_f16_d32_w4_m1_bc64 false 32 4 1 64;
-    Fa1 flash_fwd_tc_fa1_bf16_d32_w4_m1_bc64 true 32 4 1 64;
-    Fa1 flash_fwd_tc_fa1_f16_d64_w4_m1_bc64 false 64 4 1 64;
-    Fa1 flash_fwd_tc_fa1_bf16_d64_w4_m1_bc64 true 64 4 1 64;
-    Fa1 flash_fwd_tc_fa1_f16_d96_w4_m1_bc64 false 96 4 1 64;
-    Fa1 flash_fwd_tc_fa1_bf16_d96_w4_m1_bc64 true 96 4 1 64;
-    Fa1 flash_fwd_tc_fa1_f16_d128_w4_m1_bc64 false 128 4 1 64;
-    Fa1 flash_fwd_tc_fa1_bf16_d128_w4_m1_bc64 true 128 4 1 64;
-    Fa1 flash_fwd_tc_fa1_f16_d256_w4_m1_bc32 false 256 4 1 32;
-    Fa1 flash_fwd_tc_fa1_bf16_d256_w4_m1_bc32 true 256 4 1 32;
+    Fa2 flash_fwd_tc_fa2_f16_d32_w4_m1_bc64 false false false 32 4 1 64;
+    Fa2 flash_fwd_tc_fa2_bf16_d32_w4_m1_bc64 true false false 32 4 1 64;
+    Fa2 flash_fwd_tc_fa2_f16_d32_w4_m2_bc64 false false false 32 4 2 64;
+    Fa2 flash_fwd_tc_fa2_bf16_d32_w4_m2_bc64 true false false 32 4 2 64;
+    Fa2 flash_fwd_tc_fa2_f16_d64_w4_m1_bc64 false false false 64 4 1 64;
+    Fa2 flash_fwd_tc_fa2_bf16_d64_w4_m1_bc64 true false false 64 4 1 64;
+    Fa2 flash_fwd_tc_fa2_f16_d64_w4_m2_bc64 false false false 64 4 2 64;
+    Fa2 flash_fwd_tc_fa2_bf16_d64_w4_m2_bc64 true false false 64 4 2 64;
+    Fa2 flash_fwd_tc_fa2_f16_d64_w4_m2_bc96 false false false 64 4 2 96;
+    Fa2 flash_fwd_tc_fa2_bf16_d64_w4_m2_bc96 true false false 64 4 2 96;
+    Fa2 flash_fwd_tc_fa2_f16_d64_w4_m2_bc128 false false false 64 4 2 128;
+    Fa2 flash_fwd_tc_fa2_bf16_d64_w4_m2_bc128 true false false 64 4 2 128;
+    Fa2 flash_fwd_tc_fa2_f16_d96_w4_m1_bc64 false false false 96 4 1 64;
+    Fa2 flash_fwd_tc_fa2_bf16_d96_w4_m1_bc64 true false false 96 4 1 64;
+    Fa2 flash_fwd_tc_fa2_f16_d96_w4_m2_bc64 false false false 96 4 2 64;
+    Fa2 flash_fwd_tc_fa2_bf16_d96_w4_m2_bc64 true false false 96 4 2 64;
+    Fa2 flash_fwd_tc_fa2_f16_d96_w4_m2_bc80 false false false 96 4 2 80;
+    Fa2 flash_fwd_tc_fa2_bf16_d96_w4_m2_bc80 true false false 96 4 2 80;
+    Fa2 flash_fwd_tc_fa2_f16_d128_w4_m1_bc64 false false false 128 4 1 64;
+    Fa2 flash_fwd_tc_fa2_bf16_d128_w4_m1_bc64 true false false 128 4 1 64;
+    Fa2 flash_fwd_tc_fa2_f16_d128_w4_m2_bc32 false false false 128 4 2 32;
+    Fa2 flash_fwd_tc_fa2_bf16_d128_w4_m2_bc32 true false false 128 4 2 32;
+    Fa2 flash_fwd_tc_fa2_f16_d128_w4_m2_bc48 false false false 128 4 2 48;
+    Fa2 flash_fwd_tc_fa2_bf16_d128_w4_m2_bc48 true false false 128 4 2 48;
+    Fa2 flash_fwd_tc_fa2_f16_d128_w4_m2_bc64 false false false 128 4 2 64;
+    Fa2 flash_fwd_tc_fa2_bf16_d128_w4_m2_bc64 true false false 128 4 2 64;
+    Fa2 flash_fwd_tc_fa2_f16_d160_w8_m1_bc64 false false false 160 8 1 64;
+    Fa2 flash_fwd_tc_fa2_bf16_d160_w8_m1_bc64 true false false 160 8 1 64;
+    Fa2 flash_fwd_tc_fa2_f16_d160_w4_m1_bc32 false false false 160 4 1 32;
+    Fa2 flash_fwd_tc_fa2_bf16_d160_w4_m1_bc32 true false false 160 4 1 32;
+    Fa2 flash_fwd_tc_fa2_f16_d192_w8_m1_bc64 false false false 192 8 1 64;
+    Fa2 flash_fwd_tc_fa2_bf16_d192_w8_m1_bc64 true false false 192 8 1 64;
+    Fa2 flash_fwd_tc_fa2_f16_d192_w4_m1_bc32 false false false 192 4 1 32;
+    Fa2 flash_fwd_tc_fa2_bf16_d192_w4_m1_bc32 true false false 192 4 1 32;
+    Fa2 flash_fwd_tc_fa2_f16_d224_w8_m1_bc64 false false false 224 8 1 64;
+    Fa2 flash_fwd_tc_fa2_bf16_d224_w8_m1_bc64 true false false 224 8 1 64;
+    Fa2 flash_fwd_tc_fa2_f16_d224_w4_m1_bc32 false false false 224 4 1 32;
+    Fa2 flash_fwd_tc_fa2_bf16_d224_w4_m1_bc32 true false false 224 4 1 32;
+    Fa2 flash_fwd_tc_fa2_f16_d256_w8_m1_bc64 false false false 256 8 1 64;
+    Fa2 flash_fwd_tc_fa2_bf16_d256_w8_m1_bc64 true false false 256 8 1 64;
+    Fa2 flash_fwd_tc_fa2_f16_d256_w4_m1_bc32 false false false 256 4 1 32;
+    Fa2 flash_fwd_tc_fa2_bf16_d256_w4_m1_bc32 true false false 256 4 1 32;
+    Fa2 flash_fwd_tc_fa2_f16_d256_w8_m1_bc32 false false false 256 8 1 32;
+    Fa2 flash_fwd_tc_fa2_bf16_d256_w8_m1_bc32 true false false 256 8 1 32;
+    Fa2 flash_fwd_tc_fa2v_f16_d32_w4_m2_bc64 false true false 32 4 2 64;
+    Fa2 flash_fwd_tc_fa2v_bf16_d32_w4_m2_bc64 true true false 32 4 2 64;
+    Fa2 flash_fwd_tc_fa2v_f16_d64_w4_m2_bc96 false true false 64 4 2 96;
+    Fa2 flash_fwd_tc_fa2v_bf16_d64_w4_m2_bc96 true true false 64 4 2 96;
+    Fa2 flash_fwd_tc_fa2v_f16_d96_w4_m2_bc64 false true false 96 4 2 64;
+    Fa2 flash_fwd_tc_fa2v_bf16_d96_w4_m2_bc64 true true false 96 4 2 64;
+    Fa2 flash_fwd_tc_fa2v_f16_d128_w4_m2_bc48 false true false 128 4 2 48;
+    Fa2 flash_fwd_tc_fa2v_bf16_d128_w4_m2_bc48 true true false 128 4 2 48;
+    Fa2 flash_fwd_tc_fa2v_f16_d160_w8_m1_bc64 false true false 160 8 1 64;
+    Fa2 flash_fwd_tc_fa2v_bf16_d160_w8_m1_bc64 true true false 160 8 1 64;
+    Fa2 flash_fwd_tc_fa2v_f16_d192_w8_m1_bc64 false true false 192 8 1 64;
+    Fa2 flash_fwd_tc_fa2v_bf16_d192_w8_m1_bc64 true true false 192 8 1 64;
+    Fa2 flash_fwd_tc_fa2v_f16_d224_w8_m1_bc64 false true false 224 8 1 64;
+    Fa2 flash_fwd_tc_fa2v_bf16_d224_w8_m1_bc64 true true false 224 8 1 64;
+    Fa2 flash_fwd_tc_fa2v_f16_d256_w8_m1_bc64 false true false 256 8 1 64;
+    Fa2 flash_fwd_tc_fa2v_bf16_d256_w8_m1_bc64 true true false 256 8 1 64;
+    Fa2 flash_fwd_tc_fa2x_f16_d32_w4_m2_bc64 false true true 32 4 2 64;
+    Fa2 flash_fwd_tc_fa2x_bf16_d32_w4_m2_bc64 true true true 32 4 2 64;
+    Fa2 flash_fwd_tc_fa2x_f16_d64_w4_m2_bc64 false true true 64 4 2 64;
+    Fa2 flash_fwd_tc_fa2x_bf16_d64_w4_m2_bc64 true true true 64 4 2 64;
+    Fa2 flash_fwd_tc_fa2x_f16_d96_w4_m2_bc64 false true true 96 4 2 64;
+    Fa2 flash_fwd_tc_fa2x_bf16_d96_w4_m2_bc64 true true true 96 4 2 64;
+    Fa2 flash_fwd_tc_fa2x_f16_d128_w4_m2_bc32 false true true 128 4 2 32;
+    Fa2 flash_fwd_tc_fa2x_bf16_d128_w4_m2_bc32 true true true 128 4 2 32;
+    Fa2 flash_fwd_tc_fa2x_f16_d160_w4_m1_bc32 false true true 160 4 1 32;
+    Fa2 flash_fwd_tc_fa2x_bf16_d160_w4_m1_bc32 true true true 160 4 1 32;
+    Fa2 flash_fwd_tc_fa2x_f16_d192_w4_m1_bc32 false true true 192 4 1 32;
+    Fa2 flash_fwd_tc_fa2x_bf16_d192_w4_m1_bc32 true true true 192 4 1 32;
+    Fa2 flash_fwd_tc_fa2x_f16_d224_w4_m1_bc32 false true true 224 4 1 32;
+    Fa2 flash_fwd_tc_fa2x_bf16_d224_w4_m1_bc32 true true true 224 4 1 32;
+    Fa2 flash_fwd_tc_fa2x_f16_d256_w4_m1_bc32 false true true 256 4 1 32;
+    Fa2 flash_fwd_tc_fa2x_bf16_d256_w4_m1_bc32 true true true 256 4 1 32;
+    Fa1 flash_fwd_tc_fa1_f16_d32_w4_m1_bc64 false false false 32 4 1 64;
+    Fa1 flash_fwd_tc_fa1_bf16_d32_w4_m1_bc64 true false false 32 4 1 64;
+    Fa1 flash_fwd_tc_fa1_f16_d64_w4_m1_bc64 false false false 64 4 1 64;
+    Fa1 flash_fwd_tc_fa1_bf16_d64_w4_m1_bc64 true false false 64 4 1 64;
+    Fa1 flash_fwd_tc_fa1_f16_d96_w4_m1_bc64 false false false 96 4 1 64;
+    Fa1 flash_fwd_tc_fa1_bf16_d96_w4_m1_bc64 true false false 96 4 1 64;
+    Fa1 flash_fwd_tc_fa1_f16_d128_w4_m1_bc64 false false false 128 4 1 64;
+    Fa1 flash_fwd_tc_fa1_bf16_d128_w4_m1_bc64 true false false 128 4 1 64;
+    Fa1 flash_fwd_tc_fa1_f16_d160_w4_m1_bc32 false false false 160 4 1 32;
+    Fa1 flash_fwd_tc_fa1_bf16_d160_w4_m1_bc32 true false false 160 4 1 32;
+    Fa1 flash_fwd_tc_fa1_f16_d192_w4_m1_bc32 false false false 192 4 1 32;
+    Fa1 flash_fwd_tc_fa1_bf16_d192_w4_m1_bc32 true false false 192 4 1 32;
+    Fa1 flash_fwd_tc_fa1_f16_d224_w4_m1_bc32 false false false 224 4 1 32;
+    Fa1 flash_fwd_tc_fa1_bf16_d224_w4_m1_bc32 true false false 224 4 1 32;
+    Fa1 flash_fwd_tc_fa1_f16_d256_w4_m1_bc32 false false false 256 4 1 32;
+    Fa1 flash_fwd_tc_fa1_bf16_d256_w4_m1_bc32 true false false 256 4 1 32;
 }
 
 /// Head dims the tensor-core kernels are compiled for.
-pub const TC_HEAD_DIMS: &[usize] = &[32, 64, 96, 128, 256];
+pub const TC_HEAD_DIMS: &[usize] = &[32, 64, 96, 128, 160, 192, 224, 256];
 
 impl TcKernel {
     /// Query rows per block (`Br`).
@@ -132,50 +186,80 @@ impl TcKernel {
         TC_KERNELS.iter().find(|k| k.name == name)
     }
 
-    /// The configurations for a loop order, dtype and head dim, fastest
-    /// first as measured on the H100 (`docs/perf-notes.md` records the
-    /// measurements behind the order).
-    pub fn preferred(loop_order: TcLoop, bf16: bool, d: usize) -> impl Iterator<Item = &'static TcKernel> {
+    /// Whether this kernel computes a call with these features.
+    pub const fn serves(&self, f: Features) -> bool {
+        (!f.varlen || self.varlen) && (!f.mods || self.mods)
+    }
+
+    /// The configurations for a loop order, dtype, compiled head dim and
+    /// features, fastest first as measured on the H100 (`docs/perf-notes.md`
+    /// records the measurements behind the order). The dense kernels come
+    /// first; a call with varlen takes the `fa2v` kernel (then `fa2x`), one
+    /// with softcap/ALiBi the `fa2x` kernel.
+    pub fn preferred(loop_order: TcLoop, bf16: bool, d: usize, features: Features) -> impl Iterator<Item = &'static TcKernel> {
         // FA2: two m-tiles per warp (32 query rows) halve the shared-memory
         // traffic per mma and win by 20–35% over one; Bc is the largest that
         // stays free of spills at 255 registers (steps 6–7 of the notes:
-        // d = 128 Bc = 64 +7% over 48, d = 64 Bc = 128 +4–7% over 96, d = 96
-        // Bc = 96 −1 to +6% over 80); d ≥ 64 re-reads Q from shared memory
+        // d = 128 Bc = 64 +7% over 48, d = 64 Bc = 128 +4–7% over 96; d = 96
+        // Bc = 96 measured −1 to +6% over 80 but spills since the kernels
+        // take windows and GQA, so 80); d ≥ 64 re-reads Q from shared memory
         // to afford the larger Bc; d = 32 keeps Q in registers (Bc = 128
         // measured up to 3% slower than 64); d = 256 fits one m-tile per warp
         // only: 8 warps with Bc = 64 (1 block/SM) beat 4 warps with Bc = 32
-        // (2 blocks/SM) by 3–9% (step 9), and 8 warps with Bc = 32 are last.
-        // The larger tiles need more shared memory than some GPUs have, hence
-        // the smaller fallbacks ([`TcKernel::default_fitting`]).
+        // (2 blocks/SM) by 3–9% (step 9), and 8 warps with Bc = 32 are last;
+        // d = 160, 192, 224 take d = 256's shape. The larger tiles need more
+        // shared memory than some GPUs have, hence the smaller fallbacks
+        // ([`TcKernel::default_fitting`]).
         let order: &[(usize, usize, usize)] = match (loop_order, d) {
             (TcLoop::Fa2, 32) => &[(4, 2, 64), (4, 1, 64)],
             (TcLoop::Fa2, 64) => &[(4, 2, 128), (4, 2, 96), (4, 2, 64), (4, 1, 64)],
-            (TcLoop::Fa2, 96) => &[(4, 2, 96), (4, 2, 80), (4, 2, 64), (4, 1, 64)],
+            (TcLoop::Fa2, 96) => &[(4, 2, 80), (4, 2, 64), (4, 1, 64)],
             (TcLoop::Fa2, 128) => &[(4, 2, 64), (4, 2, 48), (4, 2, 32), (4, 1, 64)],
+            (TcLoop::Fa2, 160 | 192 | 224) => &[(8, 1, 64), (4, 1, 32)],
             (TcLoop::Fa2, 256) => &[(8, 1, 64), (4, 1, 32), (8, 1, 32)],
-            (TcLoop::Fa1, 256) => &[(4, 1, 32)],
-            (TcLoop::Fa1, _) => &[(4, 1, 64)],
+            (TcLoop::Fa1, 32..=128) => &[(4, 1, 64)],
+            (TcLoop::Fa1, _) => &[(4, 1, 32)],
             _ => &[],
         };
-        order.iter().filter_map(move |&(warps, mt, bc)| {
+        let dense = order.iter().filter_map(move |&(warps, mt, bc)| {
             TC_KERNELS.iter().find(|k| {
-                k.loop_order == loop_order && k.bf16 == bf16 && k.d == d && k.warps == warps && k.mt == mt && k.bc == bc
+                k.loop_order == loop_order
+                    && k.bf16 == bf16
+                    && k.d == d
+                    && !k.varlen
+                    && !k.mods
+                    && k.warps == warps
+                    && k.mt == mt
+                    && k.bc == bc
             })
-        })
+        });
+        let variants = [(true, false), (true, true)].into_iter().flat_map(move |(varlen, mods)| {
+            TC_KERNELS
+                .iter()
+                .filter(move |k| k.loop_order == loop_order && k.bf16 == bf16 && k.d == d && k.varlen == varlen && k.mods == mods)
+        });
+        dense.chain(variants).filter(move |k| k.serves(features))
     }
 
-    /// The default configuration for a loop order, dtype and head dim: the
-    /// fastest measured on the H100, whatever shared memory it needs.
-    pub fn default_for(loop_order: TcLoop, bf16: bool, d: usize) -> Option<&'static TcKernel> {
-        Self::preferred(loop_order, bf16, d).next()
+    /// The default configuration for a loop order, dtype, compiled head dim
+    /// and features: the fastest measured on the H100, whatever shared
+    /// memory it needs.
+    pub fn default_for(loop_order: TcLoop, bf16: bool, d: usize, features: Features) -> Option<&'static TcKernel> {
+        Self::preferred(loop_order, bf16, d, features).next()
     }
 
     /// The fastest configuration whose shared memory fits `max_smem_bytes`
     /// per block (the device's opt-in limit): the H100 default, or a smaller
     /// tile on GPUs with less shared memory (A100: 163 KB, sm_86/sm_89:
     /// 99 KB).
-    pub fn default_fitting(loop_order: TcLoop, bf16: bool, d: usize, max_smem_bytes: usize) -> Option<&'static TcKernel> {
-        Self::preferred(loop_order, bf16, d).find(|k| k.smem_bytes() <= max_smem_bytes)
+    pub fn default_fitting(
+        loop_order: TcLoop,
+        bf16: bool,
+        d: usize,
+        features: Features,
+        max_smem_bytes: usize,
+    ) -> Option<&'static TcKernel> {
+        Self::preferred(loop_order, bf16, d, features).find(|k| k.smem_bytes() <= max_smem_bytes)
     }
 }
 

@@ -19,6 +19,7 @@
 
 use crate::arch::{smem::dynamic_smem, sreg, sync::sync_threads};
 use crate::tile::{GlobalRows, Operand, SmemTile, block_gemm, rows, tid};
+use crate::score::ScoreFn;
 use flash_attn_common::smem_layout::{F32_THREADS, Fa1Smem};
 use flash_attn_common::{AttnParams, RowState};
 
@@ -116,18 +117,23 @@ unsafe fn fa1_head(p: &AttnParams, t: &Tiles, b: usize, h: usize) {
         let stats = (b * p.nheads as usize + h) * nq;
         (
             GlobalRows::head(p.q_ptr, p.q_stride, b, h, nq, d),
-            GlobalRows::head(p.k_ptr, p.k_stride, b, h, nk, d),
-            GlobalRows::head(p.v_ptr, p.v_stride, b, h, nk, d),
+            GlobalRows::head(p.k_ptr, p.k_stride, b, p.kv_head(h as u32) as usize, nk, d),
+            GlobalRows::head(p.v_ptr, p.v_stride, b, p.kv_head(h as u32) as usize, nk, d),
             GlobalRows::head(p.o_ptr, p.o_stride, b, h, nq, d),
             GlobalRows::matrix((p.lse_ptr as *mut f32).wrapping_add(stats), 1, nq, 1),
             GlobalRows::matrix((p.m_ptr as *mut f32).wrapping_add(stats), 1, nq, 1),
         )
     };
-    let clamp = |x: i64| x.clamp(0, nk as i64) as usize;
-    let (tr, tc) = (nq.div_ceil(br), nk.div_ceil(bc));
+    let win = p.key_window(p.seqlen_q, p.seqlen_k);
+    // SAFETY: host-checked ALiBi slopes.
+    let score = unsafe { ScoreFn::new(p, b, h, win.shift) };
+    // K/V blocks some row sees (the window's union over all rows).
+    let (kv_start, kv_end) = win.block_range(0, nq as i64);
+    let tr = nq.div_ceil(br);
+    let (j_first, tc) = ((kv_start as usize) / bc, if kv_start < kv_end { (kv_end as usize).div_ceil(bc) } else { 0 });
 
     // Line 5: for 1 <= j <= Tc.
-    for j in 0..tc {
+    for j in j_first..tc {
         let k0 = j * bc;
         let kv_rows = bc.min(nk - k0);
         sync_threads(); // the previous step is done with s_k, s_v
@@ -139,20 +145,25 @@ unsafe fn fa1_head(p: &AttnParams, t: &Tiles, b: usize, h: usize) {
         for i in 0..tr {
             let q0 = i * br;
             let rows = br.min(nq - q0);
-            if k0 >= clamp(p.causal_key_limit((q0 + rows - 1) as u32)) {
-                continue; // causal: no row of Q_i sees a key of block j
+            let (r0, r1) = (q0 as i64, (q0 + rows) as i64);
+            let (see_start, see_end) = win.block_range(r0, r1);
+            if k0 as i64 >= see_end || ((k0 + kv_rows) as i64) <= see_start || see_start >= see_end {
+                continue; // causal/window: no row of Q_i sees a key of block j
             }
-            let masked = k0 + kv_rows > clamp(p.causal_key_limit(q0 as u32));
+            let (full_start, full_end) = win.unmasked_range(r0, r1);
+            let masked = (k0 as i64) < full_start || (k0 + kv_rows) as i64 > full_end;
             sync_threads(); // the previous step is done with s_q, s_s, s_scale_*
             // Line 8: load Q_i (O_i, l_i, m_i are read below, by the threads
             // that update them).
             t.s_q.load(&g_q, q0, rows, 0, d);
             sync_threads(); // s_q, s_k, s_v complete
 
-            // Line 9: S_ij = softmax_scale·log2(e) · Q_i K_jᵀ, -inf where masked.
+            // Line 9: S_ij = the base-2 scores of Q_i K_jᵀ (scale, softcap,
+            // ALiBi), -inf where masked.
             block_gemm(Operand::rows(&t.s_q), Operand::rows(&t.s_k), rows, kv_rows, d, |r, c, acc| {
-                let visible = !masked || ((k0 + c) as i64) < p.causal_key_limit((q0 + r) as u32);
-                t.s_s.set(r, c, if visible { acc * p.softmax_scale_log2 } else { f32::NEG_INFINITY });
+                let (i, jk) = (q0 + r, k0 + c);
+                let visible = !masked || win.visible(i as i64, jk as i64);
+                t.s_s.set(r, c, if visible { score.apply(acc, i, jk) } else { f32::NEG_INFINITY });
             });
             sync_threads();
 

@@ -13,6 +13,7 @@
 use crate::arch::sync::{sync_threads, sync_warp};
 use crate::arch::{smem::dynamic_smem, sreg};
 use crate::tile::{GlobalRows, Operand, SmemTile, block_gemm, rows};
+use crate::score::ScoreFn;
 use flash_attn_common::smem_layout::Fa2Smem;
 use flash_attn_common::{AttnParams, RowState};
 
@@ -73,26 +74,39 @@ pub unsafe extern "ptx-kernel" fn fa2_forward_f32(p: AttnParams) {
     }
 }
 
-/// One work item: query rows `[q0, q0 + rows)` of head `(b, h)`.
+/// One work item: query rows `[q0, q0 + rows)` of head `(b, h)` (of sequence
+/// `b` for varlen; nothing when the Q block lies past the sequence). GQA,
+/// window, softcap and ALiBi as `flash_attn_common::mask` defines them.
 ///
 /// # Safety
 /// As [`fa2_forward_f32`].
 #[inline(always)]
 unsafe fn fa2_block(p: &AttnParams, t: &Tiles, q_block: usize, b: usize, h: usize) {
     let (br, bc, d) = (p.br as usize, p.bc as usize, p.headdim as usize);
-    let (nq, nk) = (p.seqlen_q as usize, p.seqlen_k as usize);
-    // SAFETY: the host checked every buffer against its shape and strides,
-    // and each (Q block, b, h) is written by this thread block only.
+    // SAFETY: host-checked varlen arrays (values clamped inside).
+    let seq = unsafe { p.seq(b as u32, h as u32) };
+    let (nq, nk) = (seq.seqlen_q as usize, seq.seqlen_k as usize);
+    let q0 = q_block * br;
+    if q0 >= nq {
+        return; // varlen: this Q block lies past its sequence
+    }
+    let kvh = p.kv_head(h as u32) as usize;
+    let row_off = |base: u64, stride: [u64; 3], row0: u64| base + 4 * row0 * stride[1];
+    // SAFETY: the host checked every buffer against its shape and strides
+    // (varlen segments clamped to the buffers), and each (Q block, b, h) is
+    // written by this thread block only.
     let (g_q, g_k, g_v, g_o) = unsafe {
         (
-            GlobalRows::head(p.q_ptr, p.q_stride, b, h, nq, d),
-            GlobalRows::head(p.k_ptr, p.k_stride, b, h, nk, d),
-            GlobalRows::head(p.v_ptr, p.v_stride, b, h, nk, d),
-            GlobalRows::head(p.o_ptr, p.o_stride, b, h, nq, d),
+            GlobalRows::head(row_off(p.q_ptr, p.q_stride, seq.q_row0), p.q_stride, b, h, nq, d),
+            GlobalRows::head(row_off(p.k_ptr, p.k_stride, seq.k_row0), p.k_stride, b, kvh, nk, d),
+            GlobalRows::head(row_off(p.v_ptr, p.v_stride, seq.k_row0), p.v_stride, b, kvh, nk, d),
+            GlobalRows::head(row_off(p.o_ptr, p.o_stride, seq.q_row0), p.o_stride, b, h, nq, d),
         )
     };
-    let q0 = q_block * br;
     let rows = br.min(nq - q0);
+    let win = p.key_window(seq.seqlen_q, seq.seqlen_k);
+    // SAFETY: host-checked ALiBi slopes.
+    let score = unsafe { ScoreFn::new(p, b, h, win.shift) };
 
     // ---- Prologue: Q_i to shared memory, O_i = 0, m_i = -inf, l_i = 0.
     t.s_q.load(&g_q, q0, rows, 0, d);
@@ -105,16 +119,16 @@ unsafe fn fa2_block(p: &AttnParams, t: &Tiles, q_block: usize, b: usize, h: usiz
         }
     });
 
-    // Keys [0, kv_end) are visible to some row of the block, keys
-    // [0, full_end) to every row: blocks past kv_end are skipped, blocks
-    // inside full_end need no mask.
-    let clamp = |x: i64| x.clamp(0, nk as i64) as usize;
-    let kv_end = clamp(p.causal_key_limit((q0 + rows - 1) as u32));
-    let full_end = clamp(p.causal_key_limit(q0 as u32));
-    let n_kv_blocks = kv_end.div_ceil(bc);
+    // Keys [kv_start, kv_end) are visible to some row of the block, keys
+    // [full_start, full_end) to every row: blocks outside the first are
+    // skipped, blocks inside the second need no mask.
+    let (r0, r1) = (q0 as i64, (q0 + rows) as i64);
+    let (kv_start, kv_end) = win.block_range(r0, r1);
+    let (full_start, full_end) = win.unmasked_range(r0, r1);
+    let (j_first, j_end) = ((kv_start as usize) / bc, if kv_start < kv_end { (kv_end as usize).div_ceil(bc) } else { 0 });
 
     // ---- Main loop over K/V blocks.
-    for j in 0..n_kv_blocks {
+    for j in j_first..j_end {
         let k0 = j * bc;
         let kv_rows = bc.min(nk - k0);
         sync_threads(); // previous step done with s_k, s_v, s_s (and prologue writes visible)
@@ -122,11 +136,12 @@ unsafe fn fa2_block(p: &AttnParams, t: &Tiles, q_block: usize, b: usize, h: usiz
         t.s_v.load(&g_v, k0, kv_rows, 0, d);
         sync_threads();
 
-        // S_ij = softmax_scale·log2(e) · Q_i K_jᵀ, -inf where masked.
-        let masked = k0 + kv_rows > full_end;
+        // S_ij = the base-2 scores of Q_i K_jᵀ (scale, softcap, ALiBi), -inf where masked.
+        let masked = (k0 as i64) < full_start || (k0 + kv_rows) as i64 > full_end;
         block_gemm(Operand::rows(&t.s_q), Operand::rows(&t.s_k), rows, kv_rows, d, |r, c, acc| {
-            let visible = !masked || ((k0 + c) as i64) < p.causal_key_limit((q0 + r) as u32);
-            t.s_s.set(r, c, if visible { acc * p.softmax_scale_log2 } else { f32::NEG_INFINITY });
+            let (i, jk) = (q0 + r, k0 + c);
+            let visible = !masked || win.visible(i as i64, jk as i64);
+            t.s_s.set(r, c, if visible { score.apply(acc, i, jk) } else { f32::NEG_INFINITY });
         });
         sync_threads();
 
@@ -155,8 +170,8 @@ unsafe fn fa2_block(p: &AttnParams, t: &Tiles, q_block: usize, b: usize, h: usiz
     rows::for_each_row_of_warp(rows, |r, lane| {
         if lane == 0 {
             let st = RowState { m: t.s_m.get(r, 0), l: t.s_l.get(r, 0) };
-            let i = (b * p.nheads as usize + h) * nq + q0 + r;
-            // SAFETY: i < batch·nheads·seqlen_q, the length of lse.
+            let i = seq.lse_base as usize + q0 + r;
+            // SAFETY: i < batch·nheads·seqlen_q (dense) or nheads·total_q (varlen), the length of lse.
             unsafe { *(p.lse_ptr as *mut f32).add(i) = st.lse() };
         }
     });

@@ -16,6 +16,7 @@
 pub mod arch;
 pub mod fa1;
 pub mod fa2;
+pub mod score;
 pub mod softmax_rows;
 pub mod standard;
 pub mod tc;

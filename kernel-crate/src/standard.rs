@@ -12,7 +12,7 @@ use crate::arch::{smem::dynamic_smem, sreg, sync::sync_threads};
 use crate::tile::rows::warp_row_state;
 use crate::tile::{GlobalRows, Operand, SmemTile, block_gemm, tid};
 use flash_attn_common::smem_layout::{F32_THREADS, F32_WARPS, STD_TILE, StdSmem};
-use flash_attn_common::{AttnParams, LOG2_E, Real, RowState};
+use flash_attn_common::{AttnParams, LOG2_E, Real, RowState, ScoreMod};
 
 /// The three `STD_TILE × STD_TILE` tiles: inputs A, B and the output C.
 #[inline(always)]
@@ -116,12 +116,19 @@ fn for_each_out_tile(p: &AttnParams, ncols: usize, mut f: impl FnMut(OutTile)) {
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn standard_scores_f32(p: AttnParams) {
     let (nq, nk, d) = (p.seqlen_q as usize, p.seqlen_k as usize, p.headdim as usize);
+    let shift = nk as i64 - nq as i64;
     for_each_out_tile(&p, nk, |t| {
+        // Softcap, then ALiBi (natural domain; the softmax kernel masks).
+        let score = ScoreMod {
+            softcap: p.softcap,
+            // SAFETY: host-checked ALiBi slopes.
+            alibi_slope: unsafe { p.alibi_slope(t.b as u32, t.h as u32) },
+        };
         // SAFETY: the host checked q, k against their strides and sized the scratch.
         let (g_q, g_k, g_s) = unsafe {
             (
                 GlobalRows::head(p.q_ptr, p.q_stride, t.b, t.h, nq, d),
-                GlobalRows::head(p.k_ptr, p.k_stride, t.b, t.h, nk, d),
+                GlobalRows::head(p.k_ptr, p.k_stride, t.b, p.kv_head(t.h as u32) as usize, nk, d),
                 scratch(&p, t.bhi),
             )
         };
@@ -133,7 +140,10 @@ pub unsafe extern "ptx-kernel" fn standard_scores_f32(p: AttnParams) {
                 s_a.load(&g_q, t.i0, t.m, k0, kk);
                 s_b.load(&g_k, t.j0, t.n, k0, kk);
             },
-            |r, c, s| g_s.set(t.i0 + r, t.j0 + c, s * p.softmax_scale),
+            |r, c, s| {
+                let (i, j) = (t.i0 + r, t.j0 + c);
+                g_s.set(i, j, score.apply(s * p.softmax_scale, (i as i64) + shift, j as i64));
+            },
         );
     });
 }
@@ -157,17 +167,19 @@ pub unsafe extern "ptx-kernel" fn standard_softmax_f32(p: AttnParams) {
         let (bhi, i) = ((row / nq as u64) as usize, (row % nq as u64) as usize);
         // SAFETY: the host sized the scratch to batch·nheads·seqlen_q·seqlen_k.
         let g_s = unsafe { scratch(&p, bhi) };
-        let limit = p.causal_key_limit(i as u32).clamp(0, nk as i64) as usize;
+        let win = p.key_window(p.seqlen_q, p.seqlen_k);
+        let (lo, hi) = (win.lo(i as i64).clamp(0, nk as i64) as usize, win.hi(i as i64).clamp(0, nk as i64) as usize);
+        let hi = hi.max(lo);
 
-        // Pass 1: running max and sum together.
-        let st = warp_row_state(limit, lane, |c| g_s.get(i, c) * LOG2_E);
+        // Pass 1: running max and sum together, over the visible keys.
+        let st = warp_row_state(hi - lo, lane, |c| g_s.get(i, lo + c) * LOG2_E);
 
         // Pass 2: normalize; masked keys get exactly 0.
         let m_safe = RowState::<f32>::safe_max(st.m);
         let inv_l = st.inv_l();
         let mut c = lane;
         while c < nk {
-            let p_ic = if c < limit { (g_s.get(i, c) * LOG2_E - m_safe).exp2() * inv_l } else { 0.0 };
+            let p_ic = if c >= lo && c < hi { (g_s.get(i, c) * LOG2_E - m_safe).exp2() * inv_l } else { 0.0 };
             g_s.set(i, c, p_ic);
             c += 32;
         }
@@ -195,7 +207,7 @@ pub unsafe extern "ptx-kernel" fn standard_pv_f32(p: AttnParams) {
         let (g_p, g_v, g_o) = unsafe {
             (
                 scratch(&p, t.bhi),
-                GlobalRows::head(p.v_ptr, p.v_stride, t.b, t.h, nk, d),
+                GlobalRows::head(p.v_ptr, p.v_stride, t.b, p.kv_head(t.h as u32) as usize, nk, d),
                 GlobalRows::head(p.o_ptr, p.o_stride, t.b, t.h, nq, d),
             )
         };

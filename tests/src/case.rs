@@ -44,7 +44,7 @@ impl Case {
         [self.batch, self.seqlen_k, self.nheads, self.headdim]
     }
     pub fn params(&self, loop_order: LoopOrder) -> ForwardParams {
-        ForwardParams { causal: self.causal, softmax_scale: self.softmax_scale, loop_order, block: self.block }
+        ForwardParams { causal: self.causal, softmax_scale: self.softmax_scale, loop_order, block: self.block, ..Default::default() }
     }
     /// A short description for the report lines.
     pub fn label(&self) -> String {

@@ -15,6 +15,7 @@
 //!   yardstick of the 16-bit accuracy rule.
 
 pub mod case;
+pub mod features;
 pub mod naive;
 
 use std::sync::{Arc, OnceLock};

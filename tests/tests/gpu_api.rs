@@ -79,7 +79,7 @@ fn gpu_ndarray_api_all_element_types() {
     let (b, nq, nk, h, d) = (2, 90, 70, 4, 32);
     let (q, k, v) = (random(&mut rng, (b, nq, h, d)), random(&mut rng, (b, nk, h, d)), random(&mut rng, (b, nk, h, d)));
     for lo in [LoopOrder::Fa1, LoopOrder::Fa2, LoopOrder::Standard] {
-        let p = ForwardParams { causal: true, softmax_scale: Some(0.2), loop_order: lo, block: None };
+        let p = ForwardParams { causal: true, softmax_scale: Some(0.2), loop_order: lo, block: None, ..Default::default() };
         // f32, through the default backend and through an explicit FlashAttention.
         let r = reference::standard_attention::<f64>(
             q.mapv(f64::from).view(),

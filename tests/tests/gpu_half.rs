@@ -317,10 +317,12 @@ fn gpu_half_more_than_65535_blocks() {
                     causal: c.causal,
                     loop_order: LoopOrder::Fa2,
                     arch: g.fa.compute_capability(),
+                    features: Default::default(),
                 };
                 let dims = flash_attn::dispatch::Dims {
                     batch: c.batch,
                     nheads: c.nheads,
+                    nheads_k: c.nheads,
                     seqlen_q: c.seqlen_q,
                     seqlen_k: c.seqlen_k,
                     headdim: c.headdim,
@@ -478,11 +480,11 @@ fn gpu_half_typed_errors() {
         g.fa.forward::<f16, _, _, _>(s, Tensor::new(&xh, lay), Tensor::new(&xh, lay), Tensor::new(&xh, lay), p).unwrap_err()
     };
 
-    // Head dim 80 in f16: no tensor-core kernel.
-    let e = fwd([1, 8, 2, 80], &ForwardParams::default());
+    // Head dim 12 in f16 (not a multiple of 8): no tensor-core kernel.
+    let e = fwd([1, 8, 2, 12], &ForwardParams::default());
     println!("{e}");
     assert!(matches!(e, FlashAttnError::Unsupported { argument: "q", dtype: "f16", .. }), "{e}");
-    let e = fwd([1, 8, 2, 80], &ForwardParams { loop_order: LoopOrder::Fa1, ..Default::default() });
+    let e = fwd([1, 8, 2, 12], &ForwardParams { loop_order: LoopOrder::Fa1, ..Default::default() });
     assert!(matches!(e, FlashAttnError::Unsupported { argument: "q", dtype: "f16", .. }), "{e}");
 
     // Standard attention in bf16.

@@ -156,6 +156,18 @@ impl AttnParams {
         crate::mask::KeyWindow::new(seqlen_q, seqlen_k, self.window_left, self.window_right)
     }
 
+    /// Sequence `b` of head `h` of a dense (not varlen) launch.
+    #[inline(always)]
+    pub fn dense_seq(&self, b: u32, h: u32) -> SeqInfo {
+        SeqInfo {
+            q_row0: 0,
+            k_row0: 0,
+            seqlen_q: self.seqlen_q,
+            seqlen_k: self.seqlen_k,
+            lse_base: (b as u64 * self.nheads as u64 + h as u64) * self.seqlen_q as u64,
+        }
+    }
+
     /// Sequence `b` of head `h`: dense (batch strides) or varlen (prefix sums,
     /// clamped; see the field docs).
     ///
@@ -165,13 +177,7 @@ impl AttnParams {
     #[inline(always)]
     pub unsafe fn seq(&self, b: u32, h: u32) -> SeqInfo {
         if !self.is_varlen() {
-            return SeqInfo {
-                q_row0: 0,
-                k_row0: 0,
-                seqlen_q: self.seqlen_q,
-                seqlen_k: self.seqlen_k,
-                lse_base: (b as u64 * self.nheads as u64 + h as u64) * self.seqlen_q as u64,
-            };
+            return self.dense_seq(b, h);
         }
         let rd = |p: u64, i: u32, hi: u32| -> u32 {
             // SAFETY: i ≤ batch, within the array (caller).
@@ -195,18 +201,27 @@ impl AttnParams {
         }
     }
 
-    /// ALiBi slope of (sequence `b`, head `h`) times `log2(e)` (0 when off).
+    /// ALiBi slope of (sequence `b`, head `h`) (0 when off).
     ///
     /// # Safety
     /// `alibi_ptr`, if set, holds the slopes of the documented shape.
     #[inline(always)]
-    pub unsafe fn alibi_slope_log2(&self, b: u32, h: u32) -> f32 {
+    pub unsafe fn alibi_slope(&self, b: u32, h: u32) -> f32 {
         if self.alibi_ptr == 0 {
             return 0.0;
         }
         // SAFETY: caller.
-        let s = unsafe { *(self.alibi_ptr as *const f32).add((b as u64 * self.alibi_batch_stride as u64 + h as u64) as usize) };
-        s * crate::LOG2_E
+        unsafe { *(self.alibi_ptr as *const f32).add((b as u64 * self.alibi_batch_stride as u64 + h as u64) as usize) }
+    }
+
+    /// [`AttnParams::alibi_slope`] times `log2(e)`.
+    ///
+    /// # Safety
+    /// As [`AttnParams::alibi_slope`].
+    #[inline(always)]
+    pub unsafe fn alibi_slope_log2(&self, b: u32, h: u32) -> f32 {
+        // SAFETY: caller.
+        unsafe { self.alibi_slope(b, h) * crate::LOG2_E }
     }
 
     /// Causal mask, bottom-right aligned as FlashAttention >= 2.1: query row

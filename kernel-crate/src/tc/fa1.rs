@@ -12,7 +12,7 @@
 //! a last pass converts it to the output type. `m_i` is stored in the base-2
 //! units of `RowState` (see `AttnParams::m_ptr`), as the f32 FA1 kernel does.
 
-use super::fa2::{clamp_keys, exp_row, mask, pv, qk, quad_sum, row_max, scale_row, scale_sign};
+use super::fa2::{exp_row, mask, pv, qk, quad_sum, row_max, scale_row, scale_sign};
 use super::tile::{SmemTile, tile_bytes};
 use super::{Elem16, pack};
 use crate::arch::cp_async::{cp_async_commit, cp_async_wait};
@@ -40,9 +40,12 @@ pub unsafe fn forward<
     const BCK: usize,
     const QREG: bool,
     const SPLIT_WAIT: bool,
+    const VARLEN: bool,
+    const MODS: bool,
 >(
     p: &AttnParams,
 ) {
+    const { assert!(!MODS && !VARLEN, "FA1 takes GQA and windows; varlen, softcap and ALiBi are FA2's") };
     const { assert!(MT == 1 && !QREG, "FA1 re-reads Q per inner step: one m-tile per warp, Q from shared memory") };
     // ---- prologue ------------------------------------------------------------
     let br = 16 * NW;
@@ -50,18 +53,23 @@ pub unsafe fn forward<
     let tid = sreg::thread_idx_x() as usize;
     let (warp, lane) = (tid / 32, tid % 32);
     let (g, t) = (lane / 4, lane % 4);
-    let (nq, nk) = (p.seqlen_q as usize, p.seqlen_k as usize);
+    let (nq, nk, d) = (p.seqlen_q as usize, p.seqlen_k as usize, p.headdim as usize);
     let bh = sreg::block_idx_x() as usize;
     let (b, h) = (bh / p.nheads as usize, bh % p.nheads as usize);
-    let (tr, tc) = (nq.div_ceil(br), nk.div_ceil(BC));
+    let kvh = p.kv_head(h as u32) as u64;
+    let win = p.key_window(p.seqlen_q, p.seqlen_k);
+    // K/V blocks some query row sees (the window's union over all rows).
+    let (kv_start, kv_end) = win.block_range(0, nq as i64);
+    let (j_first, tc) = (kv_start as usize / BC, if kv_start < kv_end { (kv_end as usize).div_ceil(BC) } else { 0 });
+    let tr = nq.div_ceil(br);
 
     let [qs0, qs1, qs2] = p.q_stride;
     let [ks0, ks1, ks2] = p.k_stride;
     let [vs0, vs1, vs2] = p.v_stride;
     let [os0, os1, os2] = p.o_stride;
     let g_q = (p.q_ptr as *const u16).wrapping_add((b as u64 * qs0 + h as u64 * qs2) as usize);
-    let g_k = (p.k_ptr as *const u16).wrapping_add((b as u64 * ks0 + h as u64 * ks2) as usize);
-    let g_v = (p.v_ptr as *const u16).wrapping_add((b as u64 * vs0 + h as u64 * vs2) as usize);
+    let g_k = (p.k_ptr as *const u16).wrapping_add((b as u64 * ks0 + kvh * ks2) as usize);
+    let g_v = (p.v_ptr as *const u16).wrapping_add((b as u64 * vs0 + kvh * vs2) as usize);
     // O accumulator: contiguous (batch, nq, nheads, D) f32.
     let acc_row = |row: usize| (p.o_accum_ptr as *mut f32).wrapping_add(((b * nq + row) * p.nheads as usize + h) * D);
     let g_l = (p.lse_ptr as *mut f32).wrapping_add(bh * nq);
@@ -75,14 +83,14 @@ pub unsafe fn forward<
     let (q_sign, scale_log2) = scale_sign(p.softmax_scale_log2);
 
     // ---- outer loop over K/V blocks ----------------------------------------
-    for j in 0..tc {
+    for j in j_first..tc {
         let k0 = j * BC;
         let valid = (nk - k0).min(BC);
         sync_threads(); // every warp is done with K_{j-1}, V_{j-1}
         // SAFETY: rows k0..k0+valid of K, V exist (host-checked shapes).
         unsafe {
-            s_k.load_async(g_k.wrapping_add(k0 * ks1 as usize), ks1, BC, valid, tid, nt);
-            s_v.load_async(g_v.wrapping_add(k0 * vs1 as usize), vs1, BC, valid, tid, nt);
+            s_k.load_async(g_k.wrapping_add(k0 * ks1 as usize), ks1, BC, valid, d, tid, nt);
+            s_v.load_async(g_v.wrapping_add(k0 * vs1 as usize), vs1, BC, valid, d, tid, nt);
         }
         cp_async_commit();
         cp_async_wait::<0>();
@@ -95,24 +103,25 @@ pub unsafe fn forward<
                 continue;
             }
             let row = [q_row0 + g, q_row0 + g + 8];
-            let lim = [p.causal_key_limit(row[0] as u32).min(nk as i64), p.causal_key_limit(row[1] as u32).min(nk as i64)];
-            let lim_first = clamp_keys(p.causal_key_limit(q_row0 as u32), nk);
-            let lim_last = clamp_keys(p.causal_key_limit((q_row0 + 15).min(nq - 1) as u32), nk);
-            if k0 >= lim_last {
-                continue; // causal: block j is fully masked for these rows
+            let rows_end = (q_row0 + 16).min(nq) as i64;
+            let (see_start, see_end) = win.block_range(q_row0 as i64, rows_end);
+            if k0 as i64 >= see_end || ((k0 + BC) as i64) <= see_start || see_start >= see_end {
+                continue; // causal/window: block j is fully masked for these rows
             }
+            let (full_start, full_end) = win.unmasked_range(q_row0 as i64, rows_end);
             // SAFETY: rows q_row0..q_row0+16 (those < nq) of Q exist; the
             // warp's own 16-row region of shared memory.
-            unsafe { s_q.load_async(g_q.wrapping_add(q_row0 * qs1 as usize), qs1, 16, (nq - q_row0).min(16), lane, 32) };
+            unsafe { s_q.load_async(g_q.wrapping_add(q_row0 * qs1 as usize), qs1, 16, (nq - q_row0).min(16), d, lane, 32) };
             cp_async_commit();
             cp_async_wait::<0>();
             sync_warp(); // the warp's Q rows are visible to all its lanes
 
             // SAFETY: K_j and this warp's Q rows are in shared memory.
             let [mut r_s] = unsafe { qk::<T, D, DK, BCN, 1, false>(&r_q_unused, s_q, 0, q_sign, s_k, lane) };
-            let masked = k0 + BC > lim_first;
+            let masked = (k0 as i64) < full_start || (k0 + BC) as i64 > full_end;
             if masked {
-                mask(&mut r_s, k0, t, lim);
+                let (r0, r1) = (row[0] as i64, row[1] as i64);
+                mask(&mut r_s, k0, t, [win.lo(r0), win.lo(r1)], [win.hi(r0), win.hi(r1)]);
             }
 
             // Block statistics m~_ij, P~_ij, l~_ij (base-2 domain).
@@ -177,7 +186,10 @@ pub unsafe fn forward<
             let o_row = g_o.wrapping_add(rw * os1 as usize);
             for n in 0..DN {
                 let col = n * 8 + 2 * t;
-                // SAFETY: rw < nq, col + 1 < D; this thread wrote these elements.
+                if col >= d {
+                    continue; // zero-padded head-dim columns
+                }
+                // SAFETY: rw < nq, col + 1 < d ≤ D; this thread wrote these elements.
                 unsafe {
                     let [o0, o1] = *(o.add(col) as *const [f32; 2]);
                     *(o_row.wrapping_add(col) as *mut u32) = pack::<T>(o0, o1);

@@ -44,12 +44,6 @@ pub fn quad_sum(x: f32) -> f32 {
     x + shfl_xor_f32(x, 2)
 }
 
-/// `min(max(x, 0), hi)` for key bounds.
-#[inline(always)]
-pub fn clamp_keys(x: i64, hi: usize) -> usize {
-    if x <= 0 { 0 } else if x as u64 >= hi as u64 { hi } else { x as usize }
-}
-
 /// XORs the sign bits of a fragment's 16-bit pairs with `q_sign`
 /// (`0x8000_8000` negates exactly, 0 leaves it): a negative softmax scale is
 /// applied as `|scale| · (−q)·k`, so the softmax only ever sees scale ≥ 0.
@@ -122,22 +116,74 @@ pub unsafe fn pv<T: Elem16, const D: usize, const DN: usize, const BCN: usize, c
     }
 }
 
-/// Masks (to −inf) the raw scores of keys at or past each row's limit
-/// (`lim[r]` for the thread's rows `g` and `g + 8` of the m-tile).
+/// Masks (to −inf) the raw scores of keys outside each row's visible range
+/// `[lo[r], hi[r])` (for the thread's rows `g` and `g + 8` of the m-tile;
+/// [`flash_attn_common::KeyWindow`]).
 ///
-/// The limits are turned once into 32-bit offsets from the thread's first
-/// column (`k0 + 2t`), clamped to `[−1, Bc]`, so each element costs one
-/// 32-bit compare against a constant. (The 64-bit compares this replaced
-/// cost enough registers to make d = 64, Bc = 128 spill.)
+/// The bounds are turned once into 32-bit offsets from the thread's first
+/// column (`k0 + 2t`), clamped to `[−1, Bc]`, so each element costs 32-bit
+/// compares against constants. (The 64-bit compares this replaced cost
+/// enough registers to make d = 64, Bc = 128 spill.)
 #[inline(always)]
-pub fn mask<const BCN: usize>(r_s: &mut [[f32; 4]; BCN], k0: usize, t: usize, lim: [i64; 2]) {
+pub fn mask<const BCN: usize>(r_s: &mut [[f32; 4]; BCN], k0: usize, t: usize, lo: [i64; 2], hi: [i64; 2]) {
     let col0 = (k0 + 2 * t) as i64;
     let bc = (8 * BCN) as i64;
-    let rel = [(lim[0] - col0).clamp(-1, bc) as i32, (lim[1] - col0).clamp(-1, bc) as i32];
+    let rel_lo = [(lo[0] - col0).clamp(-1, bc) as i32, (lo[1] - col0).clamp(-1, bc) as i32];
+    let rel_hi = [(hi[0] - col0).clamp(-1, bc) as i32, (hi[1] - col0).clamp(-1, bc) as i32];
     for n in 0..BCN {
         for e in 0..4 {
-            if (n * 8 + (e & 1)) as i32 >= rel[e >> 1] {
+            let c = (n * 8 + (e & 1)) as i32;
+            if c < rel_lo[e >> 1] || c >= rel_hi[e >> 1] {
                 r_s[n][e] = f32::NEG_INFINITY;
+            }
+        }
+    }
+}
+
+/// The score modifiers of one (sequence, head) in the base-2 domain
+/// (`AttnParams::softcap_pre`, ALiBi slope × log2 e): the `MODS` kernels
+/// apply them to the raw scores before masking, and then run the softmax
+/// with a scale of 1.
+#[derive(Clone, Copy)]
+pub struct Mods {
+    /// `|scale|·log2 e` (no softcap) — the sign is folded into Q.
+    pub scale_log2: f32,
+    /// Softcap: `cap·log2 e · tanh(|scale|/cap · s)`; `cap_post == 0` = off.
+    pub cap_pre: f32,
+    pub cap_post: f32,
+    /// ALiBi slope × log2 e (0 = off).
+    pub slope_log2: f32,
+}
+
+impl Mods {
+    /// # Safety
+    /// `p.alibi_ptr`, if set, holds the slopes (host-checked shape).
+    #[inline(always)]
+    pub unsafe fn new(p: &AttnParams, b: usize, h: usize, scale_log2: f32) -> Self {
+        let cap = p.softcap;
+        Self {
+            scale_log2,
+            cap_pre: p.softcap_pre.abs(),
+            cap_post: cap * flash_attn_common::LOG2_E,
+            // SAFETY: caller.
+            slope_log2: unsafe { p.alibi_slope_log2(b as u32, h as u32) },
+        }
+    }
+
+    /// Replaces one m-tile's raw scores by the modified base-2 scores.
+    /// `pos[r]` is the key position `i + seqlen_k − seqlen_q` of row `g + 8r`.
+    #[inline(always)]
+    pub fn apply<const BCN: usize>(&self, r_s: &mut [[f32; 4]; BCN], k0: usize, t: usize, pos: [i64; 2]) {
+        let rel = [(pos[0] - (k0 + 2 * t) as i64) as i32, (pos[1] - (k0 + 2 * t) as i64) as i32];
+        for n in 0..BCN {
+            for e in 0..4 {
+                let x = r_s[n][e];
+                let mut y = if self.cap_post != 0.0 { self.cap_post * (x * self.cap_pre).tanh() } else { x * self.scale_log2 };
+                if self.slope_log2 != 0.0 {
+                    let dist = rel[e >> 1] - (n * 8 + (e & 1)) as i32;
+                    y -= self.slope_log2 * dist.unsigned_abs() as f32;
+                }
+                r_s[n][e] = y;
             }
         }
     }
@@ -252,16 +298,45 @@ impl BlockPos {
     /// From the block and thread indices; `num_m = ceil(seqlen_q / Br)`.
     #[inline(always)]
     pub fn new(p: &AttnParams, num_m: usize, block_idx: u32, thread_idx: u32) -> Self {
-        let (idx, tid) = (block_idx as usize, thread_idx as usize);
-        let bh = idx / num_m;
-        let mb = if p.causal != 0 { num_m - 1 - idx % num_m } else { idx % num_m };
+        // 32-bit division: the grid has fewer than 2³¹ blocks (host-checked).
+        let (idx, nm) = (block_idx, num_m as u32);
+        let bh = idx / nm;
+        let mb = if p.causal != 0 { nm - 1 - idx % nm } else { idx % nm };
+        let (b, h) = (bh / p.nheads, bh % p.nheads);
+        let tid = thread_idx as usize;
         let (warp, lane) = (tid / 32, tid % 32);
-        Self { bh, mb, b: bh / p.nheads as usize, h: bh % p.nheads as usize, tid, warp, lane, g: lane / 4, t: lane % 4 }
+        Self { bh: bh as usize, mb: mb as usize, b: b as usize, h: h as usize, tid, warp, lane, g: lane / 4, t: lane % 4 }
     }
 }
 
+/// The key window of this thread's sequence and the sequence row of its
+/// first accumulator row (`q0 + warp·16·MT + g`), derived afresh from the
+/// special registers and the parameters (see the prologue of [`forward`]).
+#[inline(always)]
+fn fresh_window<const MT: usize, const NW: usize, const VARLEN: bool>(p: &AttnParams, num_m: usize) -> (usize, flash_attn_common::KeyWindow) {
+    let (idx, tid) = sreg::block_and_thread_idx_fresh();
+    let BlockPos { b, h, mb, warp, g, .. } = BlockPos::new(p, num_m, idx, tid);
+    // SAFETY: host-checked varlen arrays (values clamped inside).
+    let seq = unsafe { seq_of::<VARLEN>(p, b, h) };
+    (mb * 16 * MT * NW + warp * 16 * MT + g, p.key_window(seq.seqlen_q, seq.seqlen_k))
+}
+
+/// Sequence `b` of head `h`: `VARLEN` kernels read the prefix sums (a
+/// separate kernel: holding a sequence's offsets costs the dense tiles
+/// their spill-free register budget).
+///
+/// # Safety
+/// As [`AttnParams::seq`].
+#[inline(always)]
+pub unsafe fn seq_of<const VARLEN: bool>(p: &AttnParams, b: usize, h: usize) -> flash_attn_common::SeqInfo {
+    // SAFETY: caller.
+    if VARLEN { unsafe { p.seq(b as u32, h as u32) } } else { p.dense_seq(b as u32, h as u32) }
+}
+
 /// The FA2 forward kernel body (see the module docs). Each warp owns `MT`
-/// m-tiles of 16 query rows: `Br = 16·MT·NW`.
+/// m-tiles of 16 query rows: `Br = 16·MT·NW`. GQA, varlen, window and head
+/// dims below `D` (zero-padded columns) are run-time parameters of every
+/// kernel; softcap and ALiBi need `MODS` (per-element work in the softmax).
 ///
 /// # Safety
 /// As the exported entry points: `p` valid (checked by the host), launched
@@ -280,6 +355,8 @@ pub unsafe fn forward<
     const BCK: usize,
     const QREG: bool,
     const SPLIT_WAIT: bool,
+    const VARLEN: bool,
+    const MODS: bool,
 >(
     p: &AttnParams,
 ) {
@@ -287,27 +364,38 @@ pub unsafe fn forward<
     // ---- prologue: who am I, what do I read --------------------------------
     let br = 16 * MT * NW;
     let nt = 32 * NW;
-    let (nq, nk) = (p.seqlen_q as usize, p.seqlen_k as usize);
-    let num_m = nq.div_ceil(br);
-    let BlockPos { bh, mb, b, h, tid, warp, lane, g, t } = BlockPos::new(p, num_m, sreg::block_idx_x(), sreg::thread_idx_x());
+    let num_m = (p.seqlen_q as usize).div_ceil(br);
+    let BlockPos { b, h, mb, tid, warp, lane, g, t, .. } = BlockPos::new(p, num_m, sreg::block_idx_x(), sreg::thread_idx_x());
+    // SAFETY: host-checked varlen arrays (values clamped inside).
+    let seq = unsafe { seq_of::<VARLEN>(p, b, h) };
+    let (nq, nk) = (seq.seqlen_q as usize, seq.seqlen_k as usize);
     let q0 = mb * br;
+    if q0 >= nq {
+        return; // varlen: this Q block lies past its sequence (block-uniform)
+    }
+    let d = p.headdim as usize;
     let w_row0 = warp * 16 * MT; // first row of this warp's m-tiles, in the block
 
-    // Keys this block can see: causal rows see keys < i + 1 + nk - nq.
-    let shift = nk as i64 - nq as i64;
-    let (kv_end, mask_from) = if p.causal != 0 {
-        (clamp_keys((q0 + br) as i64 + shift, nk), clamp_keys(q0 as i64 + 1 + shift, nk))
-    } else {
-        (nk, nk)
-    };
-    let n_blocks = kv_end.div_ceil(BC);
+    // Keys some row of the block sees, and keys every row sees (no mask).
+    // Only the block indices and the no-mask range stay live across the
+    // K/V loop (32-bit); masked blocks derive the window again
+    // ([`fresh_window`]): at d = 128, Bc = 64 those registers decide
+    // between a spill and none.
+    let win = p.key_window(seq.seqlen_q, seq.seqlen_k);
+    let q_end = (q0 + br).min(nq) as i64;
+    let (kv_start, kv_end) = win.block_range(q0 as i64, q_end);
+    let (full_start, full_end) = win.unmasked_range(q0 as i64, q_end);
+    let (full_start, full_end) = (full_start.clamp(0, nk as i64) as u32, full_end.clamp(0, nk as i64) as u32);
+    let j_first = kv_start as usize / BC;
+    let j_end = if kv_start < kv_end { (kv_end as usize).div_ceil(BC) } else { j_first };
 
+    let kvh = p.kv_head(h as u32) as u64;
     let [qs0, qs1, qs2] = p.q_stride;
     let [ks0, ks1, ks2] = p.k_stride;
     let [vs0, vs1, vs2] = p.v_stride;
-    let g_q = (p.q_ptr as *const u16).wrapping_add((b as u64 * qs0 + q0 as u64 * qs1 + h as u64 * qs2) as usize);
-    let g_k = (p.k_ptr as *const u16).wrapping_add((b as u64 * ks0 + h as u64 * ks2) as usize);
-    let g_v = (p.v_ptr as *const u16).wrapping_add((b as u64 * vs0 + h as u64 * vs2) as usize);
+    let g_q = (p.q_ptr as *const u16).wrapping_add((b as u64 * qs0 + (seq.q_row0 + q0 as u64) * qs1 + h as u64 * qs2) as usize);
+    let g_k = (p.k_ptr as *const u16).wrapping_add((b as u64 * ks0 + seq.k_row0 * ks1 + kvh * ks2) as usize);
+    let g_v = (p.v_ptr as *const u16).wrapping_add((b as u64 * vs0 + seq.k_row0 * vs1 + kvh * vs2) as usize);
 
     let base = smem_addr(dynamic_smem::<u8>());
     let s_q = SmemTile::<D> { base };
@@ -318,29 +406,33 @@ pub unsafe fn forward<
     let load_kv = |j: usize| {
         let k0 = j * BC;
         let valid = (nk - k0).min(BC);
-        // SAFETY: rows k0..k0+valid of K and V exist (host-checked shapes).
+        // SAFETY: rows k0..k0+valid of K and V exist (host-checked shapes,
+        // varlen segments clamped to the buffers).
         unsafe {
-            s_k(j & 1).load_async(g_k.wrapping_add(k0 * ks1 as usize), ks1, BC, valid, tid, nt);
+            s_k(j & 1).load_async(g_k.wrapping_add(k0 * ks1 as usize), ks1, BC, valid, d, tid, nt);
             cp_async_commit();
-            s_v(j & 1).load_async(g_v.wrapping_add(k0 * vs1 as usize), vs1, BC, valid, tid, nt);
+            s_v(j & 1).load_async(g_v.wrapping_add(k0 * vs1 as usize), vs1, BC, valid, d, tid, nt);
             cp_async_commit();
         }
     };
 
     // SAFETY: rows q0..min(q0+br, nq) of Q exist.
-    unsafe { s_q.load_async(g_q, qs1, br, (nq - q0).min(br), tid, nt) };
+    unsafe { s_q.load_async(g_q, qs1, br, (nq - q0).min(br), d, tid, nt) };
     cp_async_commit();
-    if n_blocks > 0 {
-        load_kv(0);
+    if j_first < j_end {
+        load_kv(j_first);
     }
 
     let mut r_o = [[[0f32; 4]; DN]; MT];
     let mut st = [[RowState::<f32>::new(); 2]; MT];
     let mut r_q = [[[0u32; 4]; DK]; MT];
     let (q_sign, scale_log2) = scale_sign(p.softmax_scale_log2);
+    // SAFETY: host-checked ALiBi slopes.
+    let mods = if MODS { unsafe { Mods::new(p, b, h, scale_log2) } } else { Mods { scale_log2, cap_pre: 0.0, cap_post: 0.0, slope_log2: 0.0 } };
+    let soft_scale = if MODS { 1.0 } else { scale_log2 };
 
     // ---- main loop over K/V blocks -----------------------------------------
-    for j in 0..n_blocks {
+    for j in j_first..j_end {
         // K_j and V_j were issued together one iteration ago (or in the
         // prologue). One barrier makes what landed visible to every warp and
         // frees buffers (j+1)&1 (last read in iteration j−1) for the prefetch
@@ -353,7 +445,7 @@ pub unsafe fn forward<
             cp_async_wait::<0>();
         }
         sync_threads();
-        if QREG && j == 0 {
+        if QREG && j == j_first {
             for mt in 0..MT {
                 for kk in 0..DK {
                     // SAFETY: Q landed and a barrier passed.
@@ -361,7 +453,7 @@ pub unsafe fn forward<
                 }
             }
         }
-        let more = j + 1 < n_blocks;
+        let more = j + 1 < j_end;
         if more {
             load_kv(j + 1);
         }
@@ -369,16 +461,23 @@ pub unsafe fn forward<
         // SAFETY: K_j landed and a barrier passed.
         let mut r_s = unsafe { qk::<T, D, DK, BCN, MT, QREG>(&r_q, s_q, w_row0, q_sign, s_k(j & 1), lane) };
         let k0 = j * BC;
-        if k0 + BC > mask_from {
-            // Diagonal (causal) or tail block: mask per element.
+        if MODS {
+            let (row0, win) = fresh_window::<MT, NW, VARLEN>(p, num_m);
             for mt in 0..MT {
-                let r0 = (q0 + w_row0 + 16 * mt + g) as u32;
-                let lim = [p.causal_key_limit(r0).min(nk as i64), p.causal_key_limit(r0 + 8).min(nk as i64)];
-                mask(&mut r_s[mt], k0, t, lim);
+                let r0 = (row0 + 16 * mt) as i64 + win.shift;
+                mods.apply(&mut r_s[mt], k0, t, [r0, r0 + 8]);
             }
-            softmax_step::<BCN, DN, MT, true>(&mut r_s, &mut r_o, &mut st, scale_log2);
+        }
+        if (k0 as u32) < full_start || (k0 + BC) as u32 > full_end {
+            // Window edge, diagonal (causal) or tail block: mask per element.
+            let (row0, win) = fresh_window::<MT, NW, VARLEN>(p, num_m);
+            for mt in 0..MT {
+                let r0 = (row0 + 16 * mt) as i64;
+                mask(&mut r_s[mt], k0, t, [win.lo(r0), win.lo(r0 + 8)], [win.hi(r0), win.hi(r0 + 8)]);
+            }
+            softmax_step::<BCN, DN, MT, true>(&mut r_s, &mut r_o, &mut st, soft_scale);
         } else {
-            softmax_step::<BCN, DN, MT, false>(&mut r_s, &mut r_o, &mut st, scale_log2);
+            softmax_step::<BCN, DN, MT, false>(&mut r_s, &mut r_o, &mut st, soft_scale);
         }
 
         if SPLIT_WAIT {
@@ -392,19 +491,24 @@ pub unsafe fn forward<
         // SAFETY: V_j landed and a barrier passed.
         unsafe { pv::<T, D, DN, BCN, BCK, MT>(&mut r_o, &r_s, s_v(j & 1), lane) };
     }
-    if n_blocks == 0 {
+    if j_first >= j_end {
         cp_async_wait::<0>(); // the Q copy: never leave with copies in flight
     }
 
     // ---- epilogue: one 1/l, store O and the logsumexp -----------------------
-    // Block coordinates derived again from the special registers rather
-    // than kept live across the K/V loop: at d = 128, Bc = 64 that register
-    // is the difference between a spill and none.
+    // Block coordinates derived again from the special registers (and the
+    // sequence again from its prefix sums) rather than kept live across the
+    // K/V loop: at d = 128, Bc = 64 that register is the difference between
+    // a spill and none.
     let (idx, tid) = sreg::block_and_thread_idx_fresh();
-    let BlockPos { bh, mb, b, h, warp, g, t, .. } = BlockPos::new(p, num_m, idx, tid);
+    let BlockPos { b, h, mb, warp, g, t, .. } = BlockPos::new(p, num_m, idx, tid);
+    // SAFETY: as in the prologue.
+    let seq = unsafe { seq_of::<VARLEN>(p, b, h) };
+    let nq = seq.seqlen_q as usize;
+    let d = p.headdim as usize;
     let row_base = (mb * br + warp * 16 * MT + g) as u32;
     let [os0, os1, os2] = p.o_stride;
-    let g_o = (p.o_ptr as *mut u16).wrapping_add((b as u64 * os0 + h as u64 * os2) as usize);
+    let g_o = (p.o_ptr as *mut u16).wrapping_add((b as u64 * os0 + seq.q_row0 * os1 + h as u64 * os2) as usize);
     for mt in 0..MT {
         for r in 0..2 {
             let row = (row_base + (16 * mt + 8 * r) as u32) as usize;
@@ -413,13 +517,16 @@ pub unsafe fn forward<
             if row < nq {
                 let o_row = g_o.wrapping_add(row * os1 as usize);
                 for n in 0..DN {
-                    let v = pack::<T>(r_o[mt][n][2 * r] * inv_l, r_o[mt][n][2 * r + 1] * inv_l);
-                    // SAFETY: row < nq, col < D; 4-byte aligned (even col, host-checked strides).
-                    unsafe { *(o_row.wrapping_add(n * 8 + 2 * t) as *mut u32) = v };
+                    let col = n * 8 + 2 * t;
+                    if col < d {
+                        let v = pack::<T>(r_o[mt][n][2 * r] * inv_l, r_o[mt][n][2 * r + 1] * inv_l);
+                        // SAFETY: row < nq, col < d; 4-byte aligned (even col, host-checked strides).
+                        unsafe { *(o_row.wrapping_add(col) as *mut u32) = v };
+                    }
                 }
                 if t == 0 && p.lse_ptr != 0 {
-                    // SAFETY: lse holds batch·nheads·nq f32.
-                    unsafe { *(p.lse_ptr as *mut f32).add(bh * nq + row) = st[mt][r].lse() };
+                    // SAFETY: lse holds batch·nheads·nq (dense) or nheads·total_q (varlen) f32.
+                    unsafe { *(p.lse_ptr as *mut f32).add(seq.lse_base as usize + row) = st[mt][r].lse() };
                 }
             }
         }

@@ -30,15 +30,17 @@ impl<const D: usize> SmemTile<D> {
 
     /// Issues `cp.async` copies of `rows` rows from global memory (row `r` at
     /// `g + r * row_stride` elements) into the tile, the `nt` threads
-    /// (`tid < nt`) sharing the 16-byte chunks. Rows `>= rows_valid` are zero-filled
-    /// (a zero row keeps `0 * garbage` out of the products).
+    /// (`tid < nt`) sharing the 16-byte chunks. Rows `>= rows_valid` and
+    /// columns `>= cols_valid` (a multiple of 8: the caller's head dim, when
+    /// the tile is compiled for a larger `D`) are zero-filled, never read: a
+    /// zero keeps `0 * garbage` out of the products.
     ///
     /// # Safety
-    /// `g` rows `< rows_valid` are readable, 16-byte aligned, `D` elements
-    /// long; the tile lies in the block's dynamic shared memory; all `NT`
-    /// threads call it.
+    /// `g` rows `< rows_valid` are readable for `cols_valid` elements,
+    /// 16-byte aligned; the tile lies in the block's dynamic shared memory;
+    /// all `nt` threads call it.
     #[inline(always)]
-    pub unsafe fn load_async(&self, g: *const u16, row_stride: u64, rows: usize, rows_valid: usize, tid: usize, nt: usize) {
+    pub unsafe fn load_async(&self, g: *const u16, row_stride: u64, rows: usize, rows_valid: usize, cols_valid: usize, tid: usize, nt: usize) {
         const { assert!(D % 8 == 0) };
         let cpr = D / 8; // 16-byte chunks per row
         let total = rows * cpr;
@@ -46,7 +48,7 @@ impl<const D: usize> SmemTile<D> {
         while i < total {
             let r = i / cpr;
             let c = i % cpr;
-            let ok = r < rows_valid;
+            let ok = r < rows_valid && c * 8 < cols_valid;
             let src = if ok { g.wrapping_add(r * row_stride as usize + c * 8) } else { g };
             // SAFETY: see the function's contract; src_size 0 reads nothing.
             unsafe { cp_async_cg_16(self.addr(r, c * 8), src as *const u8, if ok { 16 } else { 0 }) };

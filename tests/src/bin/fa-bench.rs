@@ -706,6 +706,7 @@ impl Gpu {
             softmax_scale: Some(1.0 / (c.d as f32).sqrt()),
             loop_order: LoopOrder::Standard,
             block: None,
+            ..Default::default()
         };
         let s = &self.sets[set % self.sets.len()];
         // SAFETY: u16 and T (f16 or bf16) have the same size and alignment,
@@ -1029,7 +1030,7 @@ fn run_ours(
         let flops = c.flops(o);
         // What the library picks on this device (the tuned default, or a
         // smaller tile where shared memory is short).
-        let kernel = |lo| TcKernel::default_fitting(lo, c.dtype == Dtype::Bf16, c.d, smem_limit);
+        let kernel = |lo| TcKernel::default_fitting(lo, c.dtype == Dtype::Bf16, c.d, Default::default(), smem_limit);
         let fa1_skip = c.n > o.fa1_max_seqlen;
         let std_skip = c.s_bytes(o) > o.mem_cap_gb * 1e9;
         // What runs for each of our implementations, or why not.

@@ -480,7 +480,7 @@ fn upload<T: AttnElem>(g: &Gpu, host: &[[Vec<f32>; 3]]) -> Res<Bufs<T>> {
 }
 
 fn params(order: LoopOrder, causal: bool) -> ForwardParams {
-    ForwardParams { causal, softmax_scale: None, loop_order: order, block: None }
+    ForwardParams { causal, softmax_scale: None, loop_order: order, block: None, ..Default::default() }
 }
 
 /// One `forward_into` on input set `set`.
@@ -515,7 +515,7 @@ fn plan_of<T: AttnElem>(g: &Gpu, sh: Shape, p: &ForwardParams) -> Res<Plan> {
     let l = sh.layout();
     let n = sh.elems();
     let problem = flash_attn::api::validate((&l, n), (&l, n), (&l, n), (&l, n), p)?;
-    Ok(g.fa.plan::<T>(&problem, p)?)
+    Ok(g.fa.plan::<T>(&problem, p, false, false)?)
 }
 
 fn plan_blocks(p: &Plan) -> Option<(usize, usize)> {

@@ -18,6 +18,30 @@
 //!   state is a [`RowState`] (its `m` in that base-2 domain). Standard
 //!   attention and [`softmax_safe`] use the natural `exp` directly, so the
 //!   tests compare two independent formulations.
+//!
+//! The inference features of `../shared/INFERENCE.md` (FlashAttention-2's
+//! semantics) live in submodules, all re-exported here:
+//!
+//! * [`features`]: GQA/MQA, sliding window, softcap, ALiBi — [`attention`]
+//!   (standard definition) and [`fa2_forward_ext`] (FA2's blocked loop with
+//!   window block skipping). [`standard_attention`] and [`fa2_forward`] are
+//!   their feature-free special cases and run the same per-head code.
+//! * [`varlen`]: packed batches with `cu_seqlens` ([`attention_varlen`]).
+//! * [`decode`]: split-KV partials and their combine ([`combine_partials`],
+//!   [`split_kv_forward`]), KV cache with in-place append and
+//!   `cache_batch_idx` ([`kvcache_attention`]), paged KV ([`PagedKv`],
+//!   [`paged_kvcache_attention`], [`attention_varlen_paged`]).
+
+pub mod decode;
+pub mod features;
+pub mod varlen;
+
+pub use decode::{
+    PagedKv, PagedKvMut, SplitPartials, attention_varlen_paged, combine_partials, kvcache_attention,
+    paged_kvcache_attention, paged_to_contiguous, split_kv_forward, split_kv_partials,
+};
+pub use features::{DEFAULT_BLOCK, HostAlibi, attention, fa2_forward_ext};
+pub use varlen::{VarlenOutput, attention_varlen};
 
 use flash_attn_common::{AttnParams, Real, RowState};
 use ndarray::{Array3, Array4, ArrayView4, s};
@@ -269,6 +293,7 @@ fn axpy<F: Real>(acc: &mut [F], p: F, row: &[F]) {
 /// Standard attention with `S = scale · Q Kᵀ` and `P = softmax(S)` materialized
 /// (`N_q × N_k` each, per head), `O = P V`. `P` is the safe softmax of each row
 /// of `S` with the natural `exp(s − rowmax)`; masked scores are `-inf`.
+/// (The feature-free case of [`attention`], with an explicit scale.)
 pub fn standard_attention<F: Real>(
     q: ArrayView4<F>,
     k: ArrayView4<F>,
@@ -276,54 +301,8 @@ pub fn standard_attention<F: Real>(
     causal: bool,
     softmax_scale: Option<F>,
 ) -> Result<AttnOutput<F>, RefError> {
-    let (dims, scale) = validate(&q, &k, &v, softmax_scale)?;
-    let Dims { batch, nheads, n_q, n_k, d } = dims;
-    let limit = KeyLimit::new(&dims, causal);
-    let mut o = Array4::from_elem((batch, n_q, nheads, d), F::ZERO);
-    let mut lse = Array3::from_elem((batch, nheads, n_q), F::NEG_INFINITY);
-    let mut s_mat = vec![F::ZERO; n_q * n_k];
-    let mut p_mat = vec![F::ZERO; n_q * n_k];
-    for b in 0..batch {
-        for h in 0..nheads {
-            let (qh, kh, vh) = (head(&q, b, h), head(&k, b, h), head(&v, b, h));
-            // 1. S = scale · Q Kᵀ, masked entries -inf.
-            for i in 0..n_q {
-                let lim = limit.of(i);
-                let q_i = &qh[i * d..][..d];
-                for j in 0..n_k {
-                    s_mat[i * n_k + j] = if j < lim { dot(q_i, &kh[j * d..][..d]) * scale } else { F::NEG_INFINITY };
-                }
-            }
-            // 2. P = softmax(S), row by row; lse = m + ln Σ exp(s − m).
-            for i in 0..n_q {
-                let row = &s_mat[i * n_k..][..n_k];
-                p_mat[i * n_k..][..n_k].copy_from_slice(&softmax_safe(row));
-                let mut m = F::NEG_INFINITY;
-                for &x in row {
-                    m = m.max_nan(x);
-                }
-                if m != F::NEG_INFINITY {
-                    let mut sum = F::ZERO;
-                    for &x in row {
-                        sum = sum + (x - m).exp();
-                    }
-                    lse[[b, h, i]] = m + sum.ln();
-                }
-            }
-            // 3. O = P V.
-            let mut acc = vec![F::ZERO; d];
-            for i in 0..n_q {
-                acc.fill(F::ZERO);
-                for j in 0..n_k {
-                    axpy(&mut acc, p_mat[i * n_k + j], &vh[j * d..][..d]);
-                }
-                for (x, &a) in acc.iter().enumerate() {
-                    o[[b, i, h, x]] = a;
-                }
-            }
-        }
-    }
-    Ok(AttnOutput { o, lse })
+    let (_, scale) = validate(&q, &k, &v, softmax_scale)?;
+    Ok(features::run_dense(q, k, v, None, &features::Opts::plain(scale, causal), features::Path::Standard))
 }
 
 // ---------------------------------------------------------------------------
@@ -525,7 +504,8 @@ fn fa1_run<F: Real>(
 /// and divided by `l` once at the end ([`RowState::inv_l`]); the logsumexp
 /// ([`RowState::lse`]) is the only statistic written. With `causal`, K/V blocks
 /// that every row of the Q block must mask are skipped (they and all later
-/// blocks lie past the diagonal).
+/// blocks lie past the diagonal). (The feature-free case of
+/// [`fa2_forward_ext`], with an explicit scale.)
 pub fn fa2_forward<F: Real>(
     q: ArrayView4<F>,
     k: ArrayView4<F>,
@@ -537,56 +517,6 @@ pub fn fa2_forward<F: Real>(
 ) -> Result<AttnOutput<F>, RefError> {
     let (dims, scale) = validate(&q, &k, &v, softmax_scale)?;
     check_blocks(br, bc)?;
-    let Dims { batch, nheads, n_q, n_k, d } = dims;
-    let scale_log2 = scale * F::LOG2_E;
-    let limit = KeyLimit::new(&dims, causal);
-    let mut o = Array4::from_elem((batch, n_q, nheads, d), F::ZERO);
-    let mut lse = Array3::from_elem((batch, nheads, n_q), F::NEG_INFINITY);
-    let (tr, tc) = (n_q.div_ceil(br), n_k.div_ceil(bc));
-    let mut s2 = vec![F::ZERO; bc];
-    let mut acc = vec![F::ZERO; br * d];
-    let mut rows = vec![RowState::<F>::new(); br];
-    for b in 0..batch {
-        for h in 0..nheads {
-            let (qh, kh, vh) = (head(&q, b, h), head(&k, b, h), head(&v, b, h));
-            for i in 0..tr {
-                let r0 = i * br;
-                let r1 = (r0 + br).min(n_q);
-                let nr = r1 - r0;
-                acc[..nr * d].fill(F::ZERO);
-                rows[..nr].fill(RowState::new());
-                // The limit grows with the row: the last row sees the most keys.
-                let block_limit = limit.of(r1 - 1);
-                for j in 0..tc {
-                    let c0 = j * bc;
-                    if c0 >= block_limit {
-                        break; // fully masked K/V block (causal): skip it and the rest.
-                    }
-                    let c1 = (c0 + bc).min(n_k);
-                    let s2 = &mut s2[..c1 - c0];
-                    for r in r0..r1 {
-                        let t = r - r0;
-                        let block_max = block_scores(&qh[r * d..][..d], &kh, d, c0, limit.of(r), scale_log2, s2);
-                        let (alpha, m_safe) = rows[t].rescale(block_max);
-                        let acc_r = &mut acc[t * d..][..d];
-                        for a in acc_r.iter_mut() {
-                            *a = *a * alpha;
-                        }
-                        let sum = block_pv(s2, m_safe, &vh, d, c0, acc_r);
-                        rows[t].accumulate(sum);
-                    }
-                }
-                // Epilogue: one 1/l per row, lse written once.
-                for r in r0..r1 {
-                    let t = r - r0;
-                    let inv_l = rows[t].inv_l();
-                    for x in 0..d {
-                        o[[b, r, h, x]] = acc[t * d + x] * inv_l;
-                    }
-                    lse[[b, h, r]] = rows[t].lse();
-                }
-            }
-        }
-    }
-    Ok(AttnOutput { o, lse })
+    let path = features::Path::Online { br, bc, keys: (0, dims.n_k) };
+    Ok(features::run_dense(q, k, v, None, &features::Opts::plain(scale, causal), path))
 }
