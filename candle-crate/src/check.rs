@@ -6,7 +6,8 @@
 //! candle-flash-attn's do; nothing here panics.
 
 use candle_core::{DType, Layout, Result};
-use flash_attn::{ForwardParams, TensorLayout};
+use candle_core::Tensor;
+use flash_attn::{AlibiShape, ForwardParams, TensorLayout};
 
 /// Prefix of every message of this crate.
 pub(crate) const NAME: &str = "flash-attn";
@@ -54,19 +55,11 @@ pub(crate) fn check_dtypes(q: DType, k: DType, v: DType, allowed: &[DType], back
     Ok(())
 }
 
-/// What the op asks for that the core library does not run yet. Each maps
-/// to one feature of the core API; when it lands, the variant goes and the
-/// op passes the option through (see [`crate::FlashAttn`]).
+/// What the op asks for that the core library does not run yet (its
+/// GPU API). Each maps to one feature of the core; when it lands, the
+/// variant goes and the op passes the option through.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Missing {
-    /// k/v with fewer heads than q (`nheads_k < nheads`).
-    Gqa,
-    /// `window_size_left`/`right` other than none or causal.
-    Window,
-    Softcap,
-    Alibi,
-    /// Packed sequences with cumulative lengths (`flash_attn_varlen*`).
-    Varlen,
     /// A paged KV cache (`block_table`).
     Paged,
     /// Decode against a KV cache with per-sequence lengths.
@@ -76,13 +69,8 @@ pub(crate) enum Missing {
 impl Missing {
     fn what(self) -> &'static str {
         match self {
-            Missing::Gqa => "grouped-query attention (k/v with fewer heads than q)",
-            Missing::Window => "sliding-window attention (window_size_left/right other than none or causal)",
-            Missing::Softcap => "softcap",
-            Missing::Alibi => "ALiBi slopes",
-            Missing::Varlen => "variable-length batches (cumulative seqlens)",
             Missing::Paged => "a paged KV cache (block_table)",
-            Missing::KvCache => "KV-cache decode (per-sequence cache lengths)",
+            Missing::KvCache => "KV-cache decode with per-sequence cache lengths",
         }
     }
 
@@ -126,7 +114,6 @@ pub(crate) struct Options {
     pub window_size_left: Option<usize>,
     pub window_size_right: Option<usize>,
     pub softcap: Option<f32>,
-    pub alibi: bool,
 }
 
 /// Layouts and options of q, k, v, checked in candle-flash-attn's order
@@ -149,15 +136,13 @@ pub(crate) fn check(q_l: &Layout, k_l: &Layout, v_l: &Layout, o: &Options) -> Re
     if hk == 0 || h % hk != 0 {
         return Err(err(format_args!("`k`: number of k/v heads {hk} must divide the number of heads in `q` {h}")));
     }
-    if hk != h {
-        return Err(Missing::Gqa.error("k"));
-    }
     let params = forward_params(o, d, sk)?;
     Ok(Checked { q, k, v, params })
 }
 
 /// candle-flash-attn's options as our [`ForwardParams`], with FA2's rules
-/// (a window side `≥ seqlen_k` is unbounded; `(None, Some(0))` is causal).
+/// (a window side `≥ seqlen_k` is unbounded; `(None, Some(0))` is causal;
+/// softcap 0 is off), validated by the core's `resolve`.
 pub(crate) fn forward_params(o: &Options, headdim: usize, seqlen_k: usize) -> Result<ForwardParams> {
     let mut p = ForwardParams {
         softmax_scale: Some(o.softmax_scale),
@@ -168,20 +153,33 @@ pub(crate) fn forward_params(o: &Options, headdim: usize, seqlen_k: usize) -> Re
     };
     let r = p.resolve(headdim, seqlen_k).map_err(core_err)?;
     if r.window_left < 0 && r.window_right == 0 {
-        // The causal mask (bottom-right aligned), which the core runs.
+        // Plain causal (bottom-right aligned): the causal kernels.
         (p.causal, p.window_left, p.window_right) = (true, None, None);
     } else if r.window_left < 0 && r.window_right < 0 {
         (p.window_left, p.window_right) = (None, None);
-    } else {
-        return Err(Missing::Window.error("window_size_left/window_size_right"));
-    }
-    if p.softcap.is_some() {
-        return Err(Missing::Softcap.error("softcap"));
-    }
-    if o.alibi {
-        return Err(Missing::Alibi.error("alibi_slopes"));
     }
     Ok(p)
+}
+
+/// ALiBi slopes: f32, `(nheads)` or `(batch, nheads)`, contiguous; the
+/// shape as the core names it and the layout's start offset.
+pub(crate) fn alibi_shape(slopes: &Tensor, batch: usize, nheads: usize) -> Result<(AlibiShape, usize)> {
+    if slopes.dtype() != DType::F32 {
+        return Err(err(format_args!("dtype mismatch: `alibi_slopes` is {:?}, expected F32", slopes.dtype())));
+    }
+    let shape = match slopes.dims() {
+        &[h] if h == nheads => AlibiShape::PerHead,
+        &[b, h] if (b, h) == (batch, nheads) => AlibiShape::PerBatchHead,
+        dims => {
+            return Err(err(format_args!(
+                "shape mismatch: `alibi_slopes` is {dims:?}, expected ({nheads}) or ({batch}, {nheads}) (nheads of q)"
+            )));
+        }
+    };
+    if !slopes.is_contiguous() {
+        return Err(err(format_args!("`alibi_slopes` must be contiguous, got strides {:?}", slopes.stride())));
+    }
+    Ok((shape, slopes.layout().start_offset()))
 }
 
 /// Elements of a buffer from a layout's start offset on.
@@ -194,7 +192,7 @@ mod tests {
     use super::*;
 
     fn opts(wl: Option<usize>, wr: Option<usize>) -> Options {
-        Options { softmax_scale: 0.125, window_size_left: wl, window_size_right: wr, softcap: None, alibi: false }
+        Options { softmax_scale: 0.125, window_size_left: wl, window_size_right: wr, softcap: None }
     }
 
     #[test]
@@ -206,8 +204,8 @@ mod tests {
         let p = forward_params(&opts(None, None), 64, 100).unwrap();
         assert!(!p.causal);
         assert!(!forward_params(&opts(Some(500), Some(100)), 64, 100).unwrap().causal);
-        let e = forward_params(&opts(Some(10), Some(0)), 64, 100).unwrap_err().to_string();
-        assert!(e.contains("window_size_left") && e.contains("sliding-window"), "{e}");
+        let p = forward_params(&opts(Some(10), Some(0)), 64, 100).unwrap();
+        assert_eq!((p.causal, p.window_left, p.window_right), (false, Some(10), Some(0)));
     }
 
     #[test]

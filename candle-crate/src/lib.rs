@@ -26,9 +26,11 @@
 //!   sequence and head strides, head dim contiguous.
 //! * Bad input is a candle error naming the argument (rank, dtype, strides,
 //!   device, shapes, head dim); nothing panics.
-//! * Options the core library does not run yet (GQA with fewer k/v heads,
-//!   sliding windows, softcap, ALiBi, varlen, paged KV cache, per-sequence
-//!   cache lengths) are candle errors saying so, never a silent fallback.
+//! * GQA/MQA (k/v with fewer heads), sliding windows, softcap, ALiBi and
+//!   varlen run on both paths (the core's `forward_ext`/`forward_varlen`
+//!   and `fa2_forward_ext`/`attention_varlen`). What the core does not run
+//!   yet (a paged KV cache, per-sequence cache lengths) is a candle error
+//!   saying so, never a silent fallback.
 
 mod check;
 mod cpu;

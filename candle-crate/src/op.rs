@@ -33,7 +33,6 @@ impl FlashAttn {
             window_size_left: self.window_size_left,
             window_size_right: self.window_size_right,
             softcap: self.softcap,
-            alibi: self.alibi_slopes.is_some(),
         }
     }
 
@@ -55,15 +54,13 @@ impl FlashAttn {
     ) -> Result<(Storage, Shape, Storage)> {
         match (q, k, v) {
             (Storage::Cpu(q), Storage::Cpu(k), Storage::Cpu(v)) => {
-                let c = self.check_cpu(q, q_l, k, k_l, v, v_l)?;
-                let (o, lse) = cpu::forward(&c, q, q_l, k, k_l, v, v_l)?;
-                Ok((Storage::Cpu(o), c.out_shape().into(), Storage::Cpu(lse)))
+                let (o, lse, shape) = self.run_cpu(q, q_l, k, k_l, v, v_l)?;
+                Ok((Storage::Cpu(o), shape, Storage::Cpu(lse)))
             }
             #[cfg(feature = "cuda")]
             (Storage::Cuda(q), Storage::Cuda(k), Storage::Cuda(v)) => {
-                let c = self.check_cuda(q, q_l, k, k_l, v, v_l)?;
-                let (o, lse) = crate::cuda::forward(&c, q, q_l, k, k_l, v, v_l)?;
-                Ok((Storage::Cuda(o), c.out_shape().into(), Storage::Cuda(lse)))
+                let (o, lse, shape) = self.run_cuda(q, q_l, k, k_l, v, v_l)?;
+                Ok((Storage::Cuda(o), shape, Storage::Cuda(lse)))
             }
             (q, k, v) => Err(check::err(format_args!(
                 "device mismatch or unsupported device: `q` on {:?}, `k` on {:?}, `v` on {:?} \
@@ -106,6 +103,64 @@ impl FlashAttn {
     }
 }
 
+impl FlashAttn {
+    /// The CPU path: output, logsumexp, output shape.
+    #[allow(clippy::too_many_arguments)]
+    fn run_cpu(
+        &self,
+        q: &CpuStorage,
+        q_l: &Layout,
+        k: &CpuStorage,
+        k_l: &Layout,
+        v: &CpuStorage,
+        v_l: &Layout,
+    ) -> Result<(CpuStorage, CpuStorage, Shape)> {
+        let c = self.check_cpu(q, q_l, k, k_l, v, v_l)?;
+        let alibi = match &self.alibi_slopes {
+            None => None,
+            Some(t) => {
+                let (shape, offset) = check::alibi_shape(t, c.q.batch(), c.q.nheads())?;
+                let (st, _) = t.storage_and_layout();
+                let Storage::Cpu(st) = &*st else {
+                    return Err(check::err(format_args!("device mismatch: `alibi_slopes` is on {:?} but `q` on the CPU", t.device().location())));
+                };
+                Some((st.as_slice::<f32>()?[offset..][..t.elem_count()].to_vec(), shape))
+            }
+        };
+        let (o, lse) = cpu::forward(&c, alibi.as_ref().map(|(s, sh)| (s.as_slice(), *sh)), q, q_l, k, k_l, v, v_l)?;
+        Ok((o, lse, c.out_shape().into()))
+    }
+
+    /// The CUDA path: output, logsumexp, output shape.
+    #[cfg(feature = "cuda")]
+    #[allow(clippy::too_many_arguments)]
+    fn run_cuda(
+        &self,
+        q: &candle_core::CudaStorage,
+        q_l: &Layout,
+        k: &candle_core::CudaStorage,
+        k_l: &Layout,
+        v: &candle_core::CudaStorage,
+        v_l: &Layout,
+    ) -> Result<(candle_core::CudaStorage, candle_core::CudaStorage, Shape)> {
+        let c = self.check_cuda(q, q_l, k, k_l, v, v_l)?;
+        let (o, lse) = match &self.alibi_slopes {
+            None => crate::cuda::forward(&c, None, q, q_l, k, k_l, v, v_l)?,
+            Some(t) => {
+                let (shape, offset) = check::alibi_shape(t, c.q.batch(), c.q.nheads())?;
+                let (st, _) = t.storage_and_layout();
+                let Storage::Cuda(st) = &*st else {
+                    return Err(check::err(format_args!("device mismatch: `alibi_slopes` is on {:?} but `q` on the GPU", t.device().location())));
+                };
+                let slopes = st.as_cuda_slice::<f32>()?;
+                let view = slopes.slice(offset.min(slopes.len())..);
+                crate::cuda::forward(&c, Some((&view, shape)), q, q_l, k, k_l, v, v_l)?
+            }
+        };
+        Ok((o, lse, c.out_shape().into()))
+    }
+}
+
 impl CustomOp3 for FlashAttn {
     fn name(&self) -> &'static str {
         "flash-attn"
@@ -120,9 +175,8 @@ impl CustomOp3 for FlashAttn {
         v: &CpuStorage,
         v_l: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let c = self.check_cpu(q, q_l, k, k_l, v, v_l)?;
-        let (o, _lse) = cpu::forward(&c, q, q_l, k, k_l, v, v_l)?;
-        Ok((o, c.out_shape().into()))
+        let (o, _lse, shape) = self.run_cpu(q, q_l, k, k_l, v, v_l)?;
+        Ok((o, shape))
     }
 
     #[cfg(feature = "cuda")]
@@ -135,9 +189,8 @@ impl CustomOp3 for FlashAttn {
         v: &candle_core::CudaStorage,
         v_l: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        let c = self.check_cuda(q, q_l, k, k_l, v, v_l)?;
-        let (o, _lse) = crate::cuda::forward(&c, q, q_l, k, k_l, v, v_l)?;
-        Ok((o, c.out_shape().into()))
+        let (o, _lse, shape) = self.run_cuda(q, q_l, k, k_l, v, v_l)?;
+        Ok((o, shape))
     }
 }
 

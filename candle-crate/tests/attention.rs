@@ -36,9 +36,68 @@ fn candle_attention(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64, causal: bool
     } else {
         att
     };
-    let lse = att.exp()?.sum_keepdim(D::Minus1)?.log()?.squeeze(D::Minus1)?;
-    let p = candle_nn::ops::softmax_last_dim(&att)?;
+    let (p, lse) = softmax(&att)?;
     Ok((p.matmul(&v)?.transpose(1, 2)?, lse))
+}
+
+/// Safe softmax over the last axis (what `candle_nn::ops::softmax_last_dim`
+/// computes, written with candle-core ops so it runs on every backend) and
+/// the logsumexp.
+fn softmax(att: &Tensor) -> Result<(Tensor, Tensor)> {
+    let m = att.max_keepdim(D::Minus1)?;
+    let e = att.broadcast_sub(&m)?.exp()?;
+    let sum = e.sum_keepdim(D::Minus1)?;
+    let lse = (sum.log()? + m)?.squeeze(D::Minus1)?;
+    Ok((e.broadcast_div(&sum)?, lse))
+}
+
+/// candle's attention with every option, in f32 on `(b, s, h, d)`: GQA by
+/// repeating k/v heads (head `h` reads k/v head `h / (nheads / nheads_k)`),
+/// softcap `cap·tanh(s/cap)`, ALiBi `−slope·|i + sk − sq − j|`, window
+/// `i + sk − sq − left ≤ j ≤ i + sk − sq + right` (bottom-right aligned).
+fn candle_attention_ext(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    scale: f64,
+    window: (Option<usize>, Option<usize>),
+    softcap: Option<f64>,
+    alibi: Option<&[f32]>,
+) -> Result<Tensor> {
+    let (b, sq, h, _) = q.dims4()?;
+    let (_, sk, _, _) = k.dims4()?;
+    let rep = |x: &Tensor| -> Result<Tensor> {
+        let x = x.to_dtype(DType::F32)?.transpose(1, 2)?.contiguous()?; // (b, hk, s, d)
+        let (b, hk, s, d) = x.dims4()?;
+        Tensor::cat(&vec![&x; h / hk], 2)?.reshape((b, h, s, d))
+    };
+    let (k, v) = (rep(k)?, rep(v)?);
+    let q = q.to_dtype(DType::F32)?.transpose(1, 2)?.contiguous()?;
+    let mut att = (q.matmul(&k.t()?)? * scale)?;
+    if let Some(cap) = softcap {
+        att = ((att / cap)?.tanh()? * cap)?;
+    }
+    let shift = sk as i64 - sq as i64;
+    if let Some(slopes) = alibi {
+        let dist: Vec<f32> = (0..sq).flat_map(|i| (0..sk).map(move |j| (i as i64 + shift - j as i64).abs() as f32)).collect();
+        let dist = Tensor::from_slice(&dist, (1, 1, sq, sk), q.device())?;
+        let slopes = Tensor::from_slice(slopes, (1, h, 1, 1), q.device())?;
+        att = (att - dist.broadcast_mul(&slopes)?.broadcast_as((b, h, sq, sk))?)?;
+    }
+    let mask: Vec<u8> = (0..sq)
+        .flat_map(|i| {
+            (0..sk).map(move |j| {
+                let c = i as i64 + shift;
+                let j = j as i64;
+                u8::from(window.0.is_some_and(|l| j < c - l as i64) || window.1.is_some_and(|r| j > c + r as i64))
+            })
+        })
+        .collect();
+    let mask = Tensor::from_slice(&mask, (sq, sk), q.device())?.broadcast_as(att.shape())?;
+    let ninf = Tensor::new(f32::NEG_INFINITY, q.device())?.broadcast_as(att.shape())?;
+    let att = mask.where_cond(&ninf, &att)?;
+    let (p, _) = softmax(&att)?;
+    p.matmul(&v)?.transpose(1, 2)
 }
 
 fn max_diff(a: &Tensor, b: &Tensor) -> Result<f32> {
@@ -157,6 +216,93 @@ fn llama_call_sequence_prefill_and_decode() -> Result<()> {
             let a = fa::flash_attn_with_kvcache(&q, &k, &v, None, None, 0.1, true)?;
             let b = fa::flash_attn(&q, &k, &v, 0.1, true)?;
             assert_eq!(max_diff(&a, &b)?, 0.0);
+        }
+    }
+    Ok(())
+}
+
+/// GQA (k/v with fewer heads, no repeat), sliding windows, softcap and
+/// ALiBi, each against candle's attention with the same option.
+#[test]
+fn inference_options_match_candle() -> Result<()> {
+    for dev in devices() {
+        for dt in [DType::F32, DType::BF16] {
+            let (b, sq, sk, h, hk, d) = (2, 45, 61, 8, 2, 64);
+            let q = randn((b, sq, h, d), &dev)?.to_dtype(dt)?;
+            let k = randn((b, sk, hk, d), &dev)?.to_dtype(dt)?;
+            let v = randn((b, sk, hk, d), &dev)?.to_dtype(dt)?;
+            let scale = 0.125f32;
+            let slopes: Vec<f32> = (0..h).map(|i| 0.5f32.powi(i as i32 + 1)).collect();
+            let slopes_t = Tensor::from_slice(&slopes, h, &dev)?;
+            let check = |got: Tensor, want: Tensor, what: &str| -> Result<()> {
+                let e = max_diff(&got, &want)?;
+                assert!(e <= tol(dt), "{dev:?} {dt:?} {what}: max diff {e}");
+                Ok(())
+            };
+            let s = scale as f64;
+            check(fa::flash_attn(&q, &k, &v, scale, true)?, candle_attention_ext(&q, &k, &v, s, (None, Some(0)), None, None)?, "GQA causal")?;
+            check(
+                fa::flash_attn_windowed(&q, &k, &v, scale, Some(7), Some(3))?,
+                candle_attention_ext(&q, &k, &v, s, (Some(7), Some(3)), None, None)?,
+                "window (7, 3)",
+            )?;
+            check(
+                fa::flash_attn_windowed(&q, &k, &v, scale, Some(10), Some(0))?,
+                candle_attention_ext(&q, &k, &v, s, (Some(10), Some(0)), None, None)?,
+                "sliding window (10, 0)",
+            )?;
+            check(
+                fa::flash_attn_alibi(&q, &k, &v, &slopes_t, scale, true)?,
+                candle_attention_ext(&q, &k, &v, s, (None, Some(0)), None, Some(&slopes))?,
+                "ALiBi causal",
+            )?;
+            check(
+                fa::flash_attn_alibi_windowed_softcap(&q, &k, &v, Some(&slopes_t), scale, Some(20), Some(0), 5.0)?,
+                candle_attention_ext(&q, &k, &v, s, (Some(20), Some(0)), Some(5.0), Some(&slopes))?,
+                "ALiBi + window + softcap",
+            )?;
+            check(
+                fa::flash_attn_alibi_windowed_softcap(&q, &k, &v, None, scale, None, None, 2.0)?,
+                candle_attention_ext(&q, &k, &v, s, (None, None), Some(2.0), None)?,
+                "softcap",
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// Varlen: packed sequences of different lengths, each equal to a
+/// fixed-length call on its own rows (and to candle's attention).
+#[test]
+fn varlen_matches_each_sequence_alone() -> Result<()> {
+    for dev in devices() {
+        for dt in [DType::F32, DType::F16] {
+            let (h, hk, d) = (4, 2, 64);
+            let (lq, lk) = ([5usize, 17, 1], [9usize, 17, 30]);
+            let cu = |l: &[usize]| -> Vec<u32> { std::iter::once(0).chain(l.iter().scan(0, |a, &x| { *a += x; Some(*a as u32) })).collect() };
+            let (cq, ck) = (cu(&lq), cu(&lk));
+            let (tq, tk) = (*cq.last().unwrap() as usize, *ck.last().unwrap() as usize);
+            let q = Tensor::randn(0f32, 1., (tq, h, d), &dev)?.to_dtype(dt)?;
+            let k = Tensor::randn(0f32, 1., (tk, hk, d), &dev)?.to_dtype(dt)?;
+            let v = Tensor::randn(0f32, 1., (tk, hk, d), &dev)?.to_dtype(dt)?;
+            let (cq_t, ck_t) = (Tensor::new(cq.as_slice(), &dev)?, Tensor::new(ck.as_slice(), &dev)?);
+            for causal in [false, true] {
+                let o = fa::flash_attn_varlen(&q, &k, &v, &cq_t, &ck_t, 17, 30, 0.125, causal)?;
+                assert_eq!(o.dims(), &[tq, h, d]);
+                for i in 0..lq.len() {
+                    let (q0, k0) = (cq[i] as usize, ck[i] as usize);
+                    let qi = q.narrow(0, q0, lq[i])?.unsqueeze(0)?;
+                    let ki = k.narrow(0, k0, lk[i])?.unsqueeze(0)?;
+                    let vi = v.narrow(0, k0, lk[i])?.unsqueeze(0)?;
+                    let alone = fa::flash_attn(&qi, &ki, &vi, 0.125, causal)?.squeeze(0)?;
+                    let got = o.narrow(0, q0, lq[i])?;
+                    let e = max_diff(&got, &alone)?;
+                    assert!(e <= tol(dt), "{dev:?} {dt:?} causal={causal} seq {i}: {e}");
+                    let w = if causal { (None, Some(0)) } else { (None, None) };
+                    let want = candle_attention_ext(&qi, &ki, &vi, 0.125, w, None, None)?.squeeze(0)?;
+                    assert!(max_diff(&got, &want)? <= tol(dt));
+                }
+            }
         }
     }
     Ok(())

@@ -41,24 +41,9 @@ fn rank_dtype_stride_and_shape_errors_name_the_argument() {
 #[test]
 fn missing_core_features_are_named_errors() {
     let q = t(&[1, 8, 4, 64], DType::F32);
-    let kv = t(&[1, 8, 2, 64], DType::F32);
     let miss = "not supported yet by the flash-attn core library";
-    expect_err(fa::flash_attn(&q, &kv, &kv, 0.1, true), &["`k`", "grouped-query", miss]);
-    expect_err(fa::flash_attn_windowed(&q, &q, &q, 0.1, Some(3), Some(0)), &["window_size_left", "sliding-window", miss]);
-    let slopes = Tensor::ones(4, DType::F32, &Device::Cpu).unwrap();
-    expect_err(fa::flash_attn_alibi(&q, &q, &q, &slopes, 0.1, true), &["alibi_slopes", miss]);
-    expect_err(fa::flash_attn_alibi_windowed(&q, &q, &q, &slopes, 0.1, None, Some(0)), &["alibi_slopes", miss]);
-    expect_err(fa::flash_attn_alibi_windowed_softcap(&q, &q, &q, None, 0.1, None, Some(0), 30.0), &["softcap", miss]);
     let p = t(&[16, 4, 64], DType::F32);
     let cu = Tensor::new(&[0u32, 8, 16], &Device::Cpu).unwrap();
-    expect_err(fa::flash_attn_varlen(&p, &p, &p, &cu, &cu, 8, 8, 0.1, true), &["variable-length", miss]);
-    expect_err(fa::flash_attn_varlen_windowed(&p, &p, &p, &cu, &cu, 8, 8, 0.1, None, None), &["variable-length", miss]);
-    expect_err(fa::flash_attn_varlen_alibi(&p, &p, &p, &slopes, &cu, &cu, 8, 8, 0.1, true), &["alibi_slopes", miss]);
-    expect_err(fa::flash_attn_varlen_alibi_windowed(&p, &p, &p, &slopes, &cu, &cu, 8, 8, 0.1, None, None), &["alibi_slopes", miss]);
-    expect_err(
-        fa::flash_attn_varlen_alibi_windowed_softcap(&p, &p, &p, None, &cu, &cu, 8, 8, 0.1, None, None, 5.0),
-        &["softcap", miss],
-    );
     let bt = Tensor::new(&[[0u32, 1]], &Device::Cpu).unwrap();
     let pages = t(&[2, 16, 4, 64], DType::F32);
     expect_err(
@@ -68,6 +53,22 @@ fn missing_core_features_are_named_errors() {
     let lens = Tensor::new(&[8u32], &Device::Cpu).unwrap();
     expect_err(fa::flash_attn_with_kvcache(&q, &q, &q, Some(&lens), None, 0.1, true), &["cache_seqlens", miss]);
     expect_err(fa::flash_attn_with_kvcache(&q, &q, &q, None, Some(&bt), 0.1, true), &["block_table", miss]);
+}
+
+#[test]
+fn option_errors_name_the_argument() {
+    let q = t(&[1, 8, 4, 64], DType::F32);
+    let s3 = Tensor::ones(3, DType::F32, &Device::Cpu).unwrap();
+    expect_err(fa::flash_attn_alibi(&q, &q, &q, &s3, 0.1, true), &["`alibi_slopes`", "shape mismatch"]);
+    let s4 = Tensor::ones(4, DType::F16, &Device::Cpu).unwrap();
+    expect_err(fa::flash_attn_alibi(&q, &q, &q, &s4, 0.1, true), &["`alibi_slopes`", "F32"]);
+    expect_err(fa::flash_attn_alibi_windowed_softcap(&q, &q, &q, None, 0.1, None, None, -1.0), &["softcap"]);
+    expect_err(fa::flash_attn_alibi_windowed_softcap(&q, &q, &q, None, 0.1, None, None, f32::NAN), &["softcap"]);
+    // Sequences past the packed tensors: the core's prefix-sum checks.
+    let p = t(&[16, 4, 64], DType::F32);
+    let bad = Tensor::new(&[0u32, 8, 20], &Device::Cpu).unwrap();
+    let cu = Tensor::new(&[0u32, 8, 16], &Device::Cpu).unwrap();
+    expect_err(fa::flash_attn_varlen(&p, &p, &p, &bad, &cu, 12, 8, 0.1, true), &["cu_seqlens_q"]);
 }
 
 #[test]

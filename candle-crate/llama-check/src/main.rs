@@ -191,6 +191,41 @@ fn bench(weights: &VarMap, cfg: &Config, dev: &Device) -> Result<()> {
         println!("| decode | {ctx} | {:.2} ms/tok | {:.2} ms/tok | {:.2}x |", ms[0], ms[1], ms[0] / ms[1]);
     }
     println!();
+    attention_only(cfg, dev)
+}
+
+/// One decode step's attention alone (one layer, bf16): candle's as llama.rs
+/// runs it (repeat_kv, f32 matmul/softmax/matmul), ours after repeat_kv (what
+/// the patched model runs), and ours on the unrepeated GQA cache.
+fn attention_only(cfg: &Config, dev: &Device) -> Result<()> {
+    let (h, hk) = (cfg.num_attention_heads, cfg.num_key_value_heads);
+    let d = cfg.hidden_size / h;
+    let scale = 1.0 / (d as f64).sqrt();
+    let repeat = |x: &Tensor| -> Result<Tensor> {
+        // (1, s, hk, d) -> llama.rs's repeat_kv on (1, hk, s, d) -> back.
+        let x = x.transpose(1, 2)?;
+        let (b, hk, s, d) = x.dims4()?;
+        Tensor::cat(&vec![&x; h / hk], 2)?.reshape((b, h, s, d))?.transpose(1, 2)
+    };
+    println!("## One decode step's attention, one layer (bf16, {h} q / {hk} kv heads, d = {d}), µs\n");
+    println!("| context | candle (repeat_kv + f32 matmul/softmax) | ours after repeat_kv | ours, GQA cache as is |");
+    println!("|---|---|---|---|");
+    for ctx in [1024usize, 8192, 32768] {
+        let q = Tensor::randn(0f32, 1., (1, 1, h, d), dev)?.to_dtype(DType::BF16)?;
+        let k = Tensor::randn(0f32, 1., (1, ctx, hk, d), dev)?.to_dtype(DType::BF16)?;
+        let v = Tensor::randn(0f32, 1., (1, ctx, hk, d), dev)?.to_dtype(DType::BF16)?;
+        let candle = time(dev, 20, || {
+            let (q, k, v) = (q.transpose(1, 2)?, repeat(&k)?.transpose(1, 2)?, repeat(&v)?.transpose(1, 2)?);
+            let (q, k, v) = (q.to_dtype(DType::F32)?, k.to_dtype(DType::F32)?, v.to_dtype(DType::F32)?);
+            let att = (q.matmul(&k.t()?)? * scale)?;
+            let att = candle_nn::ops::softmax_last_dim(&att)?;
+            att.matmul(&v.contiguous()?)?.to_dtype(DType::BF16)
+        })?;
+        let ours_rep = time(dev, 20, || candle_flash_attn::flash_attn(&q, &repeat(&k)?, &repeat(&v)?, scale as f32, false))?;
+        let ours_gqa = time(dev, 20, || candle_flash_attn::flash_attn(&q, &k, &v, scale as f32, false))?;
+        println!("| {ctx} | {:.0} | {:.0} | {:.0} |", candle * 1e6, ours_rep * 1e6, ours_gqa * 1e6);
+    }
+    println!();
     Ok(())
 }
 
