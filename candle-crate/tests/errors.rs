@@ -97,7 +97,7 @@ fn device_mismatch_names_the_argument() {
     // f64 has no kernel: a named dtype error, not a panic.
     let d = Tensor::zeros((1, 8, 2, 64), DType::F64, &gpu).unwrap();
     expect_err(fa::flash_attn(&d, &d, &d, 0.1, true), &["`q`: dtype F64 is not supported on the GPU"]);
-    // f16/bf16 head dims without a tensor-core kernel: the core's typed error.
-    let h = Tensor::zeros((1, 8, 2, 40), DType::BF16, &gpu).unwrap();
-    expect_err(fa::flash_attn(&h, &h, &h, 0.1, true), &["`q`"]);
+    // Head dim out of range on the GPU path too (the core's typed error).
+    let h = Tensor::zeros((1, 8, 2, 264), DType::BF16, &gpu).unwrap();
+    expect_err(fa::flash_attn(&h, &h, &h, 0.1, true), &["`q`", "headdim 264 is out of range"]);
 }
