@@ -115,14 +115,15 @@ impl TensorLayout {
     }
 }
 
-/// A device buffer (any cudarc `CudaSlice`/`CudaView`) and its layout.
+/// A device buffer (any cudarc `CudaSlice`/`CudaView`, or a
+/// `dyn DevicePtr<T>`) and its layout.
 #[derive(Debug)]
-pub struct Tensor<'a, S> {
+pub struct Tensor<'a, S: ?Sized> {
     pub data: &'a S,
     pub layout: TensorLayout,
 }
 
-impl<'a, S> Tensor<'a, S> {
+impl<'a, S: ?Sized> Tensor<'a, S> {
     pub fn new(data: &'a S, layout: TensorLayout) -> Self {
         Self { data, layout }
     }
@@ -279,7 +280,7 @@ pub const MAX_DIM: usize = i32::MAX as usize;
 /// Largest supported head dim.
 pub const MAX_HEADDIM: usize = 256;
 
-fn check_layout(argument: &'static str, l: &TensorLayout, buffer_len: usize) -> Result<()> {
+pub(crate) fn check_layout(argument: &'static str, l: &TensorLayout, buffer_len: usize) -> Result<()> {
     for (a, &n) in l.shape.iter().enumerate() {
         if n == 0 {
             return Err(FlashAttnError::ZeroSizedDim { argument, axis: AXES[a], shape: l.shape });
@@ -349,7 +350,7 @@ pub fn validate(
 /// The tensor-core kernels move 16-byte chunks (`cp.async`, 4-byte output
 /// pairs): every pointer 16-byte aligned, every stride of an axis longer than
 /// 1 a multiple of 8 elements.
-fn check_tc_alignment(p: &AttnParams) -> Result<()> {
+pub(crate) fn check_tc_alignment(p: &AttnParams) -> Result<()> {
     let shape = [p.batch, p.seqlen_q, p.nheads];
     let kv_shape = [p.batch, p.seqlen_k, p.nheads];
     let tensors = [
@@ -740,7 +741,7 @@ impl FlashAttention {
             causal: params.causal,
             loop_order: params.loop_order,
             arch: self.compute_capability(),
-            features: Features { varlen, mods: alibi || problem.opts.softcap > 0.0 },
+            features: Features { varlen, mods: alibi || problem.opts.softcap > 0.0, decode: false },
         };
         dispatch::plan(&key, &problem.dims, params.block, &self.limits())
     }

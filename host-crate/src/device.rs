@@ -24,6 +24,7 @@ pub struct FlashAttention {
     cc: (i32, i32),
     device_name: String,
     limits: DeviceLimits,
+    num_sms: usize,
     kernels: HashMap<&'static str, CudaFunction>,
 }
 
@@ -41,15 +42,16 @@ impl FlashAttention {
         })?;
         let max_smem = ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?;
         let limits = DeviceLimits { max_smem_per_block: max_smem.max(0) as usize };
+        let num_sms = ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?.max(1) as usize;
         let module = ctx.load_module(Ptx::from_src(build.ptx))?;
         let mut kernels = HashMap::new();
         let tc_names = crate::tc::TC_KERNELS.iter().map(|k| k.name);
-        for name in dispatch::F32_KERNELS.iter().copied().chain(tc_names) {
+        for name in dispatch::F32_KERNELS.iter().chain(crate::decode::DECODE_KERNELS).copied().chain(tc_names) {
             let f = module.load_function(name)?;
             f.set_attribute(CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, max_smem)?;
             kernels.insert(name, f);
         }
-        Ok(Self { ctx: ctx.clone(), module, build, cc: (major, minor), device_name, limits, kernels })
+        Ok(Self { ctx: ctx.clone(), module, build, cc: (major, minor), device_name, limits, num_sms, kernels })
     }
 
     /// The context the kernels are loaded in.
@@ -78,6 +80,11 @@ impl FlashAttention {
 
     pub fn limits(&self) -> DeviceLimits {
         self.limits
+    }
+
+    /// Streaming multiprocessors of the device (the split-KV heuristic).
+    pub fn num_sms(&self) -> usize {
+        self.num_sms
     }
 
     /// A loaded kernel by name (for tests and tools: registers, local memory).

@@ -69,6 +69,8 @@ pub struct Features {
     pub varlen: bool,
     /// Softcap or ALiBi: per-score work in the softmax.
     pub mods: bool,
+    /// KV cache (contiguous or paged) or split-KV: the `fa2d` kernels.
+    pub decode: bool,
 }
 
 /// What the dispatch decision depends on.
@@ -237,7 +239,7 @@ fn plan_tc(key: &DispatchKey, dims: &Dims, block: Option<(usize, usize)>, limits
     let dtype = key.dtype.name();
     let tc_loop = match key.loop_order {
         LoopOrder::Fa2 => TcLoop::Fa2,
-        LoopOrder::Fa1 if key.features.varlen || key.features.mods => {
+        LoopOrder::Fa1 if key.features.varlen || key.features.mods || key.features.decode => {
             return Err(FlashAttnError::Unsupported {
                 argument: "params.loop_order",
                 dtype,
@@ -427,9 +429,10 @@ mod tests {
         use crate::tc::{TC_HEAD_DIMS, TcKernel, TcLoop};
         let all = [
             Features::default(),
-            Features { varlen: true, mods: false },
-            Features { varlen: false, mods: true },
-            Features { varlen: true, mods: true },
+            Features { varlen: true, mods: false, decode: false },
+            Features { varlen: false, mods: true, decode: false },
+            Features { varlen: true, mods: true, decode: false },
+            Features { varlen: false, mods: false, decode: true },
         ];
         for lo in [TcLoop::Fa2, TcLoop::Fa1] {
             for bf16 in [false, true] {
@@ -522,11 +525,11 @@ mod tests {
         // FA1 and Standard with the variant-only features are typed errors.
         let key = |lo, features| DispatchKey { dtype: DType::F16, headdim: 80, causal: false, loop_order: lo, arch: (9, 0), features };
         let dims = Dims { batch: 1, nheads: 2, nheads_k: 1, seqlen_q: 5, seqlen_k: 5, headdim: 80 };
-        let mods = Features { varlen: false, mods: true };
+        let mods = Features { varlen: false, mods: true, decode: false };
         assert!(matches!(plan(&key(LoopOrder::Fa1, mods), &dims, None, &H100), Err(FlashAttnError::Unsupported { .. })));
         let Ok(Plan::TcFa2 { kernel, .. }) = plan(&key(LoopOrder::Fa2, mods), &dims, None, &H100) else { panic!() };
         assert_eq!((kernel.d, kernel.mods), (96, true));
-        let f32_key = DispatchKey { dtype: DType::F32, ..key(LoopOrder::Standard, Features { varlen: true, mods: false }) };
+        let f32_key = DispatchKey { dtype: DType::F32, ..key(LoopOrder::Standard, Features { varlen: true, mods: false, decode: false }) };
         assert!(matches!(plan(&f32_key, &dims, None, &H100), Err(FlashAttnError::Unsupported { .. })));
     }
 }

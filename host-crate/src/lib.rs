@@ -15,6 +15,7 @@
 //! * [`ptx`]: the embedded PTX, one build per target family.
 //! * [`tc`]: the tensor-core (f16/bf16) kernel table and launch.
 pub mod api;
+pub mod decode;
 pub mod device;
 pub mod dispatch;
 pub mod error;
@@ -32,6 +33,7 @@ pub use api::{
     AlibiSlopes, AttnElem, Extras, ForwardOutput, RowStats, StatsMut, Tensor, TensorLayout, TensorMut,
     default_softmax_scale,
 };
+pub use decode::{BlockTable, DecodeOptions, KvCache, SplitScratch};
 pub use device::FlashAttention;
 pub use dispatch::DType;
 pub use error::{FlashAttnError, Result};

@@ -32,8 +32,10 @@ pub struct TcKernel {
     pub bf16: bool,
     /// Varlen (packed batches) compiled in (`fa2v`, `fa2x` kernels).
     pub varlen: bool,
-    /// Softcap/ALiBi score modifiers compiled in (`fa2x` kernels).
+    /// Softcap/ALiBi score modifiers compiled in (`fa2x`, `fa2d` kernels).
     pub mods: bool,
+    /// KV cache (contiguous, paged) and split-KV partials (`fa2d` kernels).
+    pub decode: bool,
     /// Head dim (compiled; the caller's may be smaller: zero-padded).
     pub d: usize,
     /// Warps per block.
@@ -45,108 +47,124 @@ pub struct TcKernel {
 }
 
 macro_rules! table {
-    ($( $lo:ident $name:ident $bf:literal $varlen:literal $mods:literal $d:literal $w:literal $mt:literal $bc:literal; )*) => {
+    ($( $lo:ident $name:ident $bf:literal $varlen:literal $mods:literal $decode:literal $d:literal $w:literal $mt:literal $bc:literal; )*) => {
         /// Every tensor-core kernel compiled into the PTX (mirrors the
         /// `tc_kernels!` list of `kernel-crate/src/tc/mod.rs`).
         pub const TC_KERNELS: &[TcKernel] = &[$(
-            TcKernel { name: stringify!($name), loop_order: TcLoop::$lo, bf16: $bf, varlen: $varlen, mods: $mods, d: $d, warps: $w, mt: $mt, bc: $bc },
+            TcKernel { name: stringify!($name), loop_order: TcLoop::$lo, bf16: $bf, varlen: $varlen, mods: $mods, decode: $decode, d: $d, warps: $w, mt: $mt, bc: $bc },
         )*];
     };
 }
 
 table! {
-    Fa2 flash_fwd_tc_fa2_f16_d32_w4_m1_bc64 false false false 32 4 1 64;
-    Fa2 flash_fwd_tc_fa2_bf16_d32_w4_m1_bc64 true false false 32 4 1 64;
-    Fa2 flash_fwd_tc_fa2_f16_d32_w4_m2_bc64 false false false 32 4 2 64;
-    Fa2 flash_fwd_tc_fa2_bf16_d32_w4_m2_bc64 true false false 32 4 2 64;
-    Fa2 flash_fwd_tc_fa2_f16_d64_w4_m1_bc64 false false false 64 4 1 64;
-    Fa2 flash_fwd_tc_fa2_bf16_d64_w4_m1_bc64 true false false 64 4 1 64;
-    Fa2 flash_fwd_tc_fa2_f16_d64_w4_m2_bc64 false false false 64 4 2 64;
-    Fa2 flash_fwd_tc_fa2_bf16_d64_w4_m2_bc64 true false false 64 4 2 64;
-    Fa2 flash_fwd_tc_fa2_f16_d64_w4_m2_bc96 false false false 64 4 2 96;
-    Fa2 flash_fwd_tc_fa2_bf16_d64_w4_m2_bc96 true false false 64 4 2 96;
-    Fa2 flash_fwd_tc_fa2_f16_d64_w4_m2_bc128 false false false 64 4 2 128;
-    Fa2 flash_fwd_tc_fa2_bf16_d64_w4_m2_bc128 true false false 64 4 2 128;
-    Fa2 flash_fwd_tc_fa2_f16_d96_w4_m1_bc64 false false false 96 4 1 64;
-    Fa2 flash_fwd_tc_fa2_bf16_d96_w4_m1_bc64 true false false 96 4 1 64;
-    Fa2 flash_fwd_tc_fa2_f16_d96_w4_m2_bc64 false false false 96 4 2 64;
-    Fa2 flash_fwd_tc_fa2_bf16_d96_w4_m2_bc64 true false false 96 4 2 64;
-    Fa2 flash_fwd_tc_fa2_f16_d96_w4_m2_bc80 false false false 96 4 2 80;
-    Fa2 flash_fwd_tc_fa2_bf16_d96_w4_m2_bc80 true false false 96 4 2 80;
-    Fa2 flash_fwd_tc_fa2_f16_d128_w4_m1_bc64 false false false 128 4 1 64;
-    Fa2 flash_fwd_tc_fa2_bf16_d128_w4_m1_bc64 true false false 128 4 1 64;
-    Fa2 flash_fwd_tc_fa2_f16_d128_w4_m2_bc32 false false false 128 4 2 32;
-    Fa2 flash_fwd_tc_fa2_bf16_d128_w4_m2_bc32 true false false 128 4 2 32;
-    Fa2 flash_fwd_tc_fa2_f16_d128_w4_m2_bc48 false false false 128 4 2 48;
-    Fa2 flash_fwd_tc_fa2_bf16_d128_w4_m2_bc48 true false false 128 4 2 48;
-    Fa2 flash_fwd_tc_fa2_f16_d128_w4_m2_bc64 false false false 128 4 2 64;
-    Fa2 flash_fwd_tc_fa2_bf16_d128_w4_m2_bc64 true false false 128 4 2 64;
-    Fa2 flash_fwd_tc_fa2_f16_d160_w8_m1_bc64 false false false 160 8 1 64;
-    Fa2 flash_fwd_tc_fa2_bf16_d160_w8_m1_bc64 true false false 160 8 1 64;
-    Fa2 flash_fwd_tc_fa2_f16_d160_w4_m1_bc32 false false false 160 4 1 32;
-    Fa2 flash_fwd_tc_fa2_bf16_d160_w4_m1_bc32 true false false 160 4 1 32;
-    Fa2 flash_fwd_tc_fa2_f16_d192_w8_m1_bc64 false false false 192 8 1 64;
-    Fa2 flash_fwd_tc_fa2_bf16_d192_w8_m1_bc64 true false false 192 8 1 64;
-    Fa2 flash_fwd_tc_fa2_f16_d192_w4_m1_bc32 false false false 192 4 1 32;
-    Fa2 flash_fwd_tc_fa2_bf16_d192_w4_m1_bc32 true false false 192 4 1 32;
-    Fa2 flash_fwd_tc_fa2_f16_d224_w8_m1_bc64 false false false 224 8 1 64;
-    Fa2 flash_fwd_tc_fa2_bf16_d224_w8_m1_bc64 true false false 224 8 1 64;
-    Fa2 flash_fwd_tc_fa2_f16_d224_w4_m1_bc32 false false false 224 4 1 32;
-    Fa2 flash_fwd_tc_fa2_bf16_d224_w4_m1_bc32 true false false 224 4 1 32;
-    Fa2 flash_fwd_tc_fa2_f16_d256_w8_m1_bc64 false false false 256 8 1 64;
-    Fa2 flash_fwd_tc_fa2_bf16_d256_w8_m1_bc64 true false false 256 8 1 64;
-    Fa2 flash_fwd_tc_fa2_f16_d256_w4_m1_bc32 false false false 256 4 1 32;
-    Fa2 flash_fwd_tc_fa2_bf16_d256_w4_m1_bc32 true false false 256 4 1 32;
-    Fa2 flash_fwd_tc_fa2_f16_d256_w8_m1_bc32 false false false 256 8 1 32;
-    Fa2 flash_fwd_tc_fa2_bf16_d256_w8_m1_bc32 true false false 256 8 1 32;
-    Fa2 flash_fwd_tc_fa2v_f16_d32_w4_m2_bc64 false true false 32 4 2 64;
-    Fa2 flash_fwd_tc_fa2v_bf16_d32_w4_m2_bc64 true true false 32 4 2 64;
-    Fa2 flash_fwd_tc_fa2v_f16_d64_w4_m2_bc96 false true false 64 4 2 96;
-    Fa2 flash_fwd_tc_fa2v_bf16_d64_w4_m2_bc96 true true false 64 4 2 96;
-    Fa2 flash_fwd_tc_fa2v_f16_d96_w4_m2_bc64 false true false 96 4 2 64;
-    Fa2 flash_fwd_tc_fa2v_bf16_d96_w4_m2_bc64 true true false 96 4 2 64;
-    Fa2 flash_fwd_tc_fa2v_f16_d128_w4_m2_bc48 false true false 128 4 2 48;
-    Fa2 flash_fwd_tc_fa2v_bf16_d128_w4_m2_bc48 true true false 128 4 2 48;
-    Fa2 flash_fwd_tc_fa2v_f16_d160_w8_m1_bc64 false true false 160 8 1 64;
-    Fa2 flash_fwd_tc_fa2v_bf16_d160_w8_m1_bc64 true true false 160 8 1 64;
-    Fa2 flash_fwd_tc_fa2v_f16_d192_w8_m1_bc64 false true false 192 8 1 64;
-    Fa2 flash_fwd_tc_fa2v_bf16_d192_w8_m1_bc64 true true false 192 8 1 64;
-    Fa2 flash_fwd_tc_fa2v_f16_d224_w8_m1_bc64 false true false 224 8 1 64;
-    Fa2 flash_fwd_tc_fa2v_bf16_d224_w8_m1_bc64 true true false 224 8 1 64;
-    Fa2 flash_fwd_tc_fa2v_f16_d256_w8_m1_bc64 false true false 256 8 1 64;
-    Fa2 flash_fwd_tc_fa2v_bf16_d256_w8_m1_bc64 true true false 256 8 1 64;
-    Fa2 flash_fwd_tc_fa2x_f16_d32_w4_m2_bc64 false true true 32 4 2 64;
-    Fa2 flash_fwd_tc_fa2x_bf16_d32_w4_m2_bc64 true true true 32 4 2 64;
-    Fa2 flash_fwd_tc_fa2x_f16_d64_w4_m2_bc64 false true true 64 4 2 64;
-    Fa2 flash_fwd_tc_fa2x_bf16_d64_w4_m2_bc64 true true true 64 4 2 64;
-    Fa2 flash_fwd_tc_fa2x_f16_d96_w4_m2_bc64 false true true 96 4 2 64;
-    Fa2 flash_fwd_tc_fa2x_bf16_d96_w4_m2_bc64 true true true 96 4 2 64;
-    Fa2 flash_fwd_tc_fa2x_f16_d128_w4_m2_bc32 false true true 128 4 2 32;
-    Fa2 flash_fwd_tc_fa2x_bf16_d128_w4_m2_bc32 true true true 128 4 2 32;
-    Fa2 flash_fwd_tc_fa2x_f16_d160_w4_m1_bc32 false true true 160 4 1 32;
-    Fa2 flash_fwd_tc_fa2x_bf16_d160_w4_m1_bc32 true true true 160 4 1 32;
-    Fa2 flash_fwd_tc_fa2x_f16_d192_w4_m1_bc32 false true true 192 4 1 32;
-    Fa2 flash_fwd_tc_fa2x_bf16_d192_w4_m1_bc32 true true true 192 4 1 32;
-    Fa2 flash_fwd_tc_fa2x_f16_d224_w4_m1_bc32 false true true 224 4 1 32;
-    Fa2 flash_fwd_tc_fa2x_bf16_d224_w4_m1_bc32 true true true 224 4 1 32;
-    Fa2 flash_fwd_tc_fa2x_f16_d256_w4_m1_bc32 false true true 256 4 1 32;
-    Fa2 flash_fwd_tc_fa2x_bf16_d256_w4_m1_bc32 true true true 256 4 1 32;
-    Fa1 flash_fwd_tc_fa1_f16_d32_w4_m1_bc64 false false false 32 4 1 64;
-    Fa1 flash_fwd_tc_fa1_bf16_d32_w4_m1_bc64 true false false 32 4 1 64;
-    Fa1 flash_fwd_tc_fa1_f16_d64_w4_m1_bc64 false false false 64 4 1 64;
-    Fa1 flash_fwd_tc_fa1_bf16_d64_w4_m1_bc64 true false false 64 4 1 64;
-    Fa1 flash_fwd_tc_fa1_f16_d96_w4_m1_bc64 false false false 96 4 1 64;
-    Fa1 flash_fwd_tc_fa1_bf16_d96_w4_m1_bc64 true false false 96 4 1 64;
-    Fa1 flash_fwd_tc_fa1_f16_d128_w4_m1_bc64 false false false 128 4 1 64;
-    Fa1 flash_fwd_tc_fa1_bf16_d128_w4_m1_bc64 true false false 128 4 1 64;
-    Fa1 flash_fwd_tc_fa1_f16_d160_w4_m1_bc32 false false false 160 4 1 32;
-    Fa1 flash_fwd_tc_fa1_bf16_d160_w4_m1_bc32 true false false 160 4 1 32;
-    Fa1 flash_fwd_tc_fa1_f16_d192_w4_m1_bc32 false false false 192 4 1 32;
-    Fa1 flash_fwd_tc_fa1_bf16_d192_w4_m1_bc32 true false false 192 4 1 32;
-    Fa1 flash_fwd_tc_fa1_f16_d224_w4_m1_bc32 false false false 224 4 1 32;
-    Fa1 flash_fwd_tc_fa1_bf16_d224_w4_m1_bc32 true false false 224 4 1 32;
-    Fa1 flash_fwd_tc_fa1_f16_d256_w4_m1_bc32 false false false 256 4 1 32;
-    Fa1 flash_fwd_tc_fa1_bf16_d256_w4_m1_bc32 true false false 256 4 1 32;
+    Fa2 flash_fwd_tc_fa2_f16_d32_w4_m1_bc64 false false false false 32 4 1 64;
+    Fa2 flash_fwd_tc_fa2_bf16_d32_w4_m1_bc64 true false false false 32 4 1 64;
+    Fa2 flash_fwd_tc_fa2_f16_d32_w4_m2_bc64 false false false false 32 4 2 64;
+    Fa2 flash_fwd_tc_fa2_bf16_d32_w4_m2_bc64 true false false false 32 4 2 64;
+    Fa2 flash_fwd_tc_fa2_f16_d64_w4_m1_bc64 false false false false 64 4 1 64;
+    Fa2 flash_fwd_tc_fa2_bf16_d64_w4_m1_bc64 true false false false 64 4 1 64;
+    Fa2 flash_fwd_tc_fa2_f16_d64_w4_m2_bc64 false false false false 64 4 2 64;
+    Fa2 flash_fwd_tc_fa2_bf16_d64_w4_m2_bc64 true false false false 64 4 2 64;
+    Fa2 flash_fwd_tc_fa2_f16_d64_w4_m2_bc96 false false false false 64 4 2 96;
+    Fa2 flash_fwd_tc_fa2_bf16_d64_w4_m2_bc96 true false false false 64 4 2 96;
+    Fa2 flash_fwd_tc_fa2_f16_d64_w4_m2_bc128 false false false false 64 4 2 128;
+    Fa2 flash_fwd_tc_fa2_bf16_d64_w4_m2_bc128 true false false false 64 4 2 128;
+    Fa2 flash_fwd_tc_fa2_f16_d96_w4_m1_bc64 false false false false 96 4 1 64;
+    Fa2 flash_fwd_tc_fa2_bf16_d96_w4_m1_bc64 true false false false 96 4 1 64;
+    Fa2 flash_fwd_tc_fa2_f16_d96_w4_m2_bc64 false false false false 96 4 2 64;
+    Fa2 flash_fwd_tc_fa2_bf16_d96_w4_m2_bc64 true false false false 96 4 2 64;
+    Fa2 flash_fwd_tc_fa2_f16_d96_w4_m2_bc80 false false false false 96 4 2 80;
+    Fa2 flash_fwd_tc_fa2_bf16_d96_w4_m2_bc80 true false false false 96 4 2 80;
+    Fa2 flash_fwd_tc_fa2_f16_d128_w4_m1_bc64 false false false false 128 4 1 64;
+    Fa2 flash_fwd_tc_fa2_bf16_d128_w4_m1_bc64 true false false false 128 4 1 64;
+    Fa2 flash_fwd_tc_fa2_f16_d128_w4_m2_bc32 false false false false 128 4 2 32;
+    Fa2 flash_fwd_tc_fa2_bf16_d128_w4_m2_bc32 true false false false 128 4 2 32;
+    Fa2 flash_fwd_tc_fa2_f16_d128_w4_m2_bc48 false false false false 128 4 2 48;
+    Fa2 flash_fwd_tc_fa2_bf16_d128_w4_m2_bc48 true false false false 128 4 2 48;
+    Fa2 flash_fwd_tc_fa2_f16_d128_w4_m2_bc64 false false false false 128 4 2 64;
+    Fa2 flash_fwd_tc_fa2_bf16_d128_w4_m2_bc64 true false false false 128 4 2 64;
+    Fa2 flash_fwd_tc_fa2_f16_d160_w8_m1_bc64 false false false false 160 8 1 64;
+    Fa2 flash_fwd_tc_fa2_bf16_d160_w8_m1_bc64 true false false false 160 8 1 64;
+    Fa2 flash_fwd_tc_fa2_f16_d160_w4_m1_bc32 false false false false 160 4 1 32;
+    Fa2 flash_fwd_tc_fa2_bf16_d160_w4_m1_bc32 true false false false 160 4 1 32;
+    Fa2 flash_fwd_tc_fa2_f16_d192_w8_m1_bc64 false false false false 192 8 1 64;
+    Fa2 flash_fwd_tc_fa2_bf16_d192_w8_m1_bc64 true false false false 192 8 1 64;
+    Fa2 flash_fwd_tc_fa2_f16_d192_w4_m1_bc32 false false false false 192 4 1 32;
+    Fa2 flash_fwd_tc_fa2_bf16_d192_w4_m1_bc32 true false false false 192 4 1 32;
+    Fa2 flash_fwd_tc_fa2_f16_d224_w8_m1_bc64 false false false false 224 8 1 64;
+    Fa2 flash_fwd_tc_fa2_bf16_d224_w8_m1_bc64 true false false false 224 8 1 64;
+    Fa2 flash_fwd_tc_fa2_f16_d224_w4_m1_bc32 false false false false 224 4 1 32;
+    Fa2 flash_fwd_tc_fa2_bf16_d224_w4_m1_bc32 true false false false 224 4 1 32;
+    Fa2 flash_fwd_tc_fa2_f16_d256_w8_m1_bc64 false false false false 256 8 1 64;
+    Fa2 flash_fwd_tc_fa2_bf16_d256_w8_m1_bc64 true false false false 256 8 1 64;
+    Fa2 flash_fwd_tc_fa2_f16_d256_w4_m1_bc32 false false false false 256 4 1 32;
+    Fa2 flash_fwd_tc_fa2_bf16_d256_w4_m1_bc32 true false false false 256 4 1 32;
+    Fa2 flash_fwd_tc_fa2_f16_d256_w8_m1_bc32 false false false false 256 8 1 32;
+    Fa2 flash_fwd_tc_fa2_bf16_d256_w8_m1_bc32 true false false false 256 8 1 32;
+    Fa2 flash_fwd_tc_fa2v_f16_d32_w4_m2_bc64 false true false false 32 4 2 64;
+    Fa2 flash_fwd_tc_fa2v_bf16_d32_w4_m2_bc64 true true false false 32 4 2 64;
+    Fa2 flash_fwd_tc_fa2v_f16_d64_w4_m2_bc96 false true false false 64 4 2 96;
+    Fa2 flash_fwd_tc_fa2v_bf16_d64_w4_m2_bc96 true true false false 64 4 2 96;
+    Fa2 flash_fwd_tc_fa2v_f16_d96_w4_m2_bc64 false true false false 96 4 2 64;
+    Fa2 flash_fwd_tc_fa2v_bf16_d96_w4_m2_bc64 true true false false 96 4 2 64;
+    Fa2 flash_fwd_tc_fa2v_f16_d128_w4_m2_bc32 false true false false 128 4 2 32;
+    Fa2 flash_fwd_tc_fa2v_bf16_d128_w4_m2_bc32 true true false false 128 4 2 32;
+    Fa2 flash_fwd_tc_fa2v_f16_d160_w8_m1_bc64 false true false false 160 8 1 64;
+    Fa2 flash_fwd_tc_fa2v_bf16_d160_w8_m1_bc64 true true false false 160 8 1 64;
+    Fa2 flash_fwd_tc_fa2v_f16_d192_w8_m1_bc64 false true false false 192 8 1 64;
+    Fa2 flash_fwd_tc_fa2v_bf16_d192_w8_m1_bc64 true true false false 192 8 1 64;
+    Fa2 flash_fwd_tc_fa2v_f16_d224_w8_m1_bc64 false true false false 224 8 1 64;
+    Fa2 flash_fwd_tc_fa2v_bf16_d224_w8_m1_bc64 true true false false 224 8 1 64;
+    Fa2 flash_fwd_tc_fa2v_f16_d256_w8_m1_bc64 false true false false 256 8 1 64;
+    Fa2 flash_fwd_tc_fa2v_bf16_d256_w8_m1_bc64 true true false false 256 8 1 64;
+    Fa2 flash_fwd_tc_fa2x_f16_d32_w4_m2_bc64 false true true false 32 4 2 64;
+    Fa2 flash_fwd_tc_fa2x_bf16_d32_w4_m2_bc64 true true true false 32 4 2 64;
+    Fa2 flash_fwd_tc_fa2x_f16_d64_w4_m2_bc64 false true true false 64 4 2 64;
+    Fa2 flash_fwd_tc_fa2x_bf16_d64_w4_m2_bc64 true true true false 64 4 2 64;
+    Fa2 flash_fwd_tc_fa2x_f16_d96_w4_m2_bc64 false true true false 96 4 2 64;
+    Fa2 flash_fwd_tc_fa2x_bf16_d96_w4_m2_bc64 true true true false 96 4 2 64;
+    Fa2 flash_fwd_tc_fa2x_f16_d128_w4_m2_bc32 false true true false 128 4 2 32;
+    Fa2 flash_fwd_tc_fa2x_bf16_d128_w4_m2_bc32 true true true false 128 4 2 32;
+    Fa2 flash_fwd_tc_fa2x_f16_d160_w4_m1_bc32 false true true false 160 4 1 32;
+    Fa2 flash_fwd_tc_fa2x_bf16_d160_w4_m1_bc32 true true true false 160 4 1 32;
+    Fa2 flash_fwd_tc_fa2x_f16_d192_w4_m1_bc32 false true true false 192 4 1 32;
+    Fa2 flash_fwd_tc_fa2x_bf16_d192_w4_m1_bc32 true true true false 192 4 1 32;
+    Fa2 flash_fwd_tc_fa2x_f16_d224_w4_m1_bc32 false true true false 224 4 1 32;
+    Fa2 flash_fwd_tc_fa2x_bf16_d224_w4_m1_bc32 true true true false 224 4 1 32;
+    Fa2 flash_fwd_tc_fa2x_f16_d256_w4_m1_bc32 false true true false 256 4 1 32;
+    Fa2 flash_fwd_tc_fa2x_bf16_d256_w4_m1_bc32 true true true false 256 4 1 32;
+    Fa2 flash_fwd_tc_fa2d_f16_d32_w4_m1_bc64 false true true true 32 4 1 64;
+    Fa2 flash_fwd_tc_fa2d_bf16_d32_w4_m1_bc64 true true true true 32 4 1 64;
+    Fa2 flash_fwd_tc_fa2d_f16_d64_w4_m1_bc64 false true true true 64 4 1 64;
+    Fa2 flash_fwd_tc_fa2d_bf16_d64_w4_m1_bc64 true true true true 64 4 1 64;
+    Fa2 flash_fwd_tc_fa2d_f16_d96_w4_m1_bc64 false true true true 96 4 1 64;
+    Fa2 flash_fwd_tc_fa2d_bf16_d96_w4_m1_bc64 true true true true 96 4 1 64;
+    Fa2 flash_fwd_tc_fa2d_f16_d128_w4_m1_bc64 false true true true 128 4 1 64;
+    Fa2 flash_fwd_tc_fa2d_bf16_d128_w4_m1_bc64 true true true true 128 4 1 64;
+    Fa2 flash_fwd_tc_fa2d_f16_d160_w4_m1_bc32 false true true true 160 4 1 32;
+    Fa2 flash_fwd_tc_fa2d_bf16_d160_w4_m1_bc32 true true true true 160 4 1 32;
+    Fa2 flash_fwd_tc_fa2d_f16_d192_w4_m1_bc32 false true true true 192 4 1 32;
+    Fa2 flash_fwd_tc_fa2d_bf16_d192_w4_m1_bc32 true true true true 192 4 1 32;
+    Fa2 flash_fwd_tc_fa2d_f16_d224_w4_m1_bc32 false true true true 224 4 1 32;
+    Fa2 flash_fwd_tc_fa2d_bf16_d224_w4_m1_bc32 true true true true 224 4 1 32;
+    Fa2 flash_fwd_tc_fa2d_f16_d256_w4_m1_bc32 false true true true 256 4 1 32;
+    Fa2 flash_fwd_tc_fa2d_bf16_d256_w4_m1_bc32 true true true true 256 4 1 32;
+    Fa1 flash_fwd_tc_fa1_f16_d32_w4_m1_bc64 false false false false 32 4 1 64;
+    Fa1 flash_fwd_tc_fa1_bf16_d32_w4_m1_bc64 true false false false 32 4 1 64;
+    Fa1 flash_fwd_tc_fa1_f16_d64_w4_m1_bc64 false false false false 64 4 1 64;
+    Fa1 flash_fwd_tc_fa1_bf16_d64_w4_m1_bc64 true false false false 64 4 1 64;
+    Fa1 flash_fwd_tc_fa1_f16_d96_w4_m1_bc64 false false false false 96 4 1 64;
+    Fa1 flash_fwd_tc_fa1_bf16_d96_w4_m1_bc64 true false false false 96 4 1 64;
+    Fa1 flash_fwd_tc_fa1_f16_d128_w4_m1_bc64 false false false false 128 4 1 64;
+    Fa1 flash_fwd_tc_fa1_bf16_d128_w4_m1_bc64 true false false false 128 4 1 64;
+    Fa1 flash_fwd_tc_fa1_f16_d160_w4_m1_bc32 false false false false 160 4 1 32;
+    Fa1 flash_fwd_tc_fa1_bf16_d160_w4_m1_bc32 true false false false 160 4 1 32;
+    Fa1 flash_fwd_tc_fa1_f16_d192_w4_m1_bc32 false false false false 192 4 1 32;
+    Fa1 flash_fwd_tc_fa1_bf16_d192_w4_m1_bc32 true false false false 192 4 1 32;
+    Fa1 flash_fwd_tc_fa1_f16_d224_w4_m1_bc32 false false false false 224 4 1 32;
+    Fa1 flash_fwd_tc_fa1_bf16_d224_w4_m1_bc32 true false false false 224 4 1 32;
+    Fa1 flash_fwd_tc_fa1_f16_d256_w4_m1_bc32 false false false false 256 4 1 32;
+    Fa1 flash_fwd_tc_fa1_bf16_d256_w4_m1_bc32 true false false false 256 4 1 32;
 }
 
 /// Head dims the tensor-core kernels are compiled for.
@@ -188,7 +206,7 @@ impl TcKernel {
 
     /// Whether this kernel computes a call with these features.
     pub const fn serves(&self, f: Features) -> bool {
-        (!f.varlen || self.varlen) && (!f.mods || self.mods)
+        (!f.varlen || self.varlen) && (!f.mods || self.mods) && (!f.decode || self.decode)
     }
 
     /// The configurations for a loop order, dtype, compiled head dim and
@@ -228,15 +246,16 @@ impl TcKernel {
                     && k.d == d
                     && !k.varlen
                     && !k.mods
+                    && !k.decode
                     && k.warps == warps
                     && k.mt == mt
                     && k.bc == bc
             })
         });
-        let variants = [(true, false), (true, true)].into_iter().flat_map(move |(varlen, mods)| {
-            TC_KERNELS
-                .iter()
-                .filter(move |k| k.loop_order == loop_order && k.bf16 == bf16 && k.d == d && k.varlen == varlen && k.mods == mods)
+        let variants = [(true, false, false), (true, true, false), (true, true, true)].into_iter().flat_map(move |(varlen, mods, decode)| {
+            TC_KERNELS.iter().filter(move |k| {
+                k.loop_order == loop_order && k.bf16 == bf16 && k.d == d && k.varlen == varlen && k.mods == mods && k.decode == decode
+            })
         });
         dense.chain(variants).filter(move |k| k.serves(features))
     }

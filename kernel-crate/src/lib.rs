@@ -14,6 +14,7 @@
 #![allow(internal_features)]
 
 pub mod arch;
+pub mod decode;
 pub mod fa1;
 pub mod fa2;
 pub mod score;

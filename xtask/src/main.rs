@@ -9,6 +9,8 @@
 //!   -v` report of every kernel.
 //! * `cargo xtask stage [DIR]`: a self-contained folder for a GPU machine
 //!   (test binaries, `fa-run`, `fa-bench`, `run.sh`) ([`stage`]).
+//! * `cargo xtask bench-infer [ARGS]`: GQA, varlen and head-dim rows vs
+//!   PyTorch ([`bench_infer`]).
 //! * `cargo xtask run [ARGS]`: the main job: standard, FA1 and FA2 on the GPU
 //!   (f32 and bf16 tensor cores) against the CPU reference, or without a GPU the CPU reference on the
 //!   GPT-2 shape with the tiling plan and the HBM-traffic model ([`run`]).
@@ -26,6 +28,7 @@
 //! Result<(), String>` and one line in [`COMMANDS`].
 
 mod bench;
+mod bench_infer;
 mod candle;
 mod cargo;
 mod ptx;
@@ -47,6 +50,11 @@ const COMMANDS: &[(&str, &str, Command)] = &[
         "bench",
         "FA2/FA1/standard vs PyTorch SDPA on the paper shapes: table, JSON, SVG plots (release build)",
         bench::main,
+    ),
+    (
+        "bench-infer",
+        "issue 8's rows: GQA prefill, varlen packed/padded/dense, head dims 80..224, vs PyTorch (release build)",
+        bench_infer::main,
     ),
     ("candle", "candle adapter: CPU tests (no CUDA toolkit); --cuda: PyPI toolkit, GPU build, Llama check; --stage DIR", candle::main),
 ];

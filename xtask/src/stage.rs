@@ -1,8 +1,9 @@
 //! `cargo xtask stage [DIR]`: one folder that runs on a machine with only
 //! the NVIDIA driver (no Rust, no CUDA toolkit): the release test binaries,
-//! the `fa-run` and `fa-bench` binaries, and a `run.sh` that runs the GPU
-//! tests with `FA_REQUIRE_GPU=1` (a missing GPU fails), then the main job,
-//! then (with `--bench`) the benchmark; it exits non-zero if anything fails
+//! the `fa-run`, `fa-bench` and `fa-bench-infer` binaries, and a `run.sh`
+//! that runs the GPU tests with `FA_REQUIRE_GPU=1` (a missing GPU fails),
+//! then the main job, then (with `--bench`) both benchmarks, or (with
+//! `--bench-infer`) issue 8's rows alone; it exits non-zero if anything fails
 //! and ends with a one-line summary. Default `DIR`: `bundle/`.
 //!
 //! The binaries load `libcuda` at run time (cudarc's dynamic loading) and
@@ -19,13 +20,16 @@ Builds in release and copies into DIR:
   tests/<name>   every test binary of the workspace (cargo test --release --no-run)
   fa-run         the main job (cargo xtask run)
   fa-bench       the benchmark (cargo xtask bench)
+  fa-bench-infer GQA / varlen / head-dim rows (cargo xtask bench-infer)
   run.sh         runs every test binary with FA_REQUIRE_GPU=1, then fa-run;
-                 `./run.sh --bench [fa-bench args]` also runs the benchmark.
+                 `./run.sh --bench [fa-bench args]` also runs both benchmarks
+                 (fa-bench-infer with its defaults, into bench-infer-out/);
+                 `./run.sh --bench-infer [fa-bench-infer args]` runs only it.
                  Exit status non-zero if anything failed; last line: a summary.";
 
 const RUN_SH: &str = r#"#!/usr/bin/env bash
 # Staged by `cargo xtask stage`: runs on a machine with only the NVIDIA driver.
-# ./run.sh [--bench [fa-bench args...]]
+# ./run.sh [--bench [fa-bench args...] | --bench-infer [fa-bench-infer args...]]
 set -u
 cd "$(dirname "$0")"
 export FA_REQUIRE_GPU=1
@@ -42,6 +46,10 @@ step "fa-run (main job)" ./fa-run
 if [ "${1:-}" = "--bench" ]; then
   shift
   step "fa-bench" ./fa-bench "$@"
+  step "fa-bench-infer" ./fa-bench-infer
+elif [ "${1:-}" = "--bench-infer" ]; then
+  shift
+  step "fa-bench-infer" ./fa-bench-infer "$@"
 fi
 if [ "$fail" -eq 0 ]; then
   echo "stage: $pass passed, 0 failed"
@@ -83,7 +91,7 @@ pub fn main(args: &[String]) -> Result<(), String> {
 
     // The run and bench binaries.
     let mut cmd = cargo::cargo();
-    cmd.args(["build", "--release", "--package", "flash-attn-tests", "--bin", "fa-run", "--bin", "fa-bench"]);
+    cmd.args(["build", "--release", "--package", "flash-attn-tests", "--bin", "fa-run", "--bin", "fa-bench", "--bin", "fa-bench-infer"]);
     cargo::status(cmd)?;
     let release = target_dir()?.join("release");
 
@@ -95,13 +103,13 @@ pub fn main(args: &[String]) -> Result<(), String> {
         let name = file.rsplit_once('-').map(|(n, _)| n).unwrap_or(file);
         copy(t, &tests_dir.join(name))?;
     }
-    for b in ["fa-run", "fa-bench"] {
+    for b in ["fa-run", "fa-bench", "fa-bench-infer"] {
         copy(&release.join(b), &dir.join(b))?;
     }
     let run_sh = dir.join("run.sh");
     std::fs::write(&run_sh, RUN_SH).map_err(|e| format!("write {}: {e}", run_sh.display()))?;
     set_executable(&run_sh)?;
-    println!("stage: {} test binaries, fa-run, fa-bench and run.sh in {}", tests.len(), dir.display());
+    println!("stage: {} test binaries, fa-run, fa-bench, fa-bench-infer and run.sh in {}", tests.len(), dir.display());
     Ok(())
 }
 

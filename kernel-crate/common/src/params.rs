@@ -80,6 +80,32 @@ pub struct AttnParams {
     /// Rows in the q/o (`total_q`) and k/v (`total_k`) buffers (varlen).
     pub total_q: u32,
     pub total_k: u32,
+    // ---- decode (KV cache, paged KV, split-KV); 0 = off -------------------
+    /// KV cache: i32 `(batch)` keys already in the cache per sequence; the
+    /// sequence attends to `cache_seqlens[b] + seqlen_new` keys (clamped to
+    /// the capacity `seqlen_k`). Replaces `cu_seqlens_k`.
+    pub cache_seqlens_ptr: u64,
+    /// Optional i32 `(batch)`: the cache row (`k_stride[0]` steps) of
+    /// sequence `b` (clamped to `0..cache_batch`).
+    pub cache_batch_idx_ptr: u64,
+    pub cache_batch: u32,
+    /// New keys appended before this launch (`k_new` rows), counted in.
+    pub seqlen_new: u32,
+    /// Paged KV: i32 `(batch, block_table_stride)` page indices (clamped to
+    /// `0..num_pages`); key `t` of sequence `b` is row `t % page_size` of page
+    /// `block_table[b][t / page_size]` (`k_stride[0]` = page stride,
+    /// `k_stride[1]` = row stride inside a page).
+    pub block_table_ptr: u64,
+    pub block_table_stride: u32,
+    pub page_size: u32,
+    pub num_pages: u32,
+    /// Split-KV: the key range of each (Q block, head) is cut into
+    /// `num_splits` parts; with more than one, each part writes its
+    /// normalized O (f32 `(splits, batch, nheads, seqlen_q, d_kernel)` at
+    /// `o_accum_ptr`) and LSE (f32 `(splits, batch, nheads, seqlen_q)` at
+    /// `lse_accum_ptr`) for the combine kernel. 0 or 1 = no split.
+    pub num_splits: u32,
+    pub lse_accum_ptr: u64,
 }
 
 impl Default for AttnParams {
@@ -119,6 +145,16 @@ impl Default for AttnParams {
             seqused_k_ptr: 0,
             total_q: 0,
             total_k: 0,
+            cache_seqlens_ptr: 0,
+            cache_batch_idx_ptr: 0,
+            cache_batch: 0,
+            seqlen_new: 0,
+            block_table_ptr: 0,
+            block_table_stride: 0,
+            page_size: 0,
+            num_pages: 0,
+            num_splits: 0,
+            lse_accum_ptr: 0,
         }
     }
 }
@@ -199,6 +235,77 @@ impl AttnParams {
             seqlen_k: sk,
             lse_base: h as u64 * self.total_q as u64 + q0 as u64,
         }
+    }
+
+    /// [`AttnParams::seq`] for the decode kernels, which also take a KV
+    /// cache (`cache_seqlens`, contiguous or paged) in place of `cu_seqlens_k`.
+    ///
+    /// # Safety
+    /// As [`AttnParams::seq`]; `cache_seqlens_ptr`, if set, holds `batch` i32.
+    #[inline(always)]
+    pub unsafe fn seq_general(&self, b: u32, h: u32) -> SeqInfo {
+        if !self.is_varlen() && self.cache_seqlens_ptr == 0 {
+            return self.dense_seq(b, h);
+        }
+        let rd = |p: u64, i: u32, hi: u32| -> u32 {
+            // SAFETY: i ≤ batch, within the array (caller).
+            let x = unsafe { *(p as *const i32).add(i as usize) };
+            if x < 0 { 0 } else if x as u32 > hi { hi } else { x as u32 }
+        };
+        let mut info = self.dense_seq(b, h);
+        if self.is_varlen() {
+            let q0 = rd(self.cu_seqlens_q_ptr, b, self.total_q);
+            let q1 = rd(self.cu_seqlens_q_ptr, b + 1, self.total_q).max(q0);
+            info.q_row0 = q0 as u64;
+            info.seqlen_q = (q1 - q0).min(self.seqlen_q);
+            info.lse_base = h as u64 * self.total_q as u64 + q0 as u64;
+        }
+        if self.cache_seqlens_ptr != 0 {
+            // KV cache: keys from the cache row of this sequence (contiguous
+            // caches: k_row0 counts cache rows via the batch stride, see
+            // `kv_batch`), the cached keys plus the appended ones.
+            let cached = rd(self.cache_seqlens_ptr, b, self.seqlen_k) as u64;
+            info.k_row0 = 0;
+            info.seqlen_k = (cached + self.seqlen_new as u64).min(self.seqlen_k as u64) as u32;
+        } else if self.is_varlen() {
+            let k0 = rd(self.cu_seqlens_k_ptr, b, self.total_k);
+            let k1 = rd(self.cu_seqlens_k_ptr, b + 1, self.total_k).max(k0);
+            info.k_row0 = k0 as u64;
+            info.seqlen_k = (k1 - k0).min(self.seqlen_k);
+        }
+        if self.seqused_k_ptr != 0 {
+            info.seqlen_k = rd(self.seqused_k_ptr, b, info.seqlen_k);
+        }
+        info
+    }
+
+    /// The K/V batch index of sequence `b`: `cache_batch_idx[b]` (clamped)
+    /// for a KV cache with one, else `b`. Unused for paged caches.
+    ///
+    /// # Safety
+    /// `cache_batch_idx_ptr`, if set, holds `batch` i32.
+    #[inline(always)]
+    pub unsafe fn kv_batch(&self, b: u32) -> u32 {
+        if self.cache_batch_idx_ptr == 0 {
+            return b;
+        }
+        // SAFETY: caller.
+        let x = unsafe { *(self.cache_batch_idx_ptr as *const i32).add(b as usize) };
+        if x < 0 { 0 } else if x as u32 >= self.cache_batch { self.cache_batch.saturating_sub(1) } else { x as u32 }
+    }
+
+    /// Paged KV: the page holding key `t` of sequence `b` (clamped to
+    /// `0..num_pages`).
+    ///
+    /// # Safety
+    /// `block_table_ptr` holds `batch · block_table_stride` i32 and
+    /// `t / page_size < block_table_stride` (the sequence's clamped length).
+    #[inline(always)]
+    pub unsafe fn page_of(&self, b: u32, t: u32) -> u32 {
+        let slot = b as u64 * self.block_table_stride as u64 + (t / self.page_size) as u64;
+        // SAFETY: caller.
+        let x = unsafe { *(self.block_table_ptr as *const i32).add(slot as usize) };
+        if x < 0 { 0 } else if x as u32 >= self.num_pages { self.num_pages.saturating_sub(1) } else { x as u32 }
     }
 
     /// ALiBi slope of (sequence `b`, head `h`) (0 when off).

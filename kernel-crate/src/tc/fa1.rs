@@ -42,10 +42,11 @@ pub unsafe fn forward<
     const SPLIT_WAIT: bool,
     const VARLEN: bool,
     const MODS: bool,
+    const DECODE: bool,
 >(
     p: &AttnParams,
 ) {
-    const { assert!(!MODS && !VARLEN, "FA1 takes GQA and windows; varlen, softcap and ALiBi are FA2's") };
+    const { assert!(!MODS && !VARLEN && !DECODE, "FA1 takes GQA and windows; varlen, softcap, ALiBi and decode are FA2's") };
     const { assert!(MT == 1 && !QREG, "FA1 re-reads Q per inner step: one m-tile per warp, Q from shared memory") };
     // ---- prologue ------------------------------------------------------------
     let br = 16 * NW;

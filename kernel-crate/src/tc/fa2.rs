@@ -313,11 +313,15 @@ impl BlockPos {
 /// first accumulator row (`q0 + warp·16·MT + g`), derived afresh from the
 /// special registers and the parameters (see the prologue of [`forward`]).
 #[inline(always)]
-fn fresh_window<const MT: usize, const NW: usize, const VARLEN: bool>(p: &AttnParams, num_m: usize) -> (usize, flash_attn_common::KeyWindow) {
+fn fresh_window<const MT: usize, const NW: usize, const VARLEN: bool, const DECODE: bool>(
+    p: &AttnParams,
+    num_m: usize,
+) -> (usize, flash_attn_common::KeyWindow) {
     let (idx, tid) = sreg::block_and_thread_idx_fresh();
+    let (idx, _) = split_of::<DECODE>(p, num_m, idx);
     let BlockPos { b, h, mb, warp, g, .. } = BlockPos::new(p, num_m, idx, tid);
     // SAFETY: host-checked varlen arrays (values clamped inside).
-    let seq = unsafe { seq_of::<VARLEN>(p, b, h) };
+    let seq = unsafe { seq_of::<VARLEN, DECODE>(p, b, h) };
     (mb * 16 * MT * NW + warp * 16 * MT + g, p.key_window(seq.seqlen_q, seq.seqlen_k))
 }
 
@@ -328,9 +332,90 @@ fn fresh_window<const MT: usize, const NW: usize, const VARLEN: bool>(p: &AttnPa
 /// # Safety
 /// As [`AttnParams::seq`].
 #[inline(always)]
-pub unsafe fn seq_of<const VARLEN: bool>(p: &AttnParams, b: usize, h: usize) -> flash_attn_common::SeqInfo {
+pub unsafe fn seq_of<const VARLEN: bool, const DECODE: bool>(p: &AttnParams, b: usize, h: usize) -> flash_attn_common::SeqInfo {
     // SAFETY: caller.
-    if VARLEN { unsafe { p.seq(b as u32, h as u32) } } else { p.dense_seq(b as u32, h as u32) }
+    if DECODE {
+        unsafe { p.seq_general(b as u32, h as u32) }
+    } else if VARLEN {
+        unsafe { p.seq(b as u32, h as u32) }
+    } else {
+        p.dense_seq(b as u32, h as u32)
+    }
+}
+
+/// Split-KV: `blockIdx.x = ((bh · splits) + split) · num_m + m`. Returns the
+/// block index without the split (as [`BlockPos::new`] reads it) and the
+/// split; `(idx, 0)` unless `DECODE` with more than one split.
+#[inline(always)]
+pub fn split_of<const DECODE: bool>(p: &AttnParams, num_m: usize, idx: u32) -> (u32, u32) {
+    if !DECODE || p.num_splits <= 1 {
+        return (idx, 0);
+    }
+    let (nm, ns) = (num_m as u32, p.num_splits);
+    let rest = idx / nm;
+    ((rest / ns) * nm + idx % nm, rest % ns)
+}
+
+/// Where the K (or V) rows of one (sequence, KV head) live: one strided
+/// matrix (dense, varlen, contiguous KV cache) or pages (paged KV cache).
+#[derive(Clone, Copy)]
+pub struct KvRows {
+    /// Row 0 (dense), or the head's offset inside a page (paged).
+    base: *const u16,
+    row_stride: u64,
+    page_stride: u64,
+    b: u32,
+    paged: bool,
+}
+
+impl KvRows {
+    /// # Safety
+    /// As [`AttnParams::seq`] / [`AttnParams::kv_batch`].
+    #[inline(always)]
+    pub unsafe fn new<const DECODE: bool>(p: &AttnParams, ptr: u64, stride: [u64; 3], b: usize, kvh: u64, k_row0: u64) -> Self {
+        let head = (ptr as *const u16).wrapping_add((kvh * stride[2]) as usize);
+        if DECODE && p.block_table_ptr != 0 {
+            return Self { base: head, row_stride: stride[1], page_stride: stride[0], b: b as u32, paged: true };
+        }
+        // SAFETY: caller.
+        let kb = if DECODE { unsafe { p.kv_batch(b as u32) } } else { b as u32 } as u64;
+        let base = head.wrapping_add((kb * stride[0] + k_row0 * stride[1]) as usize);
+        Self { base, row_stride: stride[1], page_stride: 0, b: b as u32, paged: false }
+    }
+
+    /// `cp.async` of key rows `k0..k0 + rows` into `tile` (rows `≥ valid`
+    /// and columns `≥ d` zero-filled).
+    ///
+    /// # Safety
+    /// `k0 + valid` at most the sequence's (clamped) length; as
+    /// [`SmemTile::load_async`].
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn load<const D: usize>(&self, p: &AttnParams, tile: SmemTile<D>, k0: usize, rows: usize, valid: usize, d: usize, tid: usize, nt: usize) {
+        if self.paged {
+            // SAFETY: forwarded; rows < valid lie in the sequence.
+            unsafe { tile.load_rows_async(self.base, |r| self.row(p, k0 + r), rows, valid, d, tid, nt) }
+        } else {
+            // SAFETY: forwarded.
+            unsafe { tile.load_async(self.base.wrapping_add(k0 * self.row_stride as usize), self.row_stride, rows, valid, d, tid, nt) }
+        }
+    }
+
+    /// Address of key row `t` of the sequence.
+    ///
+    /// # Safety
+    /// `t` below the sequence's (clamped) length.
+    #[inline(always)]
+    pub unsafe fn row(&self, p: &AttnParams, t: usize) -> *const u16 {
+        if self.paged {
+            // SAFETY: caller.
+            let page = unsafe { p.page_of(self.b, t as u32) } as u64;
+            let r = t as u64 % p.page_size as u64;
+            self.base.wrapping_add((page * self.page_stride + r * self.row_stride) as usize)
+        } else {
+            self.base.wrapping_add(t * self.row_stride as usize)
+        }
+    }
 }
 
 /// The FA2 forward kernel body (see the module docs). Each warp owns `MT`
@@ -357,6 +442,7 @@ pub unsafe fn forward<
     const SPLIT_WAIT: bool,
     const VARLEN: bool,
     const MODS: bool,
+    const DECODE: bool,
 >(
     p: &AttnParams,
 ) {
@@ -365,9 +451,10 @@ pub unsafe fn forward<
     let br = 16 * MT * NW;
     let nt = 32 * NW;
     let num_m = (p.seqlen_q as usize).div_ceil(br);
-    let BlockPos { b, h, mb, tid, warp, lane, g, t, .. } = BlockPos::new(p, num_m, sreg::block_idx_x(), sreg::thread_idx_x());
-    // SAFETY: host-checked varlen arrays (values clamped inside).
-    let seq = unsafe { seq_of::<VARLEN>(p, b, h) };
+    let (idx, split) = split_of::<DECODE>(p, num_m, sreg::block_idx_x());
+    let BlockPos { b, h, mb, tid, warp, lane, g, t, .. } = BlockPos::new(p, num_m, idx, sreg::thread_idx_x());
+    // SAFETY: host-checked varlen/KV-cache arrays (values clamped inside).
+    let seq = unsafe { seq_of::<VARLEN, DECODE>(p, b, h) };
     let (nq, nk) = (seq.seqlen_q as usize, seq.seqlen_k as usize);
     let q0 = mb * br;
     if q0 >= nq {
@@ -388,14 +475,21 @@ pub unsafe fn forward<
     let (full_start, full_end) = (full_start.clamp(0, nk as i64) as u32, full_end.clamp(0, nk as i64) as u32);
     let j_first = kv_start as usize / BC;
     let j_end = if kv_start < kv_end { (kv_end as usize).div_ceil(BC) } else { j_first };
+    // Split-KV: this block takes its share of the key blocks (maybe none).
+    let (j_first, j_end) = if DECODE && p.num_splits > 1 {
+        let per = (j_end - j_first).div_ceil(p.num_splits as usize);
+        let first = (j_first + split as usize * per).min(j_end);
+        (first, (first + per).min(j_end))
+    } else {
+        (j_first, j_end)
+    };
 
     let kvh = p.kv_head(h as u32) as u64;
     let [qs0, qs1, qs2] = p.q_stride;
-    let [ks0, ks1, ks2] = p.k_stride;
-    let [vs0, vs1, vs2] = p.v_stride;
     let g_q = (p.q_ptr as *const u16).wrapping_add((b as u64 * qs0 + (seq.q_row0 + q0 as u64) * qs1 + h as u64 * qs2) as usize);
-    let g_k = (p.k_ptr as *const u16).wrapping_add((b as u64 * ks0 + seq.k_row0 * ks1 + kvh * ks2) as usize);
-    let g_v = (p.v_ptr as *const u16).wrapping_add((b as u64 * vs0 + seq.k_row0 * vs1 + kvh * vs2) as usize);
+    // SAFETY: host-checked KV-cache arrays (values clamped inside).
+    let g_k = unsafe { KvRows::new::<DECODE>(p, p.k_ptr, p.k_stride, b, kvh, seq.k_row0) };
+    let g_v = unsafe { KvRows::new::<DECODE>(p, p.v_ptr, p.v_stride, b, kvh, seq.k_row0) };
 
     let base = smem_addr(dynamic_smem::<u8>());
     let s_q = SmemTile::<D> { base };
@@ -409,9 +503,9 @@ pub unsafe fn forward<
         // SAFETY: rows k0..k0+valid of K and V exist (host-checked shapes,
         // varlen segments clamped to the buffers).
         unsafe {
-            s_k(j & 1).load_async(g_k.wrapping_add(k0 * ks1 as usize), ks1, BC, valid, d, tid, nt);
+            g_k.load(p, s_k(j & 1), k0, BC, valid, d, tid, nt);
             cp_async_commit();
-            s_v(j & 1).load_async(g_v.wrapping_add(k0 * vs1 as usize), vs1, BC, valid, d, tid, nt);
+            g_v.load(p, s_v(j & 1), k0, BC, valid, d, tid, nt);
             cp_async_commit();
         }
     };
@@ -462,7 +556,7 @@ pub unsafe fn forward<
         let mut r_s = unsafe { qk::<T, D, DK, BCN, MT, QREG>(&r_q, s_q, w_row0, q_sign, s_k(j & 1), lane) };
         let k0 = j * BC;
         if MODS {
-            let (row0, win) = fresh_window::<MT, NW, VARLEN>(p, num_m);
+            let (row0, win) = fresh_window::<MT, NW, VARLEN, DECODE>(p, num_m);
             for mt in 0..MT {
                 let r0 = (row0 + 16 * mt) as i64 + win.shift;
                 mods.apply(&mut r_s[mt], k0, t, [r0, r0 + 8]);
@@ -470,7 +564,7 @@ pub unsafe fn forward<
         }
         if (k0 as u32) < full_start || (k0 + BC) as u32 > full_end {
             // Window edge, diagonal (causal) or tail block: mask per element.
-            let (row0, win) = fresh_window::<MT, NW, VARLEN>(p, num_m);
+            let (row0, win) = fresh_window::<MT, NW, VARLEN, DECODE>(p, num_m);
             for mt in 0..MT {
                 let r0 = (row0 + 16 * mt) as i64;
                 mask(&mut r_s[mt], k0, t, [win.lo(r0), win.lo(r0 + 8)], [win.hi(r0), win.hi(r0 + 8)]);
@@ -501,9 +595,40 @@ pub unsafe fn forward<
     // K/V loop: at d = 128, Bc = 64 that register is the difference between
     // a spill and none.
     let (idx, tid) = sreg::block_and_thread_idx_fresh();
+    let (idx, split) = split_of::<DECODE>(p, num_m, idx);
     let BlockPos { b, h, mb, warp, g, t, .. } = BlockPos::new(p, num_m, idx, tid);
     // SAFETY: as in the prologue.
-    let seq = unsafe { seq_of::<VARLEN>(p, b, h) };
+    let seq = unsafe { seq_of::<VARLEN, DECODE>(p, b, h) };
+    if DECODE && p.num_splits > 1 {
+        // Split-KV partial: normalized O and LSE in f32 for the combine.
+        let d = p.headdim as usize;
+        let lse_len = if p.is_varlen() { p.nheads as usize * p.total_q as usize } else { (p.batch * p.nheads * p.seqlen_q) as usize };
+        let base = split as usize * lse_len + seq.lse_base as usize;
+        let row_base = mb * br + warp * 16 * MT + g;
+        for mt in 0..MT {
+            for r in 0..2 {
+                let row = row_base + 16 * mt + 8 * r;
+                st[mt][r].l = quad_sum(st[mt][r].l);
+                let inv_l = st[mt][r].inv_l();
+                if row < seq.seqlen_q as usize {
+                    let o_row = (p.o_accum_ptr as *mut f32).wrapping_add((base + row) * d);
+                    for n in 0..DN {
+                        let col = n * 8 + 2 * t;
+                        if col < d {
+                            // SAFETY: (split, row) inside the host's accumulator of
+                            // splits·lse_len rows of d f32; col + 1 < d (d even).
+                            unsafe { *(o_row.add(col) as *mut [f32; 2]) = [r_o[mt][n][2 * r] * inv_l, r_o[mt][n][2 * r + 1] * inv_l] };
+                        }
+                    }
+                    if t == 0 {
+                        // SAFETY: splits·lse_len f32.
+                        unsafe { *(p.lse_accum_ptr as *mut f32).add(base + row) = st[mt][r].lse() };
+                    }
+                }
+            }
+        }
+        return;
+    }
     let nq = seq.seqlen_q as usize;
     let d = p.headdim as usize;
     let row_base = (mb * br + warp * 16 * MT + g) as u32;

@@ -12,7 +12,9 @@
 //! Entry points are named `flash_fwd_tc_{fa1,fa2,fa2v,fa2x}_{f16,bf16}_d{D}_w{warps}_m{MT}_bc{Bc}`
 //! (`Br = 16 · MT · warps`: each warp owns `MT` m-tiles of 16 query rows;
 //! `fa2v`: varlen (packed batches); `fa2x`: varlen and the softcap/ALiBi
-//! score modifiers; all take GQA, windows and zero-padded head dims);
+//! score modifiers; `fa2d`: decode — all of `fa2x` plus the KV cache
+//! (contiguous or paged) and split-KV partials; all take GQA, windows and
+//! zero-padded head dims);
 //! `host-crate/src/tc.rs` lists them and picks the default per head dim.
 
 pub mod fa1;
@@ -54,7 +56,7 @@ pub fn pack<T: Elem16>(lo: f32, hi: f32) -> u32 {
 
 /// Kernel entry points: one per (loop order, dtype, head dim, warps, Bc).
 macro_rules! tc_kernels {
-    ($( $fa:ident $name:ident : $t:ty, d = $d:literal, w = $w:literal, mt = $mt:literal, bc = $bc:literal, qreg = $qreg:literal, split = $split:literal, varlen = $varlen:literal, mods = $mods:literal; )*) => {$(
+    ($( $fa:ident $name:ident : $t:ty, d = $d:literal, w = $w:literal, mt = $mt:literal, bc = $bc:literal, qreg = $qreg:literal, split = $split:literal, varlen = $varlen:literal, mods = $mods:literal, decode = $decode:literal; )*) => {$(
         /// Tensor-core forward kernel; grid and shared memory as the host's
         /// dispatch table computes them.
         ///
@@ -66,102 +68,118 @@ macro_rules! tc_kernels {
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(p: flash_attn_common::AttnParams) {
             // SAFETY: forwarded to the caller (the host's launch).
-            unsafe { $fa::forward::<$t, $d, { $d / 16 }, { $d / 8 }, $w, $mt, $bc, { $bc / 8 }, { $bc / 16 }, $qreg, $split, $varlen, $mods>(&p) }
+            unsafe { $fa::forward::<$t, $d, { $d / 16 }, { $d / 8 }, $w, $mt, $bc, { $bc / 8 }, { $bc / 16 }, $qreg, $split, $varlen, $mods, $decode>(&p) }
         }
     )*};
 }
 
 tc_kernels! {
-    fa2 flash_fwd_tc_fa2_f16_d32_w4_m1_bc64: F16, d = 32, w = 4, mt = 1, bc = 64, qreg = true, split = true, varlen = false, mods = false;
-    fa2 flash_fwd_tc_fa2_bf16_d32_w4_m1_bc64: Bf16, d = 32, w = 4, mt = 1, bc = 64, qreg = true, split = true, varlen = false, mods = false;
-    fa2 flash_fwd_tc_fa2_f16_d32_w4_m2_bc64: F16, d = 32, w = 4, mt = 2, bc = 64, qreg = true, split = true, varlen = false, mods = false;
-    fa2 flash_fwd_tc_fa2_bf16_d32_w4_m2_bc64: Bf16, d = 32, w = 4, mt = 2, bc = 64, qreg = true, split = true, varlen = false, mods = false;
-    fa2 flash_fwd_tc_fa2_f16_d64_w4_m1_bc64: F16, d = 64, w = 4, mt = 1, bc = 64, qreg = true, split = false, varlen = false, mods = false;
-    fa2 flash_fwd_tc_fa2_bf16_d64_w4_m1_bc64: Bf16, d = 64, w = 4, mt = 1, bc = 64, qreg = true, split = false, varlen = false, mods = false;
-    fa2 flash_fwd_tc_fa2_f16_d64_w4_m2_bc64: F16, d = 64, w = 4, mt = 2, bc = 64, qreg = true, split = false, varlen = false, mods = false;
-    fa2 flash_fwd_tc_fa2_bf16_d64_w4_m2_bc64: Bf16, d = 64, w = 4, mt = 2, bc = 64, qreg = true, split = false, varlen = false, mods = false;
-    fa2 flash_fwd_tc_fa2_f16_d64_w4_m2_bc96: F16, d = 64, w = 4, mt = 2, bc = 96, qreg = false, split = false, varlen = false, mods = false;
-    fa2 flash_fwd_tc_fa2_bf16_d64_w4_m2_bc96: Bf16, d = 64, w = 4, mt = 2, bc = 96, qreg = false, split = false, varlen = false, mods = false;
-    fa2 flash_fwd_tc_fa2_f16_d64_w4_m2_bc128: F16, d = 64, w = 4, mt = 2, bc = 128, qreg = false, split = false, varlen = false, mods = false;
-    fa2 flash_fwd_tc_fa2_bf16_d64_w4_m2_bc128: Bf16, d = 64, w = 4, mt = 2, bc = 128, qreg = false, split = false, varlen = false, mods = false;
-    fa2 flash_fwd_tc_fa2_f16_d96_w4_m1_bc64: F16, d = 96, w = 4, mt = 1, bc = 64, qreg = true, split = false, varlen = false, mods = false;
-    fa2 flash_fwd_tc_fa2_bf16_d96_w4_m1_bc64: Bf16, d = 96, w = 4, mt = 1, bc = 64, qreg = true, split = false, varlen = false, mods = false;
-    fa2 flash_fwd_tc_fa2_f16_d96_w4_m2_bc64: F16, d = 96, w = 4, mt = 2, bc = 64, qreg = false, split = false, varlen = false, mods = false;
-    fa2 flash_fwd_tc_fa2_bf16_d96_w4_m2_bc64: Bf16, d = 96, w = 4, mt = 2, bc = 64, qreg = false, split = false, varlen = false, mods = false;
-    fa2 flash_fwd_tc_fa2_f16_d96_w4_m2_bc80: F16, d = 96, w = 4, mt = 2, bc = 80, qreg = false, split = false, varlen = false, mods = false;
-    fa2 flash_fwd_tc_fa2_bf16_d96_w4_m2_bc80: Bf16, d = 96, w = 4, mt = 2, bc = 80, qreg = false, split = false, varlen = false, mods = false;
-    fa2 flash_fwd_tc_fa2_f16_d128_w4_m1_bc64: F16, d = 128, w = 4, mt = 1, bc = 64, qreg = true, split = true, varlen = false, mods = false;
-    fa2 flash_fwd_tc_fa2_bf16_d128_w4_m1_bc64: Bf16, d = 128, w = 4, mt = 1, bc = 64, qreg = true, split = true, varlen = false, mods = false;
-    fa2 flash_fwd_tc_fa2_f16_d128_w4_m2_bc32: F16, d = 128, w = 4, mt = 2, bc = 32, qreg = false, split = true, varlen = false, mods = false;
-    fa2 flash_fwd_tc_fa2_bf16_d128_w4_m2_bc32: Bf16, d = 128, w = 4, mt = 2, bc = 32, qreg = false, split = true, varlen = false, mods = false;
-    fa2 flash_fwd_tc_fa2_f16_d128_w4_m2_bc48: F16, d = 128, w = 4, mt = 2, bc = 48, qreg = false, split = true, varlen = false, mods = false;
-    fa2 flash_fwd_tc_fa2_bf16_d128_w4_m2_bc48: Bf16, d = 128, w = 4, mt = 2, bc = 48, qreg = false, split = true, varlen = false, mods = false;
-    fa2 flash_fwd_tc_fa2_f16_d128_w4_m2_bc64: F16, d = 128, w = 4, mt = 2, bc = 64, qreg = false, split = true, varlen = false, mods = false;
-    fa2 flash_fwd_tc_fa2_bf16_d128_w4_m2_bc64: Bf16, d = 128, w = 4, mt = 2, bc = 64, qreg = false, split = true, varlen = false, mods = false;
-    fa2 flash_fwd_tc_fa2_f16_d160_w8_m1_bc64: F16, d = 160, w = 8, mt = 1, bc = 64, qreg = false, split = false, varlen = false, mods = false;
-    fa2 flash_fwd_tc_fa2_bf16_d160_w8_m1_bc64: Bf16, d = 160, w = 8, mt = 1, bc = 64, qreg = false, split = false, varlen = false, mods = false;
-    fa2 flash_fwd_tc_fa2_f16_d160_w4_m1_bc32: F16, d = 160, w = 4, mt = 1, bc = 32, qreg = false, split = false, varlen = false, mods = false;
-    fa2 flash_fwd_tc_fa2_bf16_d160_w4_m1_bc32: Bf16, d = 160, w = 4, mt = 1, bc = 32, qreg = false, split = false, varlen = false, mods = false;
-    fa2 flash_fwd_tc_fa2_f16_d192_w8_m1_bc64: F16, d = 192, w = 8, mt = 1, bc = 64, qreg = false, split = false, varlen = false, mods = false;
-    fa2 flash_fwd_tc_fa2_bf16_d192_w8_m1_bc64: Bf16, d = 192, w = 8, mt = 1, bc = 64, qreg = false, split = false, varlen = false, mods = false;
-    fa2 flash_fwd_tc_fa2_f16_d192_w4_m1_bc32: F16, d = 192, w = 4, mt = 1, bc = 32, qreg = false, split = false, varlen = false, mods = false;
-    fa2 flash_fwd_tc_fa2_bf16_d192_w4_m1_bc32: Bf16, d = 192, w = 4, mt = 1, bc = 32, qreg = false, split = false, varlen = false, mods = false;
-    fa2 flash_fwd_tc_fa2_f16_d224_w8_m1_bc64: F16, d = 224, w = 8, mt = 1, bc = 64, qreg = false, split = false, varlen = false, mods = false;
-    fa2 flash_fwd_tc_fa2_bf16_d224_w8_m1_bc64: Bf16, d = 224, w = 8, mt = 1, bc = 64, qreg = false, split = false, varlen = false, mods = false;
-    fa2 flash_fwd_tc_fa2_f16_d224_w4_m1_bc32: F16, d = 224, w = 4, mt = 1, bc = 32, qreg = false, split = false, varlen = false, mods = false;
-    fa2 flash_fwd_tc_fa2_bf16_d224_w4_m1_bc32: Bf16, d = 224, w = 4, mt = 1, bc = 32, qreg = false, split = false, varlen = false, mods = false;
-    fa2 flash_fwd_tc_fa2_f16_d256_w8_m1_bc64: F16, d = 256, w = 8, mt = 1, bc = 64, qreg = false, split = false, varlen = false, mods = false;
-    fa2 flash_fwd_tc_fa2_bf16_d256_w8_m1_bc64: Bf16, d = 256, w = 8, mt = 1, bc = 64, qreg = false, split = false, varlen = false, mods = false;
-    fa2 flash_fwd_tc_fa2_f16_d256_w4_m1_bc32: F16, d = 256, w = 4, mt = 1, bc = 32, qreg = false, split = false, varlen = false, mods = false;
-    fa2 flash_fwd_tc_fa2_bf16_d256_w4_m1_bc32: Bf16, d = 256, w = 4, mt = 1, bc = 32, qreg = false, split = false, varlen = false, mods = false;
-    fa2 flash_fwd_tc_fa2_f16_d256_w8_m1_bc32: F16, d = 256, w = 8, mt = 1, bc = 32, qreg = false, split = false, varlen = false, mods = false;
-    fa2 flash_fwd_tc_fa2_bf16_d256_w8_m1_bc32: Bf16, d = 256, w = 8, mt = 1, bc = 32, qreg = false, split = false, varlen = false, mods = false;
-    fa2 flash_fwd_tc_fa2v_f16_d32_w4_m2_bc64: F16, d = 32, w = 4, mt = 2, bc = 64, qreg = true, split = true, varlen = true, mods = false;
-    fa2 flash_fwd_tc_fa2v_bf16_d32_w4_m2_bc64: Bf16, d = 32, w = 4, mt = 2, bc = 64, qreg = true, split = true, varlen = true, mods = false;
-    fa2 flash_fwd_tc_fa2v_f16_d64_w4_m2_bc96: F16, d = 64, w = 4, mt = 2, bc = 96, qreg = false, split = false, varlen = true, mods = false;
-    fa2 flash_fwd_tc_fa2v_bf16_d64_w4_m2_bc96: Bf16, d = 64, w = 4, mt = 2, bc = 96, qreg = false, split = false, varlen = true, mods = false;
-    fa2 flash_fwd_tc_fa2v_f16_d96_w4_m2_bc64: F16, d = 96, w = 4, mt = 2, bc = 64, qreg = false, split = false, varlen = true, mods = false;
-    fa2 flash_fwd_tc_fa2v_bf16_d96_w4_m2_bc64: Bf16, d = 96, w = 4, mt = 2, bc = 64, qreg = false, split = false, varlen = true, mods = false;
-    fa2 flash_fwd_tc_fa2v_f16_d128_w4_m2_bc48: F16, d = 128, w = 4, mt = 2, bc = 48, qreg = false, split = true, varlen = true, mods = false;
-    fa2 flash_fwd_tc_fa2v_bf16_d128_w4_m2_bc48: Bf16, d = 128, w = 4, mt = 2, bc = 48, qreg = false, split = true, varlen = true, mods = false;
-    fa2 flash_fwd_tc_fa2v_f16_d160_w8_m1_bc64: F16, d = 160, w = 8, mt = 1, bc = 64, qreg = false, split = false, varlen = true, mods = false;
-    fa2 flash_fwd_tc_fa2v_bf16_d160_w8_m1_bc64: Bf16, d = 160, w = 8, mt = 1, bc = 64, qreg = false, split = false, varlen = true, mods = false;
-    fa2 flash_fwd_tc_fa2v_f16_d192_w8_m1_bc64: F16, d = 192, w = 8, mt = 1, bc = 64, qreg = false, split = false, varlen = true, mods = false;
-    fa2 flash_fwd_tc_fa2v_bf16_d192_w8_m1_bc64: Bf16, d = 192, w = 8, mt = 1, bc = 64, qreg = false, split = false, varlen = true, mods = false;
-    fa2 flash_fwd_tc_fa2v_f16_d224_w8_m1_bc64: F16, d = 224, w = 8, mt = 1, bc = 64, qreg = false, split = false, varlen = true, mods = false;
-    fa2 flash_fwd_tc_fa2v_bf16_d224_w8_m1_bc64: Bf16, d = 224, w = 8, mt = 1, bc = 64, qreg = false, split = false, varlen = true, mods = false;
-    fa2 flash_fwd_tc_fa2v_f16_d256_w8_m1_bc64: F16, d = 256, w = 8, mt = 1, bc = 64, qreg = false, split = false, varlen = true, mods = false;
-    fa2 flash_fwd_tc_fa2v_bf16_d256_w8_m1_bc64: Bf16, d = 256, w = 8, mt = 1, bc = 64, qreg = false, split = false, varlen = true, mods = false;
-    fa2 flash_fwd_tc_fa2x_f16_d32_w4_m2_bc64: F16, d = 32, w = 4, mt = 2, bc = 64, qreg = true, split = true, varlen = true, mods = true;
-    fa2 flash_fwd_tc_fa2x_bf16_d32_w4_m2_bc64: Bf16, d = 32, w = 4, mt = 2, bc = 64, qreg = true, split = true, varlen = true, mods = true;
-    fa2 flash_fwd_tc_fa2x_f16_d64_w4_m2_bc64: F16, d = 64, w = 4, mt = 2, bc = 64, qreg = false, split = false, varlen = true, mods = true;
-    fa2 flash_fwd_tc_fa2x_bf16_d64_w4_m2_bc64: Bf16, d = 64, w = 4, mt = 2, bc = 64, qreg = false, split = false, varlen = true, mods = true;
-    fa2 flash_fwd_tc_fa2x_f16_d96_w4_m2_bc64: F16, d = 96, w = 4, mt = 2, bc = 64, qreg = false, split = false, varlen = true, mods = true;
-    fa2 flash_fwd_tc_fa2x_bf16_d96_w4_m2_bc64: Bf16, d = 96, w = 4, mt = 2, bc = 64, qreg = false, split = false, varlen = true, mods = true;
-    fa2 flash_fwd_tc_fa2x_f16_d128_w4_m2_bc32: F16, d = 128, w = 4, mt = 2, bc = 32, qreg = false, split = true, varlen = true, mods = true;
-    fa2 flash_fwd_tc_fa2x_bf16_d128_w4_m2_bc32: Bf16, d = 128, w = 4, mt = 2, bc = 32, qreg = false, split = true, varlen = true, mods = true;
-    fa2 flash_fwd_tc_fa2x_f16_d160_w4_m1_bc32: F16, d = 160, w = 4, mt = 1, bc = 32, qreg = false, split = false, varlen = true, mods = true;
-    fa2 flash_fwd_tc_fa2x_bf16_d160_w4_m1_bc32: Bf16, d = 160, w = 4, mt = 1, bc = 32, qreg = false, split = false, varlen = true, mods = true;
-    fa2 flash_fwd_tc_fa2x_f16_d192_w4_m1_bc32: F16, d = 192, w = 4, mt = 1, bc = 32, qreg = false, split = false, varlen = true, mods = true;
-    fa2 flash_fwd_tc_fa2x_bf16_d192_w4_m1_bc32: Bf16, d = 192, w = 4, mt = 1, bc = 32, qreg = false, split = false, varlen = true, mods = true;
-    fa2 flash_fwd_tc_fa2x_f16_d224_w4_m1_bc32: F16, d = 224, w = 4, mt = 1, bc = 32, qreg = false, split = false, varlen = true, mods = true;
-    fa2 flash_fwd_tc_fa2x_bf16_d224_w4_m1_bc32: Bf16, d = 224, w = 4, mt = 1, bc = 32, qreg = false, split = false, varlen = true, mods = true;
-    fa2 flash_fwd_tc_fa2x_f16_d256_w4_m1_bc32: F16, d = 256, w = 4, mt = 1, bc = 32, qreg = false, split = false, varlen = true, mods = true;
-    fa2 flash_fwd_tc_fa2x_bf16_d256_w4_m1_bc32: Bf16, d = 256, w = 4, mt = 1, bc = 32, qreg = false, split = false, varlen = true, mods = true;
-    fa1 flash_fwd_tc_fa1_f16_d32_w4_m1_bc64: F16, d = 32, w = 4, mt = 1, bc = 64, qreg = false, split = false, varlen = false, mods = false;
-    fa1 flash_fwd_tc_fa1_bf16_d32_w4_m1_bc64: Bf16, d = 32, w = 4, mt = 1, bc = 64, qreg = false, split = false, varlen = false, mods = false;
-    fa1 flash_fwd_tc_fa1_f16_d64_w4_m1_bc64: F16, d = 64, w = 4, mt = 1, bc = 64, qreg = false, split = false, varlen = false, mods = false;
-    fa1 flash_fwd_tc_fa1_bf16_d64_w4_m1_bc64: Bf16, d = 64, w = 4, mt = 1, bc = 64, qreg = false, split = false, varlen = false, mods = false;
-    fa1 flash_fwd_tc_fa1_f16_d96_w4_m1_bc64: F16, d = 96, w = 4, mt = 1, bc = 64, qreg = false, split = false, varlen = false, mods = false;
-    fa1 flash_fwd_tc_fa1_bf16_d96_w4_m1_bc64: Bf16, d = 96, w = 4, mt = 1, bc = 64, qreg = false, split = false, varlen = false, mods = false;
-    fa1 flash_fwd_tc_fa1_f16_d128_w4_m1_bc64: F16, d = 128, w = 4, mt = 1, bc = 64, qreg = false, split = false, varlen = false, mods = false;
-    fa1 flash_fwd_tc_fa1_bf16_d128_w4_m1_bc64: Bf16, d = 128, w = 4, mt = 1, bc = 64, qreg = false, split = false, varlen = false, mods = false;
-    fa1 flash_fwd_tc_fa1_f16_d160_w4_m1_bc32: F16, d = 160, w = 4, mt = 1, bc = 32, qreg = false, split = false, varlen = false, mods = false;
-    fa1 flash_fwd_tc_fa1_bf16_d160_w4_m1_bc32: Bf16, d = 160, w = 4, mt = 1, bc = 32, qreg = false, split = false, varlen = false, mods = false;
-    fa1 flash_fwd_tc_fa1_f16_d192_w4_m1_bc32: F16, d = 192, w = 4, mt = 1, bc = 32, qreg = false, split = false, varlen = false, mods = false;
-    fa1 flash_fwd_tc_fa1_bf16_d192_w4_m1_bc32: Bf16, d = 192, w = 4, mt = 1, bc = 32, qreg = false, split = false, varlen = false, mods = false;
-    fa1 flash_fwd_tc_fa1_f16_d224_w4_m1_bc32: F16, d = 224, w = 4, mt = 1, bc = 32, qreg = false, split = false, varlen = false, mods = false;
-    fa1 flash_fwd_tc_fa1_bf16_d224_w4_m1_bc32: Bf16, d = 224, w = 4, mt = 1, bc = 32, qreg = false, split = false, varlen = false, mods = false;
-    fa1 flash_fwd_tc_fa1_f16_d256_w4_m1_bc32: F16, d = 256, w = 4, mt = 1, bc = 32, qreg = false, split = false, varlen = false, mods = false;
-    fa1 flash_fwd_tc_fa1_bf16_d256_w4_m1_bc32: Bf16, d = 256, w = 4, mt = 1, bc = 32, qreg = false, split = false, varlen = false, mods = false;
+    fa2 flash_fwd_tc_fa2_f16_d32_w4_m1_bc64: F16, d = 32, w = 4, mt = 1, bc = 64, qreg = true, split = true, varlen = false, mods = false, decode = false;
+    fa2 flash_fwd_tc_fa2_bf16_d32_w4_m1_bc64: Bf16, d = 32, w = 4, mt = 1, bc = 64, qreg = true, split = true, varlen = false, mods = false, decode = false;
+    fa2 flash_fwd_tc_fa2_f16_d32_w4_m2_bc64: F16, d = 32, w = 4, mt = 2, bc = 64, qreg = true, split = true, varlen = false, mods = false, decode = false;
+    fa2 flash_fwd_tc_fa2_bf16_d32_w4_m2_bc64: Bf16, d = 32, w = 4, mt = 2, bc = 64, qreg = true, split = true, varlen = false, mods = false, decode = false;
+    fa2 flash_fwd_tc_fa2_f16_d64_w4_m1_bc64: F16, d = 64, w = 4, mt = 1, bc = 64, qreg = true, split = false, varlen = false, mods = false, decode = false;
+    fa2 flash_fwd_tc_fa2_bf16_d64_w4_m1_bc64: Bf16, d = 64, w = 4, mt = 1, bc = 64, qreg = true, split = false, varlen = false, mods = false, decode = false;
+    fa2 flash_fwd_tc_fa2_f16_d64_w4_m2_bc64: F16, d = 64, w = 4, mt = 2, bc = 64, qreg = true, split = false, varlen = false, mods = false, decode = false;
+    fa2 flash_fwd_tc_fa2_bf16_d64_w4_m2_bc64: Bf16, d = 64, w = 4, mt = 2, bc = 64, qreg = true, split = false, varlen = false, mods = false, decode = false;
+    fa2 flash_fwd_tc_fa2_f16_d64_w4_m2_bc96: F16, d = 64, w = 4, mt = 2, bc = 96, qreg = false, split = false, varlen = false, mods = false, decode = false;
+    fa2 flash_fwd_tc_fa2_bf16_d64_w4_m2_bc96: Bf16, d = 64, w = 4, mt = 2, bc = 96, qreg = false, split = false, varlen = false, mods = false, decode = false;
+    fa2 flash_fwd_tc_fa2_f16_d64_w4_m2_bc128: F16, d = 64, w = 4, mt = 2, bc = 128, qreg = false, split = false, varlen = false, mods = false, decode = false;
+    fa2 flash_fwd_tc_fa2_bf16_d64_w4_m2_bc128: Bf16, d = 64, w = 4, mt = 2, bc = 128, qreg = false, split = false, varlen = false, mods = false, decode = false;
+    fa2 flash_fwd_tc_fa2_f16_d96_w4_m1_bc64: F16, d = 96, w = 4, mt = 1, bc = 64, qreg = true, split = false, varlen = false, mods = false, decode = false;
+    fa2 flash_fwd_tc_fa2_bf16_d96_w4_m1_bc64: Bf16, d = 96, w = 4, mt = 1, bc = 64, qreg = true, split = false, varlen = false, mods = false, decode = false;
+    fa2 flash_fwd_tc_fa2_f16_d96_w4_m2_bc64: F16, d = 96, w = 4, mt = 2, bc = 64, qreg = false, split = false, varlen = false, mods = false, decode = false;
+    fa2 flash_fwd_tc_fa2_bf16_d96_w4_m2_bc64: Bf16, d = 96, w = 4, mt = 2, bc = 64, qreg = false, split = false, varlen = false, mods = false, decode = false;
+    fa2 flash_fwd_tc_fa2_f16_d96_w4_m2_bc80: F16, d = 96, w = 4, mt = 2, bc = 80, qreg = false, split = false, varlen = false, mods = false, decode = false;
+    fa2 flash_fwd_tc_fa2_bf16_d96_w4_m2_bc80: Bf16, d = 96, w = 4, mt = 2, bc = 80, qreg = false, split = false, varlen = false, mods = false, decode = false;
+    fa2 flash_fwd_tc_fa2_f16_d128_w4_m1_bc64: F16, d = 128, w = 4, mt = 1, bc = 64, qreg = true, split = true, varlen = false, mods = false, decode = false;
+    fa2 flash_fwd_tc_fa2_bf16_d128_w4_m1_bc64: Bf16, d = 128, w = 4, mt = 1, bc = 64, qreg = true, split = true, varlen = false, mods = false, decode = false;
+    fa2 flash_fwd_tc_fa2_f16_d128_w4_m2_bc32: F16, d = 128, w = 4, mt = 2, bc = 32, qreg = false, split = true, varlen = false, mods = false, decode = false;
+    fa2 flash_fwd_tc_fa2_bf16_d128_w4_m2_bc32: Bf16, d = 128, w = 4, mt = 2, bc = 32, qreg = false, split = true, varlen = false, mods = false, decode = false;
+    fa2 flash_fwd_tc_fa2_f16_d128_w4_m2_bc48: F16, d = 128, w = 4, mt = 2, bc = 48, qreg = false, split = true, varlen = false, mods = false, decode = false;
+    fa2 flash_fwd_tc_fa2_bf16_d128_w4_m2_bc48: Bf16, d = 128, w = 4, mt = 2, bc = 48, qreg = false, split = true, varlen = false, mods = false, decode = false;
+    fa2 flash_fwd_tc_fa2_f16_d128_w4_m2_bc64: F16, d = 128, w = 4, mt = 2, bc = 64, qreg = false, split = true, varlen = false, mods = false, decode = false;
+    fa2 flash_fwd_tc_fa2_bf16_d128_w4_m2_bc64: Bf16, d = 128, w = 4, mt = 2, bc = 64, qreg = false, split = true, varlen = false, mods = false, decode = false;
+    fa2 flash_fwd_tc_fa2_f16_d160_w8_m1_bc64: F16, d = 160, w = 8, mt = 1, bc = 64, qreg = false, split = false, varlen = false, mods = false, decode = false;
+    fa2 flash_fwd_tc_fa2_bf16_d160_w8_m1_bc64: Bf16, d = 160, w = 8, mt = 1, bc = 64, qreg = false, split = false, varlen = false, mods = false, decode = false;
+    fa2 flash_fwd_tc_fa2_f16_d160_w4_m1_bc32: F16, d = 160, w = 4, mt = 1, bc = 32, qreg = false, split = false, varlen = false, mods = false, decode = false;
+    fa2 flash_fwd_tc_fa2_bf16_d160_w4_m1_bc32: Bf16, d = 160, w = 4, mt = 1, bc = 32, qreg = false, split = false, varlen = false, mods = false, decode = false;
+    fa2 flash_fwd_tc_fa2_f16_d192_w8_m1_bc64: F16, d = 192, w = 8, mt = 1, bc = 64, qreg = false, split = false, varlen = false, mods = false, decode = false;
+    fa2 flash_fwd_tc_fa2_bf16_d192_w8_m1_bc64: Bf16, d = 192, w = 8, mt = 1, bc = 64, qreg = false, split = false, varlen = false, mods = false, decode = false;
+    fa2 flash_fwd_tc_fa2_f16_d192_w4_m1_bc32: F16, d = 192, w = 4, mt = 1, bc = 32, qreg = false, split = false, varlen = false, mods = false, decode = false;
+    fa2 flash_fwd_tc_fa2_bf16_d192_w4_m1_bc32: Bf16, d = 192, w = 4, mt = 1, bc = 32, qreg = false, split = false, varlen = false, mods = false, decode = false;
+    fa2 flash_fwd_tc_fa2_f16_d224_w8_m1_bc64: F16, d = 224, w = 8, mt = 1, bc = 64, qreg = false, split = false, varlen = false, mods = false, decode = false;
+    fa2 flash_fwd_tc_fa2_bf16_d224_w8_m1_bc64: Bf16, d = 224, w = 8, mt = 1, bc = 64, qreg = false, split = false, varlen = false, mods = false, decode = false;
+    fa2 flash_fwd_tc_fa2_f16_d224_w4_m1_bc32: F16, d = 224, w = 4, mt = 1, bc = 32, qreg = false, split = false, varlen = false, mods = false, decode = false;
+    fa2 flash_fwd_tc_fa2_bf16_d224_w4_m1_bc32: Bf16, d = 224, w = 4, mt = 1, bc = 32, qreg = false, split = false, varlen = false, mods = false, decode = false;
+    fa2 flash_fwd_tc_fa2_f16_d256_w8_m1_bc64: F16, d = 256, w = 8, mt = 1, bc = 64, qreg = false, split = false, varlen = false, mods = false, decode = false;
+    fa2 flash_fwd_tc_fa2_bf16_d256_w8_m1_bc64: Bf16, d = 256, w = 8, mt = 1, bc = 64, qreg = false, split = false, varlen = false, mods = false, decode = false;
+    fa2 flash_fwd_tc_fa2_f16_d256_w4_m1_bc32: F16, d = 256, w = 4, mt = 1, bc = 32, qreg = false, split = false, varlen = false, mods = false, decode = false;
+    fa2 flash_fwd_tc_fa2_bf16_d256_w4_m1_bc32: Bf16, d = 256, w = 4, mt = 1, bc = 32, qreg = false, split = false, varlen = false, mods = false, decode = false;
+    fa2 flash_fwd_tc_fa2_f16_d256_w8_m1_bc32: F16, d = 256, w = 8, mt = 1, bc = 32, qreg = false, split = false, varlen = false, mods = false, decode = false;
+    fa2 flash_fwd_tc_fa2_bf16_d256_w8_m1_bc32: Bf16, d = 256, w = 8, mt = 1, bc = 32, qreg = false, split = false, varlen = false, mods = false, decode = false;
+    fa2 flash_fwd_tc_fa2v_f16_d32_w4_m2_bc64: F16, d = 32, w = 4, mt = 2, bc = 64, qreg = true, split = true, varlen = true, mods = false, decode = false;
+    fa2 flash_fwd_tc_fa2v_bf16_d32_w4_m2_bc64: Bf16, d = 32, w = 4, mt = 2, bc = 64, qreg = true, split = true, varlen = true, mods = false, decode = false;
+    fa2 flash_fwd_tc_fa2v_f16_d64_w4_m2_bc96: F16, d = 64, w = 4, mt = 2, bc = 96, qreg = false, split = false, varlen = true, mods = false, decode = false;
+    fa2 flash_fwd_tc_fa2v_bf16_d64_w4_m2_bc96: Bf16, d = 64, w = 4, mt = 2, bc = 96, qreg = false, split = false, varlen = true, mods = false, decode = false;
+    fa2 flash_fwd_tc_fa2v_f16_d96_w4_m2_bc64: F16, d = 96, w = 4, mt = 2, bc = 64, qreg = false, split = false, varlen = true, mods = false, decode = false;
+    fa2 flash_fwd_tc_fa2v_bf16_d96_w4_m2_bc64: Bf16, d = 96, w = 4, mt = 2, bc = 64, qreg = false, split = false, varlen = true, mods = false, decode = false;
+    fa2 flash_fwd_tc_fa2v_f16_d128_w4_m2_bc32: F16, d = 128, w = 4, mt = 2, bc = 32, qreg = false, split = true, varlen = true, mods = false, decode = false;
+    fa2 flash_fwd_tc_fa2v_bf16_d128_w4_m2_bc32: Bf16, d = 128, w = 4, mt = 2, bc = 32, qreg = false, split = true, varlen = true, mods = false, decode = false;
+    fa2 flash_fwd_tc_fa2v_f16_d160_w8_m1_bc64: F16, d = 160, w = 8, mt = 1, bc = 64, qreg = false, split = false, varlen = true, mods = false, decode = false;
+    fa2 flash_fwd_tc_fa2v_bf16_d160_w8_m1_bc64: Bf16, d = 160, w = 8, mt = 1, bc = 64, qreg = false, split = false, varlen = true, mods = false, decode = false;
+    fa2 flash_fwd_tc_fa2v_f16_d192_w8_m1_bc64: F16, d = 192, w = 8, mt = 1, bc = 64, qreg = false, split = false, varlen = true, mods = false, decode = false;
+    fa2 flash_fwd_tc_fa2v_bf16_d192_w8_m1_bc64: Bf16, d = 192, w = 8, mt = 1, bc = 64, qreg = false, split = false, varlen = true, mods = false, decode = false;
+    fa2 flash_fwd_tc_fa2v_f16_d224_w8_m1_bc64: F16, d = 224, w = 8, mt = 1, bc = 64, qreg = false, split = false, varlen = true, mods = false, decode = false;
+    fa2 flash_fwd_tc_fa2v_bf16_d224_w8_m1_bc64: Bf16, d = 224, w = 8, mt = 1, bc = 64, qreg = false, split = false, varlen = true, mods = false, decode = false;
+    fa2 flash_fwd_tc_fa2v_f16_d256_w8_m1_bc64: F16, d = 256, w = 8, mt = 1, bc = 64, qreg = false, split = false, varlen = true, mods = false, decode = false;
+    fa2 flash_fwd_tc_fa2v_bf16_d256_w8_m1_bc64: Bf16, d = 256, w = 8, mt = 1, bc = 64, qreg = false, split = false, varlen = true, mods = false, decode = false;
+    fa2 flash_fwd_tc_fa2x_f16_d32_w4_m2_bc64: F16, d = 32, w = 4, mt = 2, bc = 64, qreg = true, split = true, varlen = true, mods = true, decode = false;
+    fa2 flash_fwd_tc_fa2x_bf16_d32_w4_m2_bc64: Bf16, d = 32, w = 4, mt = 2, bc = 64, qreg = true, split = true, varlen = true, mods = true, decode = false;
+    fa2 flash_fwd_tc_fa2x_f16_d64_w4_m2_bc64: F16, d = 64, w = 4, mt = 2, bc = 64, qreg = false, split = false, varlen = true, mods = true, decode = false;
+    fa2 flash_fwd_tc_fa2x_bf16_d64_w4_m2_bc64: Bf16, d = 64, w = 4, mt = 2, bc = 64, qreg = false, split = false, varlen = true, mods = true, decode = false;
+    fa2 flash_fwd_tc_fa2x_f16_d96_w4_m2_bc64: F16, d = 96, w = 4, mt = 2, bc = 64, qreg = false, split = false, varlen = true, mods = true, decode = false;
+    fa2 flash_fwd_tc_fa2x_bf16_d96_w4_m2_bc64: Bf16, d = 96, w = 4, mt = 2, bc = 64, qreg = false, split = false, varlen = true, mods = true, decode = false;
+    fa2 flash_fwd_tc_fa2x_f16_d128_w4_m2_bc32: F16, d = 128, w = 4, mt = 2, bc = 32, qreg = false, split = true, varlen = true, mods = true, decode = false;
+    fa2 flash_fwd_tc_fa2x_bf16_d128_w4_m2_bc32: Bf16, d = 128, w = 4, mt = 2, bc = 32, qreg = false, split = true, varlen = true, mods = true, decode = false;
+    fa2 flash_fwd_tc_fa2x_f16_d160_w4_m1_bc32: F16, d = 160, w = 4, mt = 1, bc = 32, qreg = false, split = false, varlen = true, mods = true, decode = false;
+    fa2 flash_fwd_tc_fa2x_bf16_d160_w4_m1_bc32: Bf16, d = 160, w = 4, mt = 1, bc = 32, qreg = false, split = false, varlen = true, mods = true, decode = false;
+    fa2 flash_fwd_tc_fa2x_f16_d192_w4_m1_bc32: F16, d = 192, w = 4, mt = 1, bc = 32, qreg = false, split = false, varlen = true, mods = true, decode = false;
+    fa2 flash_fwd_tc_fa2x_bf16_d192_w4_m1_bc32: Bf16, d = 192, w = 4, mt = 1, bc = 32, qreg = false, split = false, varlen = true, mods = true, decode = false;
+    fa2 flash_fwd_tc_fa2x_f16_d224_w4_m1_bc32: F16, d = 224, w = 4, mt = 1, bc = 32, qreg = false, split = false, varlen = true, mods = true, decode = false;
+    fa2 flash_fwd_tc_fa2x_bf16_d224_w4_m1_bc32: Bf16, d = 224, w = 4, mt = 1, bc = 32, qreg = false, split = false, varlen = true, mods = true, decode = false;
+    fa2 flash_fwd_tc_fa2x_f16_d256_w4_m1_bc32: F16, d = 256, w = 4, mt = 1, bc = 32, qreg = false, split = false, varlen = true, mods = true, decode = false;
+    fa2 flash_fwd_tc_fa2x_bf16_d256_w4_m1_bc32: Bf16, d = 256, w = 4, mt = 1, bc = 32, qreg = false, split = false, varlen = true, mods = true, decode = false;
+    fa2 flash_fwd_tc_fa2d_f16_d32_w4_m1_bc64: F16, d = 32, w = 4, mt = 1, bc = 64, qreg = false, split = true, varlen = true, mods = true, decode = true;
+    fa2 flash_fwd_tc_fa2d_bf16_d32_w4_m1_bc64: Bf16, d = 32, w = 4, mt = 1, bc = 64, qreg = false, split = true, varlen = true, mods = true, decode = true;
+    fa2 flash_fwd_tc_fa2d_f16_d64_w4_m1_bc64: F16, d = 64, w = 4, mt = 1, bc = 64, qreg = false, split = false, varlen = true, mods = true, decode = true;
+    fa2 flash_fwd_tc_fa2d_bf16_d64_w4_m1_bc64: Bf16, d = 64, w = 4, mt = 1, bc = 64, qreg = false, split = false, varlen = true, mods = true, decode = true;
+    fa2 flash_fwd_tc_fa2d_f16_d96_w4_m1_bc64: F16, d = 96, w = 4, mt = 1, bc = 64, qreg = false, split = false, varlen = true, mods = true, decode = true;
+    fa2 flash_fwd_tc_fa2d_bf16_d96_w4_m1_bc64: Bf16, d = 96, w = 4, mt = 1, bc = 64, qreg = false, split = false, varlen = true, mods = true, decode = true;
+    fa2 flash_fwd_tc_fa2d_f16_d128_w4_m1_bc64: F16, d = 128, w = 4, mt = 1, bc = 64, qreg = false, split = true, varlen = true, mods = true, decode = true;
+    fa2 flash_fwd_tc_fa2d_bf16_d128_w4_m1_bc64: Bf16, d = 128, w = 4, mt = 1, bc = 64, qreg = false, split = true, varlen = true, mods = true, decode = true;
+    fa2 flash_fwd_tc_fa2d_f16_d160_w4_m1_bc32: F16, d = 160, w = 4, mt = 1, bc = 32, qreg = false, split = false, varlen = true, mods = true, decode = true;
+    fa2 flash_fwd_tc_fa2d_bf16_d160_w4_m1_bc32: Bf16, d = 160, w = 4, mt = 1, bc = 32, qreg = false, split = false, varlen = true, mods = true, decode = true;
+    fa2 flash_fwd_tc_fa2d_f16_d192_w4_m1_bc32: F16, d = 192, w = 4, mt = 1, bc = 32, qreg = false, split = false, varlen = true, mods = true, decode = true;
+    fa2 flash_fwd_tc_fa2d_bf16_d192_w4_m1_bc32: Bf16, d = 192, w = 4, mt = 1, bc = 32, qreg = false, split = false, varlen = true, mods = true, decode = true;
+    fa2 flash_fwd_tc_fa2d_f16_d224_w4_m1_bc32: F16, d = 224, w = 4, mt = 1, bc = 32, qreg = false, split = false, varlen = true, mods = true, decode = true;
+    fa2 flash_fwd_tc_fa2d_bf16_d224_w4_m1_bc32: Bf16, d = 224, w = 4, mt = 1, bc = 32, qreg = false, split = false, varlen = true, mods = true, decode = true;
+    fa2 flash_fwd_tc_fa2d_f16_d256_w4_m1_bc32: F16, d = 256, w = 4, mt = 1, bc = 32, qreg = false, split = false, varlen = true, mods = true, decode = true;
+    fa2 flash_fwd_tc_fa2d_bf16_d256_w4_m1_bc32: Bf16, d = 256, w = 4, mt = 1, bc = 32, qreg = false, split = false, varlen = true, mods = true, decode = true;
+    fa1 flash_fwd_tc_fa1_f16_d32_w4_m1_bc64: F16, d = 32, w = 4, mt = 1, bc = 64, qreg = false, split = false, varlen = false, mods = false, decode = false;
+    fa1 flash_fwd_tc_fa1_bf16_d32_w4_m1_bc64: Bf16, d = 32, w = 4, mt = 1, bc = 64, qreg = false, split = false, varlen = false, mods = false, decode = false;
+    fa1 flash_fwd_tc_fa1_f16_d64_w4_m1_bc64: F16, d = 64, w = 4, mt = 1, bc = 64, qreg = false, split = false, varlen = false, mods = false, decode = false;
+    fa1 flash_fwd_tc_fa1_bf16_d64_w4_m1_bc64: Bf16, d = 64, w = 4, mt = 1, bc = 64, qreg = false, split = false, varlen = false, mods = false, decode = false;
+    fa1 flash_fwd_tc_fa1_f16_d96_w4_m1_bc64: F16, d = 96, w = 4, mt = 1, bc = 64, qreg = false, split = false, varlen = false, mods = false, decode = false;
+    fa1 flash_fwd_tc_fa1_bf16_d96_w4_m1_bc64: Bf16, d = 96, w = 4, mt = 1, bc = 64, qreg = false, split = false, varlen = false, mods = false, decode = false;
+    fa1 flash_fwd_tc_fa1_f16_d128_w4_m1_bc64: F16, d = 128, w = 4, mt = 1, bc = 64, qreg = false, split = false, varlen = false, mods = false, decode = false;
+    fa1 flash_fwd_tc_fa1_bf16_d128_w4_m1_bc64: Bf16, d = 128, w = 4, mt = 1, bc = 64, qreg = false, split = false, varlen = false, mods = false, decode = false;
+    fa1 flash_fwd_tc_fa1_f16_d160_w4_m1_bc32: F16, d = 160, w = 4, mt = 1, bc = 32, qreg = false, split = false, varlen = false, mods = false, decode = false;
+    fa1 flash_fwd_tc_fa1_bf16_d160_w4_m1_bc32: Bf16, d = 160, w = 4, mt = 1, bc = 32, qreg = false, split = false, varlen = false, mods = false, decode = false;
+    fa1 flash_fwd_tc_fa1_f16_d192_w4_m1_bc32: F16, d = 192, w = 4, mt = 1, bc = 32, qreg = false, split = false, varlen = false, mods = false, decode = false;
+    fa1 flash_fwd_tc_fa1_bf16_d192_w4_m1_bc32: Bf16, d = 192, w = 4, mt = 1, bc = 32, qreg = false, split = false, varlen = false, mods = false, decode = false;
+    fa1 flash_fwd_tc_fa1_f16_d224_w4_m1_bc32: F16, d = 224, w = 4, mt = 1, bc = 32, qreg = false, split = false, varlen = false, mods = false, decode = false;
+    fa1 flash_fwd_tc_fa1_bf16_d224_w4_m1_bc32: Bf16, d = 224, w = 4, mt = 1, bc = 32, qreg = false, split = false, varlen = false, mods = false, decode = false;
+    fa1 flash_fwd_tc_fa1_f16_d256_w4_m1_bc32: F16, d = 256, w = 4, mt = 1, bc = 32, qreg = false, split = false, varlen = false, mods = false, decode = false;
+    fa1 flash_fwd_tc_fa1_bf16_d256_w4_m1_bc32: Bf16, d = 256, w = 4, mt = 1, bc = 32, qreg = false, split = false, varlen = false, mods = false, decode = false;
 }

@@ -41,6 +41,28 @@ impl<const D: usize> SmemTile<D> {
     /// all `nt` threads call it.
     #[inline(always)]
     pub unsafe fn load_async(&self, g: *const u16, row_stride: u64, rows: usize, rows_valid: usize, cols_valid: usize, tid: usize, nt: usize) {
+        // SAFETY: forwarded (rows < rows_valid are readable at this address).
+        unsafe { self.load_rows_async(g, |r| g.wrapping_add(r * row_stride as usize), rows, rows_valid, cols_valid, tid, nt) }
+    }
+
+    /// [`SmemTile::load_async`] with the address of each row given by
+    /// `row_ptr(r)` (paged K/V: rows of one tile may sit in several pages);
+    /// `base` is the (never read) source of the zero-filling copies.
+    ///
+    /// # Safety
+    /// `row_ptr(r)` for `r < rows_valid` is readable for `cols_valid`
+    /// elements, 16-byte aligned; otherwise as [`SmemTile::load_async`].
+    #[inline(always)]
+    pub unsafe fn load_rows_async(
+        &self,
+        base: *const u16,
+        row_ptr: impl Fn(usize) -> *const u16,
+        rows: usize,
+        rows_valid: usize,
+        cols_valid: usize,
+        tid: usize,
+        nt: usize,
+    ) {
         const { assert!(D % 8 == 0) };
         let cpr = D / 8; // 16-byte chunks per row
         let total = rows * cpr;
@@ -49,7 +71,7 @@ impl<const D: usize> SmemTile<D> {
             let r = i / cpr;
             let c = i % cpr;
             let ok = r < rows_valid && c * 8 < cols_valid;
-            let src = if ok { g.wrapping_add(r * row_stride as usize + c * 8) } else { g };
+            let src = if ok { row_ptr(r).wrapping_add(c * 8) } else { base };
             // SAFETY: see the function's contract; src_size 0 reads nothing.
             unsafe { cp_async_cg_16(self.addr(r, c * 8), src as *const u8, if ok { 16 } else { 0 }) };
             i += nt;

@@ -1,0 +1,270 @@
+//! End-to-end: decode against a KV cache (contiguous and paged), with new
+//! keys appended in place, split-KV and its combine, GQA head packing —
+//! FlashAttention-2's kvcache/splitkv matrix (INFERENCE.md): each sequence
+//! checked against the f64 reference over its cached keys followed by the
+//! new ones ([`flash_attn_tests::features`]), error ≤ 3 × the naive
+//! same-dtype error (+1e-5), the logsumexp within 1e-4·max(1, |ref|), the
+//! updated cache compared exactly.
+
+use cudarc::driver::{CudaSlice, DevicePtr};
+use flash_attn::{
+    AttnElem, BlockTable, DecodeOptions, Extras, FlashAttnError, ForwardParams, KvCache, RowStats, Tensor, TensorLayout,
+};
+use flash_attn_tests::features::{self, Spec};
+use flash_attn_tests::{Gpu, Rng, gpu};
+use ndarray::{Array4, Axis, s};
+
+fn random<T: AttnElem>(rng: &mut Rng, shape: (usize, usize, usize, usize)) -> Array4<T> {
+    Array4::from_shape_simple_fn(shape, || T::from_f32(rng.nonzero(1.0)))
+}
+
+fn max_abs_diff(a: impl IntoIterator<Item = f64>, b: impl IntoIterator<Item = f64>) -> f64 {
+    a.into_iter().zip(b).map(|(x, y)| if x.is_nan() { f64::INFINITY } else { (x - y).abs() }).fold(0.0, f64::max)
+}
+
+/// One decode problem.
+#[derive(Clone, Debug)]
+struct Dec {
+    batch: usize,
+    sq: usize,
+    /// Keys already cached per sequence (the ones the call starts from).
+    max_cached: usize,
+    s_new: usize,
+    h: usize,
+    hk: usize,
+    d: usize,
+    /// `Some(page_size)` for a paged cache.
+    page: Option<usize>,
+    causal: bool,
+    num_splits: Option<usize>,
+}
+
+fn run<T: AttnElem>(g: &Gpu, rng: &mut Rng, c: &Dec) -> Result<(), FlashAttnError> {
+    let s = &g.stream;
+    let Dec { batch, sq, max_cached, s_new, h, hk, d, .. } = *c;
+    let capacity = max_cached + s_new;
+    let mut cached: Vec<i32> = (0..batch).map(|_| rng.below(max_cached + 1) as i32).collect();
+    cached[0] = 0; // a sequence with an empty cache
+    if batch > 1 {
+        cached[1] = max_cached as i32;
+    }
+    // The logical cache per sequence: (batch, capacity, hk, d).
+    let k_log = random::<T>(rng, (batch, capacity, hk, d));
+    let v_log = random::<T>(rng, (batch, capacity, hk, d));
+    let q = random::<T>(rng, (batch, sq, h, d));
+    let (k_new, v_new) = (random::<T>(rng, (batch, s_new, hk, d)), random::<T>(rng, (batch, s_new, hk, d)));
+    // Physical storage: contiguous, or pages in a random order.
+    let (layout, table, k_phys, v_phys, to_phys): (TensorLayout, Option<(Vec<i32>, usize)>, Array4<T>, Array4<T>, Box<dyn Fn(usize, usize) -> (usize, usize)>) =
+        match c.page {
+            None => (TensorLayout::contiguous([batch, capacity, hk, d]), None, k_log.clone(), v_log.clone(), Box::new(|b, t| (b, t))),
+            Some(p) => {
+                let per = capacity.div_ceil(p);
+                let n = batch * per + 3; // spare pages
+                let mut perm: Vec<usize> = (0..n).collect();
+                for i in (1..n).rev() {
+                    perm.swap(i, rng.below(i + 1));
+                }
+                let table: Vec<i32> = (0..batch * per).map(|i| perm[i] as i32).collect();
+                let mut kp = random::<T>(rng, (n, p, hk, d));
+                let mut vp = random::<T>(rng, (n, p, hk, d));
+                let tb = table.clone();
+                let map = move |b: usize, t: usize| (tb[b * per + t / p] as usize, t % p);
+                for b in 0..batch {
+                    for t in 0..capacity {
+                        let (pg, r) = map(b, t);
+                        kp.slice_mut(s![pg, r, .., ..]).assign(&k_log.slice(s![b, t, .., ..]));
+                        vp.slice_mut(s![pg, r, .., ..]).assign(&v_log.slice(s![b, t, .., ..]));
+                    }
+                }
+                (TensorLayout::contiguous([n, p, hk, d]), Some((table, per)), kp, vp, Box::new(map))
+            }
+        };
+    let mut kd = s.clone_htod(k_phys.as_slice().unwrap())?;
+    let mut vd = s.clone_htod(v_phys.as_slice().unwrap())?;
+    let qd = s.clone_htod(q.as_slice().unwrap())?;
+    let knd = s.clone_htod(k_new.as_slice().unwrap())?;
+    let vnd = s.clone_htod(v_new.as_slice().unwrap())?;
+    let csd = s.clone_htod(&cached)?;
+    let btd = table.as_ref().map(|(t, _)| s.clone_htod(t)).transpose()?;
+    let new_layout = TensorLayout::contiguous([batch, s_new, hk, d]);
+    let params = ForwardParams { causal: c.causal, ..Default::default() };
+    let cache = KvCache {
+        k_cache: &mut kd,
+        v_cache: &mut vd,
+        layout,
+        cache_seqlens: &csd,
+        cache_batch_idx: None,
+        block_table: btd.as_ref().zip(table.as_ref()).map(|(t, (_, per))| BlockTable { table: t as &dyn DevicePtr<i32>, max_blocks_per_seq: *per }),
+        k_new: (s_new > 0).then(|| Tensor::new(&knd as &dyn DevicePtr<T>, new_layout)),
+        v_new: (s_new > 0).then(|| Tensor::new(&vnd as &dyn DevicePtr<T>, new_layout)),
+    };
+    let out = g.fa.forward_kvcache::<T, _>(
+        s,
+        Tensor::new(&qd, TensorLayout::contiguous([batch, sq, h, d])),
+        cache,
+        &params,
+        &Extras::default(),
+        DecodeOptions { num_splits: c.num_splits, scratch: None },
+    )?;
+    s.synchronize()?;
+    let o = Array4::from_shape_vec((batch, sq, h, d), s.clone_dtoh(&out.o)?).unwrap();
+    let RowStats::LogSumExp(lse) = &out.stats else { unreachable!() };
+    let lse = ndarray::Array3::from_shape_vec((batch, h, sq), s.clone_dtoh(lse)?).unwrap();
+    // The updated cache, exactly: new rows at cached[b].., the rest untouched.
+    let (k_after, v_after): (Vec<T>, Vec<T>) = (s.clone_dtoh(&kd)?, s.clone_dtoh(&vd)?);
+    let k_after = Array4::from_shape_vec(k_phys.dim(), k_after).unwrap();
+    let v_after = Array4::from_shape_vec(v_phys.dim(), v_after).unwrap();
+    let mut k_want = k_log.clone();
+    let mut v_want = v_log.clone();
+    for b in 0..batch {
+        for i in 0..s_new {
+            let t = cached[b] as usize + i;
+            k_want.slice_mut(s![b, t, .., ..]).assign(&k_new.slice(s![b, i, .., ..]));
+            v_want.slice_mut(s![b, t, .., ..]).assign(&v_new.slice(s![b, i, .., ..]));
+        }
+        for t in 0..capacity {
+            let (pb, r) = to_phys(b, t);
+            let same = |a: &Array4<T>, w: &Array4<T>| a.slice(s![pb, r, .., ..]).iter().zip(w.slice(s![b, t, .., ..]).iter()).all(|(x, y)| x.to_f32().to_bits() == y.to_f32().to_bits());
+            assert!(same(&k_after, &k_want) && same(&v_after, &v_want), "{c:?}: cache row {t} of sequence {b} after the append");
+        }
+    }
+    // Attention per sequence over its cached + new keys.
+    for b in 0..batch {
+        let len = cached[b] as usize + s_new;
+        let label = format!("{} {c:?} seq {b} ({len} keys)", std::any::type_name::<T>());
+        let qb = q.slice(s![b..b + 1, .., .., ..]).to_owned();
+        let ob = o.slice(s![b..b + 1, .., .., ..]).to_owned();
+        if len == 0 {
+            assert!(ob.iter().all(|x| x.to_f32() == 0.0), "{label}: no key → O = 0");
+            assert!(lse.index_axis(Axis(0), b).iter().all(|&x| x == f32::NEG_INFINITY), "{label}: lse −inf");
+            continue;
+        }
+        let kb = k_want.slice(s![b..b + 1, ..len, .., ..]).to_owned();
+        let vb = v_want.slice(s![b..b + 1, ..len, .., ..]).to_owned();
+        let spec = Spec { params, alibi: None, norm_seqlen_k: Some(capacity) };
+        let r = features::reference(qb.view(), kb.view(), vb.view(), &spec);
+        let n = features::naive(qb.view(), kb.view(), vb.view(), &spec);
+        let err = max_abs_diff(ob.iter().map(|x| x.to_f32() as f64), r.o.iter().copied());
+        let naive_err = max_abs_diff(n.o.iter().map(|x| x.to_f32() as f64), r.o.iter().copied());
+        assert!(err <= 3.0 * naive_err + 1e-5, "{label}: max error {err:.3e} > 3 × naive {naive_err:.3e}");
+        for (x, w) in lse.index_axis(Axis(0), b).iter().zip(r.lse.iter()) {
+            let x = *x as f64;
+            if *w == f64::NEG_INFINITY {
+                assert_eq!(x, *w, "{label}: lse of a row without keys");
+            } else {
+                assert!((x - w).abs() <= 1e-4 * w.abs().max(1.0), "{label}: lse {x} vs {w}");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// FA2's kvcache/splitkv matrix: (sq, sk) × GQA/MQA × splits forced and
+/// automatic × contiguous/paged, new k/v appended.
+#[test]
+fn gpu_kvcache_matrix() {
+    let Some(g) = gpu("gpu_kvcache_matrix") else { return };
+    let mut rng = Rng::fresh("gpu_kvcache_matrix");
+    let mut n = 0;
+    for (sq, sk) in [(1, 339), (3, 799), (16, 20000)] {
+        for (h, hk) in [(8, 2), (6, 1), (4, 4)] {
+            for (i, splits) in [Some(1), Some(2), Some(7), Some(64), None].into_iter().enumerate() {
+                let page = [None, Some(16), Some(256), None, Some(64)][(i + h) % 5];
+                let d = [64, 128, 80][(i + sq) % 3];
+                let c = Dec { batch: 3, sq, max_cached: sk - sq, s_new: sq, h, hk, d, page, causal: (i + hk) % 2 == 0, num_splits: splits };
+                if i % 2 == 0 {
+                    run::<half::bf16>(g, &mut rng, &c).unwrap_or_else(|e| panic!("{c:?}: {e}"));
+                } else {
+                    run::<half::f16>(g, &mut rng, &c).unwrap_or_else(|e| panic!("{c:?}: {e}"));
+                }
+                n += 1;
+            }
+        }
+    }
+    println!("{n} KV-cache cases passed");
+}
+
+/// Long caches: 100 000 and 131 072 keys, GQA 32/8 packed, automatic splits.
+#[test]
+fn gpu_kvcache_long() {
+    let Some(g) = gpu("gpu_kvcache_long") else { return };
+    let mut rng = Rng::fresh("gpu_kvcache_long");
+    for (sq, sk, page) in [(16, 100_000, None), (1, 131_072, Some(256))] {
+        let c = Dec { batch: 1, sq, max_cached: sk - sq, s_new: sq, h: 32, hk: 8, d: 128, page, causal: true, num_splits: None };
+        run::<half::bf16>(g, &mut rng, &c).unwrap_or_else(|e| panic!("{c:?}: {e}"));
+    }
+}
+
+/// Small paged split-KV GQA case for compute-sanitizer (memcheck, racecheck).
+#[test]
+fn gpu_decode_small_for_sanitizers() {
+    let Some(g) = gpu("gpu_decode_small_for_sanitizers") else { return };
+    let mut rng = Rng::fresh("gpu_decode_small_for_sanitizers");
+    let c = Dec { batch: 2, sq: 1, max_cached: 90, s_new: 1, h: 4, hk: 2, d: 64, page: Some(16), causal: false, num_splits: Some(3) };
+    run::<half::f16>(g, &mut rng, &c).unwrap();
+    let c = Dec { batch: 2, sq: 3, max_cached: 70, s_new: 2, h: 2, hk: 1, d: 40, page: None, causal: true, num_splits: Some(2) };
+    run::<half::bf16>(g, &mut rng, &c).unwrap();
+}
+
+/// Host-visible bad input: typed errors naming the argument; device-side
+/// garbage (cache_seqlens past the capacity, block-table entries past the
+/// pages) is clamped, never out of bounds.
+#[test]
+fn gpu_decode_bad_input() {
+    let Some(g) = gpu("gpu_decode_bad_input") else { return };
+    let s = &g.stream;
+    let (b, cap, hk, h, d) = (2, 64, 2, 4, 64);
+    let q: CudaSlice<half::f16> = s.clone_htod(&vec![half::f16::from_f32(0.5); b * h * d]).unwrap();
+    let mut kc: CudaSlice<half::f16> = s.clone_htod(&vec![half::f16::from_f32(0.25); b * cap * hk * d]).unwrap();
+    let mut vc = kc.clone();
+    let lay = TensorLayout::contiguous([b, cap, hk, d]);
+    let ql = TensorLayout::contiguous([b, 1, h, d]);
+    let garbage = s.clone_htod(&[1 << 30, -5]).unwrap();
+    let call = |kc: &mut CudaSlice<half::f16>, vc: &mut CudaSlice<half::f16>, seqlens: &CudaSlice<i32>, splits: Option<usize>| {
+        let cache = KvCache { k_cache: kc, v_cache: vc, layout: lay, cache_seqlens: seqlens, cache_batch_idx: None, block_table: None, k_new: None, v_new: None };
+        g.fa.forward_kvcache::<half::f16, _>(s, Tensor::new(&q, ql), cache, &ForwardParams::default(), &Extras::default(), DecodeOptions { num_splits: splits, scratch: None })
+    };
+    for bad in [Some(0), Some(129)] {
+        let e = call(&mut kc, &mut vc, &garbage, bad).unwrap_err();
+        assert!(matches!(e, FlashAttnError::InvalidArgument { argument: "num_splits", .. }), "{e}");
+    }
+    let short = s.clone_htod(&[3]).unwrap();
+    let e = call(&mut kc, &mut vc, &short, None).unwrap_err();
+    assert!(matches!(e, FlashAttnError::InvalidArgument { argument: "cache_seqlens", .. }), "{e}");
+    // Garbage lengths: clamped to [0, capacity] in the kernel.
+    let out = call(&mut kc, &mut vc, &garbage, Some(4)).unwrap();
+    s.synchronize().unwrap();
+    let o: Vec<half::f16> = s.clone_dtoh(&out.o).unwrap();
+    assert!(o[..h * d].iter().all(|x| (x.to_f32() - 0.25).abs() < 1e-3), "sequence 0 attends to the whole (clamped) cache");
+    assert!(o[h * d..].iter().all(|x| x.to_f32() == 0.0), "sequence 1: negative length → no key → O = 0");
+    // Paged with block-table garbage and appending past the capacity.
+    let table = s.clone_htod(&[7i32, -1, 1 << 20, 2, 0, 0, 0, 0]).unwrap();
+    let pages = TensorLayout::contiguous([b * cap / 16, 16, hk, d]);
+    let seqlens = s.clone_htod(&[64, 10]).unwrap();
+    let cache = KvCache {
+        k_cache: &mut kc,
+        v_cache: &mut vc,
+        layout: pages,
+        cache_seqlens: &seqlens,
+        cache_batch_idx: None,
+        block_table: Some(BlockTable { table: &table, max_blocks_per_seq: 4 }),
+        k_new: None,
+        v_new: None,
+    };
+    g.fa.forward_kvcache::<half::f16, _>(s, Tensor::new(&q, ql), cache, &ForwardParams::default(), &Extras::default(), DecodeOptions::default()).unwrap();
+    s.synchronize().unwrap();
+    let knew: CudaSlice<half::f16> = s.clone_htod(&vec![half::f16::from_f32(1.0); b * 65 * hk * d]).unwrap();
+    let nl = TensorLayout::contiguous([b, 65, hk, d]);
+    let cache = KvCache {
+        k_cache: &mut kc,
+        v_cache: &mut vc,
+        layout: lay,
+        cache_seqlens: &seqlens,
+        cache_batch_idx: None,
+        block_table: None,
+        k_new: Some(Tensor::new(&knew as &dyn DevicePtr<half::f16>, nl)),
+        v_new: Some(Tensor::new(&knew as &dyn DevicePtr<half::f16>, nl)),
+    };
+    let e = g.fa.forward_kvcache::<half::f16, _>(s, Tensor::new(&q, ql), cache, &ForwardParams::default(), &Extras::default(), DecodeOptions::default()).unwrap_err();
+    assert!(matches!(e, FlashAttnError::InvalidArgument { argument: "k_new", .. }), "{e}");
+}
