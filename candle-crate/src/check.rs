@@ -55,9 +55,11 @@ pub(crate) fn check_dtypes(q: DType, k: DType, v: DType, allowed: &[DType], back
     Ok(())
 }
 
-/// What the op asks for that the core library does not run yet (its
-/// GPU API). Each maps to one feature of the core; when it lands, the
-/// variant goes and the op passes the option through.
+/// What the adapter does not run yet. The core's KV-cache API
+/// (`FlashAttention::forward_kvcache`: per-sequence lengths, paged caches,
+/// in-place append) landed after this adapter; wiring it needs in-place
+/// writes to candle's cache tensors (candle's `InplaceOp3`). Until then these
+/// are errors, never a silent fallback.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Missing {
     /// A paged KV cache (`block_table`).
@@ -76,8 +78,9 @@ impl Missing {
 
     pub(crate) fn error(self, argument: &str) -> candle_core::Error {
         err(format_args!(
-            "`{argument}`: {} is not supported yet by the flash-attn core library this adapter runs on \
-             (no kernel, and no silent fallback); use candle's own attention for this call",
+            "`{argument}`: {} is not supported yet by flash-attn-candle (the core's KV-cache API, \
+             `FlashAttention::forward_kvcache`, is not wired in yet; no silent fallback): \
+             use candle's own attention for this call",
             self.what()
         ))
     }

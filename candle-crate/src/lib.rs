@@ -28,9 +28,9 @@
 //!   device, shapes, head dim); nothing panics.
 //! * GQA/MQA (k/v with fewer heads), sliding windows, softcap, ALiBi and
 //!   varlen run on both paths (the core's `forward_ext`/`forward_varlen`
-//!   and `fa2_forward_ext`/`attention_varlen`). What the core does not run
-//!   yet (a paged KV cache, per-sequence cache lengths) is a candle error
-//!   saying so, never a silent fallback.
+//!   and `fa2_forward_ext`/`attention_varlen`). A paged KV cache and
+//!   per-sequence cache lengths (the core's `forward_kvcache`, not wired in
+//!   yet) are candle errors saying so, never a silent fallback.
 
 mod check;
 mod cpu;
@@ -171,8 +171,8 @@ pub fn flash_attn_with_lse(q: &Tensor, k: &Tensor, v: &Tensor, softmax_scale: f3
 ///   by concatenation), which runs today.
 /// * `block_table`: u32 `(batch, max_blocks)` for a paged cache.
 ///
-/// Per-sequence lengths and paged caches need the core library's KV-cache
-/// API and are errors until it lands.
+/// Per-sequence lengths and paged caches need the core's KV-cache API
+/// (`FlashAttention::forward_kvcache`), not wired in yet: errors until then.
 #[allow(clippy::too_many_arguments)]
 pub fn flash_attn_with_kvcache(
     q: &Tensor,

@@ -8,7 +8,8 @@
 //! `attention_varlen` on the CPU (prefix sums copied to the host there).
 //! GQA, window, softcap and ALiBi (slopes `(nheads)` or `(batch, nheads)`)
 //! as in the fixed-length functions; `flash_attn_varlen_paged_windowed`
-//! needs the core's paged KV cache and is an error until it lands.
+//! needs the core's paged KV cache (`forward_kvcache`, not wired in yet)
+//! and is an error until then.
 
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp3, DType, Layout, Result, Shape, Storage, Tensor};

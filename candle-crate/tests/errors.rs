@@ -41,7 +41,7 @@ fn rank_dtype_stride_and_shape_errors_name_the_argument() {
 #[test]
 fn missing_core_features_are_named_errors() {
     let q = t(&[1, 8, 4, 64], DType::F32);
-    let miss = "not supported yet by the flash-attn core library";
+    let miss = "not supported yet by flash-attn-candle";
     let p = t(&[16, 4, 64], DType::F32);
     let cu = Tensor::new(&[0u32, 8, 16], &Device::Cpu).unwrap();
     let bt = Tensor::new(&[[0u32, 1]], &Device::Cpu).unwrap();
