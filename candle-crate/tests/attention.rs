@@ -12,7 +12,9 @@ use flash_attn_candle as fa;
 fn devices() -> Vec<Device> {
     let mut devs = vec![Device::Cpu];
     if std::env::var("FA_REQUIRE_GPU").is_ok_and(|v| v == "1") {
-        assert!(cfg!(feature = "cuda"), "FA_REQUIRE_GPU=1 needs the `cuda` feature");
+        if !cfg!(feature = "cuda") {
+            panic!("FA_REQUIRE_GPU=1 needs the `cuda` feature");
+        }
         devs.push(Device::new_cuda(0).expect("FA_REQUIRE_GPU=1 but no CUDA device"));
     } else {
         eprintln!("GPU cases skipped: set FA_REQUIRE_GPU=1 (with --features cuda) to run them");
