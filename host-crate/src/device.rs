@@ -130,8 +130,7 @@ impl FlashAttention {
 /// presence is checked first, and any other panic inside the driver
 /// bindings is caught and reported as [`FlashAttnError::NoGpu`].
 pub fn try_default_context() -> Result<Arc<CudaContext>> {
-    // SAFETY: only tries to dlopen the driver library.
-    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+    if !driver_library_present() {
         return Err(FlashAttnError::NoGpu { reason: "the CUDA driver library (libcuda) was not found".into() });
     }
     let r = std::panic::catch_unwind(|| -> Result<Arc<CudaContext>> {
@@ -143,6 +142,18 @@ pub fn try_default_context() -> Result<Arc<CudaContext>> {
         Ok(CudaContext::new(0)?)
     });
     r.unwrap_or_else(|_| Err(FlashAttnError::NoGpu { reason: "the CUDA driver bindings panicked while starting".into() }))
+}
+
+/// Whether the CUDA driver library can be loaded. Our own probe rather than
+/// cudarc's `is_culib_present`, which exists only when cudarc loads the
+/// driver dynamically: linked into candle (cudarc's `dynamic-linking`), the
+/// library is a load-time dependency and this simply finds it.
+pub fn driver_library_present() -> bool {
+    use std::env::consts::{DLL_PREFIX, DLL_SUFFIX};
+    let names = [format!("{DLL_PREFIX}cuda{DLL_SUFFIX}"), format!("{DLL_PREFIX}cuda{DLL_SUFFIX}.1"), "nvcuda.dll".into()];
+    // SAFETY: loading the driver library runs its initializers, nothing else;
+    // the handle is dropped (the library stays loaded if cudarc holds it too).
+    names.iter().any(|n| unsafe { libloading::Library::new(n) }.is_ok())
 }
 
 /// The process-wide [`FlashAttention`] on device 0, created on first use;

@@ -14,6 +14,9 @@
 //! * `cargo xtask run [ARGS]`: the main job: standard, FA1 and FA2 on the GPU
 //!   (f32 and bf16 tensor cores) against the CPU reference, or without a GPU the CPU reference on the
 //!   GPT-2 shape with the tiling plan and the HBM-traffic model ([`run`]).
+//! * `cargo xtask candle [--cuda | --stage DIR]`: the candle adapter in
+//!   `candle-crate/` (its own workspace): CPU tests, or the CUDA build with
+//!   the toolkit from PyPI and the Llama check ([`candle`]).
 //!
 //! xtask itself has **no dependencies**, on purpose: it must be able to run
 //! (and install `rust-src`) before anything compiles the kernels. Commands that
@@ -26,6 +29,7 @@
 
 mod bench;
 mod bench_infer;
+mod candle;
 mod cargo;
 mod ptx;
 mod run;
@@ -52,6 +56,7 @@ const COMMANDS: &[(&str, &str, Command)] = &[
         "issue 8's rows: GQA prefill, varlen packed/padded/dense, head dims 80..224, vs PyTorch (release build)",
         bench_infer::main,
     ),
+    ("candle", "candle adapter: CPU tests (no CUDA toolkit); --cuda: PyPI toolkit, GPU build, Llama check; --stage DIR", candle::main),
 ];
 
 fn usage() -> String {

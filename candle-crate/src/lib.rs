@@ -1,0 +1,194 @@
+//! # flash-attn-candle
+//!
+//! FlashAttention for [candle](https://github.com/huggingface/candle)
+//! tensors on flash-attn's pure-Rust kernels (compiled by rustc's nvptx
+//! backend; no nvcc, no C++), with the function names and signatures of
+//! `candle-flash-attn` 0.11.1, so that a `[patch.crates-io]` line runs
+//! candle-transformers' models on it unchanged (see the `candle-flash-attn`
+//! package beside this crate).
+//!
+//! ```no_run
+//! # fn main() -> candle_core::Result<()> {
+//! use candle_core::{Device, DType, Tensor};
+//! let dev = Device::Cpu; // or Device::new_cuda(0)? with the `cuda` feature
+//! let q = Tensor::randn(0f32, 1., (1, 128, 8, 64), &dev)?; // (batch, seqlen, nheads, headdim)
+//! let (k, v) = (q.clone(), q.clone());
+//! let o = flash_attn_candle::flash_attn(&q, &k, &v, 0.125, true)?;
+//! let (o2, lse) = flash_attn_candle::flash_attn_with_lse(&q, &k, &v, 0.125, true)?; // lse: (1, 8, 128) f32
+//! # let _ = (o, o2, lse, DType::F32); Ok(()) }
+//! ```
+//!
+//! * [`FlashAttn`] is a candle `CustomOp3`. On CUDA (feature `cuda`) it runs
+//!   on candle's stream over candle's buffers as they are (offsets, strides),
+//!   output allocated on that stream: f32, f16, bf16. On the CPU it runs
+//!   flash-attn's CPU reference: f32, f64, f16, bf16 (candle-flash-attn has
+//!   no CPU path). Layout `(batch, seqlen, nheads, headdim)`, any batch,
+//!   sequence and head strides, head dim contiguous.
+//! * Bad input is a candle error naming the argument (rank, dtype, strides,
+//!   device, shapes, head dim); nothing panics.
+//! * GQA/MQA (k/v with fewer heads), sliding windows, softcap, ALiBi and
+//!   varlen run on both paths (the core's `forward_ext`/`forward_varlen`
+//!   and `fa2_forward_ext`/`attention_varlen`). A paged KV cache and
+//!   per-sequence cache lengths (the core's `forward_kvcache`, not wired in
+//!   yet) are candle errors saying so, never a silent fallback.
+
+mod check;
+mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
+mod op;
+mod varlen;
+
+pub use op::FlashAttn;
+pub use varlen::*;
+
+use candle_core::{Result, Tensor};
+
+use crate::check::{Missing, err};
+
+/// q, k (and v) on one device, named in the error otherwise.
+fn check_devices(tensors: &[(&str, &Tensor)]) -> Result<()> {
+    let (first, t0) = tensors[0];
+    for &(name, t) in &tensors[1..] {
+        if !t.device().same_device(t0.device()) {
+            return Err(err(format_args!(
+                "device mismatch: `{name}` is on {:?} but `{first}` is on {:?}",
+                t.device().location(),
+                t0.device().location()
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn apply(q: &Tensor, k: &Tensor, v: &Tensor, op: FlashAttn) -> Result<Tensor> {
+    check_devices(&[("q", q), ("k", k), ("v", v)])?;
+    q.apply_op3(k, v, op)
+}
+
+fn causal_window(causal: bool) -> (Option<usize>, Option<usize>) {
+    (None, if causal { Some(0) } else { None })
+}
+
+/// Flash-attention v2: `softmax(Q @ Kᵀ · softmax_scale) @ V`.
+///
+/// * `q`: `(batch, seq_len_q, num_heads_q, head_size)`; `k`, `v`:
+///   `(batch, seq_len_kv, num_heads_kv, head_size)`.
+/// * `causal`: the causal mask, aligned to the bottom-right corner when
+///   `seq_len_q != seq_len_kv` (a decode step sees the whole cache).
+///
+/// Returns `(batch, seq_len_q, num_heads_q, head_size)`, contiguous.
+pub fn flash_attn(q: &Tensor, k: &Tensor, v: &Tensor, softmax_scale: f32, causal: bool) -> Result<Tensor> {
+    let (window_size_left, window_size_right) = causal_window(causal);
+    apply(q, k, v, FlashAttn { softmax_scale, alibi_slopes: None, window_size_left, window_size_right, softcap: None })
+}
+
+/// [`flash_attn`] with a sliding window: query `i` sees key `j` iff
+/// `i + sk − sq − left ≤ j ≤ i + sk − sq + right` (`None`: unbounded);
+/// `(None, Some(0))` is the causal mask.
+pub fn flash_attn_windowed(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    softmax_scale: f32,
+    window_size_left: Option<usize>,
+    window_size_right: Option<usize>,
+) -> Result<Tensor> {
+    apply(q, k, v, FlashAttn { softmax_scale, alibi_slopes: None, window_size_left, window_size_right, softcap: None })
+}
+
+/// [`flash_attn`] with ALiBi: `alibi_slopes` f32 `(num_heads_q)`.
+pub fn flash_attn_alibi(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    alibi_slopes: &Tensor,
+    softmax_scale: f32,
+    causal: bool,
+) -> Result<Tensor> {
+    let (window_size_left, window_size_right) = causal_window(causal);
+    let op = FlashAttn { softmax_scale, alibi_slopes: Some(alibi_slopes.clone()), window_size_left, window_size_right, softcap: None };
+    apply(q, k, v, op)
+}
+
+/// [`flash_attn_windowed`] with ALiBi.
+pub fn flash_attn_alibi_windowed(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    alibi_slopes: &Tensor,
+    softmax_scale: f32,
+    window_size_left: Option<usize>,
+    window_size_right: Option<usize>,
+) -> Result<Tensor> {
+    let op = FlashAttn { softmax_scale, alibi_slopes: Some(alibi_slopes.clone()), window_size_left, window_size_right, softcap: None };
+    apply(q, k, v, op)
+}
+
+/// [`flash_attn_windowed`] with optional ALiBi and a Gemma-style softcap
+/// (`cap · tanh(score / cap)`, 0 = off).
+#[allow(clippy::too_many_arguments)]
+pub fn flash_attn_alibi_windowed_softcap(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    alibi_slopes: Option<&Tensor>,
+    softmax_scale: f32,
+    window_size_left: Option<usize>,
+    window_size_right: Option<usize>,
+    softcap: f32,
+) -> Result<Tensor> {
+    let op = FlashAttn { softmax_scale, alibi_slopes: alibi_slopes.cloned(), window_size_left, window_size_right, softcap: Some(softcap) };
+    apply(q, k, v, op)
+}
+
+impl FlashAttn {
+    /// Runs the op and also returns the logsumexp of each row of
+    /// `softmax_scale · QKᵀ`: f32 `(batch, num_heads_q, seq_len_q)`, natural
+    /// log, −inf for a row that sees no key (what split-KV merging and
+    /// backward passes need). No backward op is recorded.
+    pub fn forward_with_lse(&self, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
+        check_devices(&[("q", q), ("k", k), ("v", v)])?;
+        op::forward_with_lse(self, q, k, v)
+    }
+}
+
+/// [`flash_attn`], also returning the logsumexp, f32
+/// `(batch, num_heads_q, seq_len_q)` (see [`FlashAttn::forward_with_lse`]).
+pub fn flash_attn_with_lse(q: &Tensor, k: &Tensor, v: &Tensor, softmax_scale: f32, causal: bool) -> Result<(Tensor, Tensor)> {
+    let (window_size_left, window_size_right) = causal_window(causal);
+    FlashAttn { softmax_scale, alibi_slopes: None, window_size_left, window_size_right, softcap: None }.forward_with_lse(q, k, v)
+}
+
+/// Decode (or chunked prefill) against a KV cache: `q` `(batch, seq_len_q,
+/// num_heads_q, head_size)` attends to `k_cache`, `v_cache` `(batch,
+/// seq_len_cache, num_heads_kv, head_size)`; `causal` is bottom-right
+/// aligned, so a decode step (`seq_len_q = 1`) sees the whole cache.
+///
+/// * `cache_seqlens`: u32 `(batch)` on the device, each sequence's filled
+///   length (FlashAttention's `flash_attn_with_kvcache`); `None`: every
+///   sequence fills the whole cache (candle-transformers' caches, which grow
+///   by concatenation), which runs today.
+/// * `block_table`: u32 `(batch, max_blocks)` for a paged cache.
+///
+/// Per-sequence lengths and paged caches need the core's KV-cache API
+/// (`FlashAttention::forward_kvcache`), not wired in yet: errors until then.
+#[allow(clippy::too_many_arguments)]
+pub fn flash_attn_with_kvcache(
+    q: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    cache_seqlens: Option<&Tensor>,
+    block_table: Option<&Tensor>,
+    softmax_scale: f32,
+    causal: bool,
+) -> Result<Tensor> {
+    check_devices(&[("q", q), ("k_cache", k_cache), ("v_cache", v_cache)])?;
+    if block_table.is_some() {
+        return Err(Missing::Paged.error("block_table"));
+    }
+    if cache_seqlens.is_some() {
+        return Err(Missing::KvCache.error("cache_seqlens"));
+    }
+    flash_attn(q, k_cache, v_cache, softmax_scale, causal)
+}
