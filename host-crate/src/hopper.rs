@@ -231,11 +231,13 @@ impl TensorMap {
 /// `64 × Bc` for K and V), in the kernel's parameter order.
 pub fn tensor_maps(k: &HopperKernel, p: &AttnParams) -> std::result::Result<[TensorMap; 3], DriverError> {
     let (b, h, d) = (p.batch as usize, p.nheads as usize, p.headdim as usize);
+    // K and V have nheads_k heads (GQA/MQA; 0 in older parameter blocks = MHA).
+    let hk = if p.nheads_k == 0 { h } else { p.nheads_k as usize };
     let st = |s: [u64; 3]| s.map(|x| x as usize);
     Ok([
         TensorMap::encode_bshd(p.q_ptr, [b, p.seqlen_q as usize, h, d], st(p.q_stride), k.br() as u32, k.bf16)?,
-        TensorMap::encode_bshd(p.k_ptr, [b, p.seqlen_k as usize, h, d], st(p.k_stride), k.bc as u32, k.bf16)?,
-        TensorMap::encode_bshd(p.v_ptr, [b, p.seqlen_k as usize, h, d], st(p.v_stride), k.bc as u32, k.bf16)?,
+        TensorMap::encode_bshd(p.k_ptr, [b, p.seqlen_k as usize, hk, d], st(p.k_stride), k.bc as u32, k.bf16)?,
+        TensorMap::encode_bshd(p.v_ptr, [b, p.seqlen_k as usize, hk, d], st(p.v_stride), k.bc as u32, k.bf16)?,
     ])
 }
 

@@ -135,6 +135,8 @@ pub unsafe fn forward<
                 let tl = Tile::new(p, tile, num_m, br, BC);
                 let (n_blocks, q0) = (tl.n_blocks, tl.q0);
                 let (bi, hi) = (tl.b as i32, tl.h as i32);
+                // GQA/MQA: K and V come from the query head's KV head.
+                let hki = p.kv_head(tl.h as u32) as i32;
                 // SAFETY: every destination is a 1024-aligned panel of a buffer
                 // that no one reads until its full barrier completes; the empty
                 // barrier waits guarantee the consumers are done with Q (the
@@ -163,12 +165,12 @@ pub unsafe fn forward<
                         let row = (j * BC) as i32;
                         mbarrier_arrive_expect_tx(bar_k_full(s), kv_bytes);
                         for pn in 0..D / 64 {
-                            tma_load_4d(s_k(s) + (pn * BC * PANEL_ROW_BYTES) as u32, tk, [64 * pn as i32, row, hi, bi], bar_k_full(s));
+                            tma_load_4d(s_k(s) + (pn * BC * PANEL_ROW_BYTES) as u32, tk, [64 * pn as i32, row, hki, bi], bar_k_full(s));
                         }
                         mbarrier_wait(bar_v_empty(s), parity);
                         mbarrier_arrive_expect_tx(bar_v_full(s), kv_bytes);
                         for pn in 0..D / 64 {
-                            tma_load_4d(s_v(s) + (pn * BC * PANEL_ROW_BYTES) as u32, tv, [64 * pn as i32, row, hi, bi], bar_v_full(s));
+                            tma_load_4d(s_v(s) + (pn * BC * PANEL_ROW_BYTES) as u32, tv, [64 * pn as i32, row, hki, bi], bar_v_full(s));
                         }
                     }
                 }

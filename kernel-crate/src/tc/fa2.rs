@@ -176,6 +176,13 @@ impl Mods {
         }
     }
 
+    /// Whether the call sets a softcap or ALiBi slopes (the decode kernels
+    /// carry the modifiers but most calls have none).
+    #[inline(always)]
+    pub fn active(&self) -> bool {
+        self.cap_post != 0.0 || self.slope_log2 != 0.0
+    }
+
     /// Replaces one m-tile's raw scores by the modified base-2 scores.
     /// `pos[r]` is the key position `i + seqlen_k − seqlen_q` of row `g + 8r`.
     #[inline(always)]
@@ -553,7 +560,9 @@ pub unsafe fn forward<
     let (q_sign, scale_log2) = scale_sign(p.softmax_scale_log2);
     // SAFETY: host-checked ALiBi slopes.
     let mods = if MODS { unsafe { Mods::new(p, b, h, scale_log2) } } else { Mods { scale_log2, cap_pre: 0.0, cap_post: 0.0, slope_log2: 0.0 } };
-    let soft_scale = if MODS { 1.0 } else { scale_log2 };
+    // With the modifiers applied the scores arrive scaled (base 2); without
+    // (none set, or not compiled in) the softmax scales them.
+    let soft_scale = if MODS && mods.active() { 1.0 } else { scale_log2 };
 
     // ---- main loop over K/V blocks -----------------------------------------
     // The first bound check reads the register (no barrier passed yet); the
@@ -589,9 +598,7 @@ pub unsafe fn forward<
         // SAFETY: K_j landed and a barrier passed.
         let mut r_s = unsafe { qk::<T, D, DK, BCN, MT, QREG>(&r_q, s_q, w_row0, q_sign, s_k(j & 1), lane) };
         let k0 = j * BC;
-        // (Read from the parameter space: the decode kernels carry the
-        // modifiers but most calls have none.)
-        if MODS && (p.softcap != 0.0 || p.alibi_ptr != 0) {
+        if MODS && mods.active() {
             let (row0, win) = fresh_window::<MT, NW, VARLEN, DECODE>(p, num_m);
             for mt in 0..MT {
                 let r0 = (row0 + 16 * mt) as i64 + win.shift;
