@@ -135,8 +135,10 @@ pub unsafe fn forward<
                 let tl = Tile::new(p, tile, num_m, br, BC);
                 let (n_blocks, q0) = (tl.n_blocks, tl.q0);
                 let (bi, hi) = (tl.b as i32, tl.h as i32);
-                // GQA/MQA: K and V come from the query head's KV head.
-                let hki = p.kv_head(tl.h as u32) as i32;
+                // GQA/MQA: K and V come from the query head's KV head (`hi`
+                // is not needed past Q's load: reuse its register). The
+                // producer runs under a 32-register cap.
+                let hki = if p.nheads_k == 0 || p.nheads_k == p.nheads { hi } else { p.kv_head(tl.h as u32) as i32 };
                 // SAFETY: every destination is a 1024-aligned panel of a buffer
                 // that no one reads until its full barrier completes; the empty
                 // barrier waits guarantee the consumers are done with Q (the
