@@ -189,7 +189,10 @@ impl AttnParams {
     /// The window rule of a sequence with these lengths.
     #[inline(always)]
     pub fn key_window(&self, seqlen_q: u32, seqlen_k: u32) -> crate::mask::KeyWindow {
-        crate::mask::KeyWindow::new(seqlen_q, seqlen_k, self.window_left, self.window_right)
+        // `causal` is authoritative (right side 0) even in a parameter block
+        // whose window fields were left at their defaults.
+        let right = if self.causal != 0 { 0 } else { self.window_right };
+        crate::mask::KeyWindow::new(seqlen_q, seqlen_k, self.window_left, right)
     }
 
     /// Sequence `b` of head `h` of a dense (not varlen) launch.
