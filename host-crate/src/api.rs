@@ -28,7 +28,7 @@ use std::sync::Arc;
 use cudarc::driver::{
     CudaSlice, CudaStream, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr, DeviceSlice, PushKernelArg, ValidAsZeroBits,
 };
-use flash_attn_common::{AttnParams, LOG2_E};
+use flash_attn_common::AttnParams;
 
 use crate::device::FlashAttention;
 use crate::dispatch::{self, DType, Dims, DispatchKey, Features, Plan};
@@ -576,7 +576,6 @@ impl FlashAttention {
         let (o_ptr, _o_guard) = o.data.device_ptr_mut(stream);
         let alibi = ext.alibi_slopes.map(|a| (a.slopes.device_ptr(stream), a.shape.batch_stride(dims.nheads)));
         let u = |x: usize| x as u64;
-        let opts = problem.opts;
         let mut p = AttnParams {
             q_ptr,
             k_ptr,
@@ -594,15 +593,9 @@ impl FlashAttention {
             seqlen_k: dims.seqlen_k as u32,
             headdim: dims.headdim as u32,
             causal: params.causal as u32,
-            softmax_scale: problem.softmax_scale,
-            softmax_scale_log2: problem.softmax_scale * LOG2_E,
-            window_left: opts.window_left,
-            window_right: opts.window_right,
-            softcap: opts.softcap,
-            softcap_pre: if opts.softcap > 0.0 { problem.softmax_scale / opts.softcap } else { 0.0 },
             alibi_ptr: alibi.as_ref().map_or(0, |((ptr, _), _)| *ptr),
             alibi_batch_stride: alibi.as_ref().map_or(0, |(_, s)| *s as u32),
-            ..Default::default()
+            ..problem.opts.kernel_params()
         };
         if let Some(vl) = varlen {
             vl.fill(&mut p);

@@ -30,7 +30,7 @@
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
-use flash_attn_common::{AttnParams, LOG2_E};
+use flash_attn_common::AttnParams;
 
 use crate::api::{AttnElem, Extras, ForwardOutput, RowStats, Tensor, TensorLayout};
 use crate::device::FlashAttention;
@@ -417,16 +417,6 @@ impl FlashAttention {
                 seqlen_k: capacity as u32,
                 headdim: d as u32,
                 causal: key.causal as u32,
-                softmax_scale: opts_r.softmax_scale,
-                softmax_scale_log2: opts_r.softmax_scale * LOG2_E,
-                window_left: opts_r.window_left,
-                window_right: opts_r.window_right,
-                softcap: opts_r.softcap,
-                softcap_pre: if opts_r.softcap > 0.0 {
-                    opts_r.softmax_scale / opts_r.softcap
-                } else {
-                    0.0
-                },
                 alibi_ptr: alibi.as_ref().map_or(0, |((ptr, _), _)| *ptr),
                 alibi_batch_stride: alibi.as_ref().map_or(0, |(_, s)| *s as u32),
                 cache_seqlens_ptr: cs_ptr,
@@ -440,7 +430,7 @@ impl FlashAttention {
                 num_splits: ns as u32,
                 br: kernel.br() as u32,
                 bc: kernel.bc as u32,
-                ..Default::default()
+                ..opts_r.kernel_params()
             };
             crate::api::check_tc_alignment(&p)?;
 

@@ -4,6 +4,7 @@
 //! the window rule itself is written once in [`flash_attn_common::mask`].
 
 use flash_attn_common::mask::normalize_window;
+use flash_attn_common::{AttnParams, LOG2_E};
 
 use crate::error::{FlashAttnError, Result};
 
@@ -99,6 +100,21 @@ pub struct Resolved {
 }
 
 impl Resolved {
+    /// The kernel parameter fields these options set (scale in both
+    /// domains, window, softcap and its pre-factor); every other field at
+    /// its default. One place for every launch path to start from.
+    pub fn kernel_params(&self) -> AttnParams {
+        AttnParams {
+            softmax_scale: self.softmax_scale,
+            softmax_scale_log2: self.softmax_scale * LOG2_E,
+            window_left: self.window_left,
+            window_right: self.window_right,
+            softcap: self.softcap,
+            softcap_pre: if self.softcap > 0.0 { self.softmax_scale / self.softcap } else { 0.0 },
+            ..Default::default()
+        }
+    }
+
     /// Whether the window is plain causal (or unbounded): no left bound.
     pub fn has_left_bound(&self) -> bool {
         self.window_left >= 0
