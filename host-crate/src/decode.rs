@@ -38,6 +38,7 @@ use crate::dispatch::{DType, Dims, DispatchKey, Features, Launch, Plan};
 use crate::error::{FlashAttnError, Result};
 use crate::params::{ForwardParams, LoopOrder};
 use crate::varlen::{check_alibi, check_gqa};
+use crate::varlen_api::{Varlen, VarlenOutput, check_varlen_lens};
 
 /// The kernels of this module (loaded with the others).
 pub const DECODE_KERNELS: &[&str] = &["combine_splits_f16", "combine_splits_bf16", "kv_append_u16"];
@@ -124,12 +125,135 @@ fn invalid(argument: &'static str, value: String, reason: &'static str) -> Flash
     }
 }
 
+/// A KV cache read in place, nothing appended by the call: the attention
+/// half of [`FlashAttention::forward_kvcache`], for callers that append
+/// with [`FlashAttention::append_kv`] themselves (one cache tensor at a
+/// time, e.g. frameworks whose tensors mutate one at a time). Layout and
+/// meaning as [`KvCache`].
+pub struct KvCacheRef<'a, T> {
+    pub k_cache: &'a dyn DevicePtr<T>,
+    pub v_cache: &'a dyn DevicePtr<T>,
+    pub layout: TensorLayout,
+    pub cache_seqlens: &'a dyn DevicePtr<i32>,
+    pub cache_batch_idx: Option<&'a dyn DevicePtr<i32>>,
+    pub block_table: Option<BlockTable<'a>>,
+    /// Keys already appended after `cache_seqlens[b]` that this call
+    /// attends to: sequence `b` sees `cache_seqlens[b] + seqlen_new` keys.
+    pub seqlen_new: usize,
+}
+
+/// A paged cache read by a varlen prefill ([`FlashAttention::forward_varlen_paged`]):
+/// `k_pages`/`v_pages` `(num_pages, page_size, nheads_k, d)` (`layout`),
+/// key `t` of sequence `b` at row `t % page_size` of page
+/// `block_table[b][t / page_size]`.
+pub struct PagedCache<'a, T> {
+    pub k_pages: &'a dyn DevicePtr<T>,
+    pub v_pages: &'a dyn DevicePtr<T>,
+    pub layout: TensorLayout,
+    pub block_table: BlockTable<'a>,
+}
+
+impl<T> Clone for PagedCache<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for PagedCache<'_, T> {}
+
+/// What the host knows of a cache.
+#[derive(Clone, Copy)]
+struct CacheGeom {
+    /// `batch_c` (contiguous) or `num_pages` (paged).
+    n_rows: usize,
+    /// `seqlen_cache` or `page_size`.
+    rows_per: usize,
+    nheads_k: usize,
+    /// Keys one sequence can hold.
+    capacity: usize,
+    paged: bool,
+}
+
+/// Validates a cache's layout against its buffers and the call (`batch`
+/// sequences of head dim `d`).
+fn check_cache(
+    names: (&'static str, &'static str),
+    layout: &TensorLayout,
+    lens: (usize, usize),
+    d: usize,
+    batch: usize,
+    cache_batch_idx: Option<usize>,
+    block_table: Option<&BlockTable<'_>>,
+) -> Result<CacheGeom> {
+    let [n_rows, rows_per, nheads_k, dk] = layout.shape;
+    crate::api::check_layout(names.0, layout, lens.0)?;
+    crate::api::check_layout(names.1, layout, lens.1)?;
+    if dk != d {
+        return Err(FlashAttnError::ShapeMismatch { argument: names.0, axis: "headdim", actual: dk, expected: d, rule: "same as q" });
+    }
+    if let Some(n) = cache_batch_idx {
+        if block_table.is_some() {
+            return Err(invalid("cache_batch_idx", "given".into(), "applies to contiguous caches; a paged cache has a block table"));
+        }
+        if n != batch {
+            return Err(invalid("cache_batch_idx", format!("length {n}"), "must hold one i32 per sequence (q's batch)"));
+        }
+    } else if block_table.is_none() && n_rows < batch {
+        return Err(invalid(names.0, format!("batch_c = {n_rows} < batch = {batch}"), "needs a cache row per sequence (or cache_batch_idx)"));
+    }
+    let capacity = match block_table {
+        Some(bt) => {
+            if bt.max_blocks_per_seq == 0 {
+                return Err(invalid("block_table", "0 blocks per sequence".into(), "max_blocks_per_seq must be positive"));
+            }
+            if bt.table.len() < batch * bt.max_blocks_per_seq {
+                return Err(invalid("block_table", format!("length {}", bt.table.len()), "must hold batch · max_blocks_per_seq i32"));
+            }
+            bt.max_blocks_per_seq.checked_mul(rows_per).filter(|&c| c <= crate::api::MAX_DIM).ok_or_else(|| {
+                invalid("block_table", format!("{} blocks of {rows_per}", bt.max_blocks_per_seq), "capacity exceeds 2³¹ − 1 keys")
+            })?
+        }
+        None => rows_per,
+    };
+    Ok(CacheGeom { n_rows, rows_per, nheads_k, capacity, paged: block_table.is_some() })
+}
+
+/// Validates new keys (or values) `(batch, s_new, nheads_k, d)` to append;
+/// returns `s_new`.
+fn check_new<T>(name: &'static str, new: &Tensor<'_, dyn DevicePtr<T> + '_>, batch: usize, geom: &CacheGeom, d: usize) -> Result<usize> {
+    crate::api::check_layout(name, &new.layout, new.data.len())?;
+    let [b2, s_new, h2, d2] = new.layout.shape;
+    if (b2, h2, d2) != (batch, geom.nheads_k, d) {
+        return Err(invalid(name, format!("shape {:?}", new.layout.shape), "must be (batch, s_new, nheads_k, headdim)"));
+    }
+    if s_new > geom.capacity {
+        return Err(invalid(name, format!("{s_new} new keys"), "more new keys than the cache holds (capacity)"));
+    }
+    Ok(s_new)
+}
+
+/// The validated attention launch of a KV-cache call (nothing enqueued yet).
+struct AttendPlan {
+    main: Launch,
+    ns: usize,
+    grid: u32,
+    /// Query heads and rows as the caller sees them (the launch may pack
+    /// the `g` query heads of a KV head as rows of one tile).
+    nheads: usize,
+    sq: usize,
+    o_layout: TensorLayout,
+    lse_len: usize,
+    /// Varlen q: `total_q`.
+    varlen: Option<usize>,
+    params: AttnParams,
+}
+
 impl FlashAttention {
     /// Attention of `q` against a KV cache, appending `k_new`/`v_new` first
     /// (see the module docs). Returns O `(batch, seqlen_q, nheads, d)`
     /// contiguous and the logsumexp `(batch, nheads, seqlen_q)`; causal and
     /// window align bottom-right with each sequence's `cache_seqlens[b] +
-    /// s_new` keys. Only enqueues work on `stream`.
+    /// s_new` keys. Everything is validated before anything is enqueued (an
+    /// error leaves the cache untouched). Only enqueues work on `stream`.
     pub fn forward_kvcache<T, Q>(
         &self,
         stream: &Arc<CudaStream>,
@@ -143,236 +267,352 @@ impl FlashAttention {
         T: AttnElem,
         Q: DevicePtr<T> + ?Sized,
     {
+        let KvCache { k_cache, v_cache, layout, cache_seqlens, cache_batch_idx, block_table, k_new, v_new } = cache;
+        let [batch, _, _, d] = q.layout.shape;
+        let geom = check_cache(
+            ("k_cache", "v_cache"),
+            &layout,
+            (k_cache.len(), v_cache.len()),
+            d,
+            batch,
+            cache_batch_idx.map(|c| c.len()),
+            block_table.as_ref(),
+        )?;
+        let new = match (k_new, v_new) {
+            (None, None) => None,
+            (Some(kn), Some(vn)) => {
+                if kn.layout.shape != vn.layout.shape {
+                    return Err(invalid("v_new", format!("shape {:?}", vn.layout.shape), "must have k_new's shape"));
+                }
+                check_new("k_new", &kn, batch, &geom, d)?;
+                check_new("v_new", &vn, batch, &geom, d)?;
+                Some((kn, vn))
+            }
+            _ => return Err(invalid("v_new", "missing or extra".into(), "k_new and v_new come together")),
+        };
+        let s_new = new.as_ref().map_or(0, |(kn, _)| kn.layout.shape[1]);
+        let plan = self.plan_attend::<T>(&q.layout, q.data.len(), None, &geom, &layout, s_new, cache_seqlens.len(), params, ext, &opts)?;
+        for (name, s) in [("q", q.data.stream()), ("k_cache", k_cache.stream()), ("v_cache", v_cache.stream()), ("stream", stream)] {
+            self.check_stream(name, s)?;
+        }
+        if let Some((kn, vn)) = &new {
+            self.append_launch::<T>(stream, k_cache, &layout, kn, cache_seqlens, cache_batch_idx, block_table.as_ref(), &geom)?;
+            self.append_launch::<T>(stream, v_cache, &layout, vn, cache_seqlens, cache_batch_idx, block_table.as_ref(), &geom)?;
+        }
+        let (kp, _gk) = k_cache.device_ptr_mut(stream);
+        let (vp, _gv) = v_cache.device_ptr_mut(stream);
+        let (o, lse) = self.attend_launch::<T>(stream, &plan, q.data, (kp, vp), cache_seqlens, cache_batch_idx, block_table.as_ref(), None, ext, opts)?;
+        Ok(ForwardOutput { o, o_layout: plan.o_layout, stats: RowStats::LogSumExp(lse) })
+    }
+
+    /// [`FlashAttention::forward_kvcache`] over a cache that the call only
+    /// reads (new keys, if any, appended before by [`FlashAttention::append_kv`]
+    /// and counted in `cache.seqlen_new`).
+    pub fn forward_kvcache_ref<T, Q>(
+        &self,
+        stream: &Arc<CudaStream>,
+        q: Tensor<'_, Q>,
+        cache: KvCacheRef<'_, T>,
+        params: &ForwardParams,
+        ext: &Extras<'_>,
+        opts: DecodeOptions<'_>,
+    ) -> Result<ForwardOutput<T>>
+    where
+        T: AttnElem,
+        Q: DevicePtr<T> + ?Sized,
+    {
+        let [batch, _, _, d] = q.layout.shape;
+        let geom = check_cache(
+            ("k_cache", "v_cache"),
+            &cache.layout,
+            (cache.k_cache.len(), cache.v_cache.len()),
+            d,
+            batch,
+            cache.cache_batch_idx.map(|c| c.len()),
+            cache.block_table.as_ref(),
+        )?;
+        if cache.seqlen_new > geom.capacity {
+            return Err(invalid("seqlen_new", cache.seqlen_new.to_string(), "more appended keys than the cache holds (capacity)"));
+        }
+        let plan = self.plan_attend::<T>(&q.layout, q.data.len(), None, &geom, &cache.layout, cache.seqlen_new, cache.cache_seqlens.len(), params, ext, &opts)?;
+        for (name, s) in [("q", q.data.stream()), ("k_cache", cache.k_cache.stream()), ("v_cache", cache.v_cache.stream()), ("stream", stream)] {
+            self.check_stream(name, s)?;
+        }
+        let (kp, _gk) = cache.k_cache.device_ptr(stream);
+        let (vp, _gv) = cache.v_cache.device_ptr(stream);
+        let (o, lse) = self.attend_launch::<T>(
+            stream,
+            &plan,
+            q.data,
+            (kp, vp),
+            cache.cache_seqlens,
+            cache.cache_batch_idx,
+            cache.block_table.as_ref(),
+            None,
+            ext,
+            opts,
+        )?;
+        Ok(ForwardOutput { o, o_layout: plan.o_layout, stats: RowStats::LogSumExp(lse) })
+    }
+
+    /// Varlen prefill over a paged cache (prefix caching; FlashAttention-2's
+    /// `flash_attn_varlen_func` with a `block_table`): q packed `(total_q,
+    /// nheads, d)` ([`TensorLayout::varlen`]) with `varlen.cu_seqlens_q`;
+    /// sequence `b` attends to the first `cu_seqlens_k[b+1] − cu_seqlens_k[b]`
+    /// (or `seqused_k[b]`) keys of its pages — `cu_seqlens_k` gives lengths
+    /// only. Causal/window bottom-right per sequence, window normalized with
+    /// `max_seqlen_k`. Split-KV as for the decode call (`opts`). Returns O
+    /// packed like q and the LSE `(nheads, total_q)`. A sequence longer than
+    /// `min(max_seqlen_k, max_blocks_per_seq · page_size)` is cut to it in
+    /// the kernel (device prefix sums are clamped, never out of bounds);
+    /// q rows outside every sequence are left 0.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_varlen_paged<T, Q>(
+        &self,
+        stream: &Arc<CudaStream>,
+        q: Tensor<'_, Q>,
+        cache: PagedCache<'_, T>,
+        varlen: &Varlen<'_>,
+        params: &ForwardParams,
+        ext: &Extras<'_>,
+        opts: DecodeOptions<'_>,
+    ) -> Result<VarlenOutput<T>>
+    where
+        T: AttnElem,
+        Q: DevicePtr<T> + ?Sized,
+    {
+        let batch = check_varlen_lens(varlen)?;
+        let d = q.layout.headdim();
+        let geom = check_cache(
+            ("k_pages", "v_pages"),
+            &cache.layout,
+            (cache.k_pages.len(), cache.v_pages.len()),
+            d,
+            batch,
+            None,
+            Some(&cache.block_table),
+        )?;
+        let plan = self.plan_attend::<T>(&q.layout, q.data.len(), Some(varlen), &geom, &cache.layout, 0, batch, params, ext, &opts)?;
+        for (name, s) in [
+            ("q", q.data.stream()),
+            ("k_pages", cache.k_pages.stream()),
+            ("v_pages", cache.v_pages.stream()),
+            ("cu_seqlens_q", varlen.cu_seqlens_q.stream()),
+            ("cu_seqlens_k", varlen.cu_seqlens_k.stream()),
+            ("stream", stream),
+        ] {
+            self.check_stream(name, s)?;
+        }
+        if let Some(s) = varlen.seqused_k {
+            self.check_stream("seqused_k", s.stream())?;
+        }
+        // The kernels take per-sequence key counts from cu_seqlens_k (and
+        // seqused_k) when no cache_seqlens is given.
+        let (kp, _gk) = cache.k_pages.device_ptr(stream);
+        let (vp, _gv) = cache.v_pages.device_ptr(stream);
+        let (o, lse) = self.attend_launch::<T>(
+            stream,
+            &plan,
+            q.data,
+            (kp, vp),
+            varlen.cu_seqlens_k,
+            None,
+            Some(&cache.block_table),
+            Some(varlen),
+            ext,
+            opts,
+        )?;
+        Ok(VarlenOutput { o, o_layout: plan.o_layout, lse })
+    }
+
+    /// Appends `new` `(batch, s_new, nheads_k, d)` to one cache tensor
+    /// (k or v; `layout` as in [`KvCache`]) at rows `cache_seqlens[b]..` of
+    /// cache row `cache_batch_idx[b]` (or of the pages of `block_table[b]`),
+    /// as [`FlashAttention::forward_kvcache`] does before attending. Rows
+    /// past a sequence's capacity are not written (device `cache_seqlens`
+    /// are clamped, never out of bounds). Only enqueues work on `stream`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn append_kv<T: AttnElem>(
+        &self,
+        stream: &Arc<CudaStream>,
+        cache: &mut dyn DevicePtrMut<T>,
+        layout: TensorLayout,
+        new: Tensor<'_, dyn DevicePtr<T> + '_>,
+        cache_seqlens: &dyn DevicePtr<i32>,
+        cache_batch_idx: Option<&dyn DevicePtr<i32>>,
+        block_table: Option<BlockTable<'_>>,
+    ) -> Result<()> {
+        if T::DTYPE == DType::F32 {
+            return Err(FlashAttnError::Unsupported { argument: "cache", dtype: "f32", what: "the KV-cache calls (f16/bf16)" });
+        }
+        let [batch, _, _, d] = new.layout.shape;
+        let len = cache.len();
+        let geom = check_cache(("cache", "cache"), &layout, (len, len), d, batch, cache_batch_idx.map(|c| c.len()), block_table.as_ref())?;
+        check_new("new", &new, batch, &geom, d)?;
+        if cache_seqlens.len() != batch {
+            return Err(invalid("cache_seqlens", format!("length {}", cache_seqlens.len()), "must hold one i32 per sequence (new's batch)"));
+        }
+        for (name, s) in [("cache", cache.stream()), ("new", new.data.stream()), ("stream", stream)] {
+            self.check_stream(name, s)?;
+        }
+        self.append_launch(stream, cache, &layout, &new, cache_seqlens, cache_batch_idx, block_table.as_ref(), &geom)
+    }
+
+    /// Enqueues `kv_append_u16` (arguments validated).
+    #[allow(clippy::too_many_arguments)]
+    fn append_launch<T: AttnElem>(
+        &self,
+        stream: &Arc<CudaStream>,
+        cache: &mut dyn DevicePtrMut<T>,
+        layout: &TensorLayout,
+        new: &Tensor<'_, dyn DevicePtr<T> + '_>,
+        cache_seqlens: &dyn DevicePtr<i32>,
+        cache_batch_idx: Option<&dyn DevicePtr<i32>>,
+        block_table: Option<&BlockTable<'_>>,
+        geom: &CacheGeom,
+    ) -> Result<()> {
+        let [batch, s_new, nheads_k, d] = new.layout.shape;
+        let u = |x: usize| x as u64;
+        let (src, _gs) = new.data.device_ptr(stream);
+        let (dst, _gd) = cache.device_ptr_mut(stream);
+        let (cs, _gc) = cache_seqlens.device_ptr(stream);
+        let cbi = cache_batch_idx.map(|c| c.device_ptr(stream));
+        let bt = block_table.map(|b| (b.table.device_ptr(stream), b.max_blocks_per_seq));
+        let p = AttnParams {
+            q_ptr: src,
+            q_stride: new.layout.strides.map(u),
+            o_ptr: dst,
+            o_stride: layout.strides.map(u),
+            batch: batch as u32,
+            seqlen_q: s_new as u32,
+            nheads: nheads_k as u32,
+            headdim: d as u32,
+            seqlen_k: geom.capacity as u32,
+            cache_seqlens_ptr: cs,
+            cache_batch_idx_ptr: cbi.as_ref().map_or(0, |(ptr, _)| *ptr),
+            cache_batch: geom.n_rows as u32,
+            block_table_ptr: bt.as_ref().map_or(0, |((ptr, _), _)| *ptr),
+            block_table_stride: bt.as_ref().map_or(0, |(_, m)| *m as u32),
+            page_size: if geom.paged { geom.rows_per as u32 } else { 0 },
+            num_pages: if geom.paged { geom.n_rows as u32 } else { 0 },
+            ..AttnParams::default()
+        };
+        // Both tensors move in 16-byte chunks: the tensor-core alignment rule.
+        crate::api::check_tc_alignment(&AttnParams { k_ptr: dst, k_stride: p.o_stride, v_ptr: dst, v_stride: p.o_stride, ..p })?;
+        let (f, _) = self.prepare(&Launch { kernel: "kv_append_u16", grid: 1, threads: 256, smem_bytes: 0 })?;
+        let chunks = (batch * s_new * nheads_k * d / 8) as u64;
+        let cfg = LaunchConfig { grid_dim: (chunks.div_ceil(256).clamp(1, 1 << 16) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let arg = crate::tc::KernelArg(p);
+        // SAFETY: `kv_append_u16(p: AttnParams)`: source (batch, s_new,
+        // nheads_k, d) validated and 16-byte aligned; destination the
+        // validated cache (rows past the capacity skipped, device values
+        // clamped); cache_seqlens holds batch i32.
+        unsafe { stream.launch_builder(f).arg(&arg).launch(cfg) }?;
+        Ok(())
+    }
+
+    /// Validation and plan of the attention launch of a KV-cache call:
+    /// q dense `(batch, sq, nheads, d)`, or packed with `varlen`.
+    #[allow(clippy::too_many_arguments)]
+    fn plan_attend<T: AttnElem>(
+        &self,
+        q_layout: &TensorLayout,
+        q_len: usize,
+        varlen: Option<&Varlen<'_>>,
+        geom: &CacheGeom,
+        cache_layout: &TensorLayout,
+        s_new: usize,
+        seqlens_len: usize,
+        params: &ForwardParams,
+        ext: &Extras<'_>,
+        opts: &DecodeOptions<'_>,
+    ) -> Result<AttendPlan> {
         let dtype = T::DTYPE;
         if dtype == DType::F32 {
             return Err(FlashAttnError::Unsupported {
                 argument: "q",
                 dtype: "f32",
-                what: "the KV-cache call (f16/bf16 tensor-core kernels; the CPU reference has f32/f64)",
+                what: "the KV-cache calls (f16/bf16 tensor-core kernels; the CPU reference has f32/f64)",
             });
         }
         if params.loop_order != LoopOrder::Fa2 {
             return Err(FlashAttnError::Unsupported {
                 argument: "params.loop_order",
                 dtype: dtype.name(),
-                what: "the KV-cache call with FA1 or Standard (it runs the FA2 loop order)",
+                what: "the KV-cache calls with FA1 or Standard (they run the FA2 loop order)",
             });
         }
-        let [batch, sq, nheads, d] = q.layout.shape;
-        crate::api::check_layout("q", &q.layout, q.data.len())?;
-        let cl = cache.layout;
-        let [n_rows, rows_per, nheads_k, dk] = cl.shape;
-        crate::api::check_layout("k_cache", &cl, cache.k_cache.len())?;
-        crate::api::check_layout("v_cache", &cl, cache.v_cache.len())?;
-        if dk != d {
-            return Err(FlashAttnError::ShapeMismatch {
-                argument: "k_cache",
-                axis: "headdim",
-                actual: dk,
-                expected: d,
-                rule: "same as q",
-            });
-        }
+        crate::api::check_layout("q", q_layout, q_len)?;
+        let [qb, q_rows, nheads, d] = q_layout.shape;
+        let (batch, sq) = match varlen {
+            Some(v) => {
+                if qb != 1 {
+                    return Err(invalid("q", format!("shape {:?}", q_layout.shape), "varlen q is packed (total_q, nheads, headdim): TensorLayout::varlen"));
+                }
+                (v.batch(), v.max_seqlen_q)
+            }
+            None => (qb, q_rows),
+        };
+        let nheads_k = geom.nheads_k;
         check_gqa(nheads, nheads_k)?;
-        if cache.cache_seqlens.len() != batch {
-            return Err(invalid(
-                "cache_seqlens",
-                format!("length {}", cache.cache_seqlens.len()),
-                "must hold one i32 per sequence (q's batch)",
-            ));
+        if seqlens_len != batch {
+            let argument = if varlen.is_some() { "cu_seqlens_k" } else { "cache_seqlens" };
+            return Err(invalid(argument, format!("length {seqlens_len}"), "must hold one i32 per sequence (q's batch)"));
         }
-        if let Some(idx) = cache.cache_batch_idx {
-            if cache.block_table.is_some() {
-                return Err(invalid(
-                    "cache_batch_idx",
-                    "given".into(),
-                    "applies to contiguous caches; a paged cache has a block table",
-                ));
-            }
-            if idx.len() != batch {
-                return Err(invalid(
-                    "cache_batch_idx",
-                    format!("length {}", idx.len()),
-                    "must hold one i32 per sequence (q's batch)",
-                ));
-            }
-        } else if cache.block_table.is_none() && n_rows < batch {
-            return Err(invalid(
-                "k_cache",
-                format!("batch_c = {n_rows} < batch = {batch}"),
-                "needs a cache row per sequence (or cache_batch_idx)",
-            ));
-        }
-        // Capacity: keys one sequence can hold.
-        let capacity = match &cache.block_table {
-            Some(bt) => {
-                if rows_per == 0 || bt.max_blocks_per_seq == 0 {
-                    return Err(invalid(
-                        "block_table",
-                        format!(
-                            "page_size {rows_per}, {} blocks per sequence",
-                            bt.max_blocks_per_seq
-                        ),
-                        "must be positive",
-                    ));
-                }
-                if bt.table.len() < batch * bt.max_blocks_per_seq {
-                    return Err(invalid(
-                        "block_table",
-                        format!("length {}", bt.table.len()),
-                        "must hold batch · max_blocks_per_seq i32",
-                    ));
-                }
-                bt.max_blocks_per_seq
-                    .checked_mul(rows_per)
-                    .filter(|&c| c <= crate::api::MAX_DIM)
-                    .ok_or_else(|| {
-                        invalid(
-                            "block_table",
-                            format!("{} blocks of {rows_per}", bt.max_blocks_per_seq),
-                            "capacity exceeds 2³¹ − 1 keys",
-                        )
-                    })?
-            }
-            None => rows_per,
+        // Keys per sequence: at most the capacity (and, varlen, max_seqlen_k).
+        let seqlen_k = match varlen {
+            Some(v) => v.max_seqlen_k.min(geom.capacity),
+            None => geom.capacity,
         };
-        let s_new = match (&cache.k_new, &cache.v_new) {
-            (None, None) => 0,
-            (Some(kn), Some(vn)) => {
-                if kn.layout.shape != vn.layout.shape {
-                    return Err(invalid(
-                        "v_new",
-                        format!("shape {:?}", vn.layout.shape),
-                        "must have k_new's shape",
-                    ));
-                }
-                crate::api::check_layout("k_new", &kn.layout, kn.data.len())?;
-                crate::api::check_layout("v_new", &vn.layout, vn.data.len())?;
-                let [b2, s_new, h2, d2] = kn.layout.shape;
-                if (b2, h2, d2) != (batch, nheads_k, d) {
-                    return Err(invalid(
-                        "k_new",
-                        format!("shape {:?}", kn.layout.shape),
-                        "must be (batch, s_new, nheads_k, headdim)",
-                    ));
-                }
-                if s_new > capacity {
-                    return Err(invalid(
-                        "k_new",
-                        format!("{s_new} new keys"),
-                        "more new keys than the cache holds (capacity)",
-                    ));
-                }
-                s_new
-            }
-            _ => {
-                return Err(invalid(
-                    "v_new",
-                    "missing or extra".into(),
-                    "k_new and v_new come together",
-                ));
-            }
-        };
-        let opts_r = params.resolve(d, capacity)?;
+        let window_seqlen_k = varlen.map_or(geom.capacity, |v| v.max_seqlen_k);
+        let opts_r = params.resolve(d, window_seqlen_k.max(1))?;
         if let Some(a) = &ext.alibi_slopes {
             check_alibi(a.shape, a.slopes.len(), batch, nheads)?;
         }
-        let max_splits = opts
-            .scratch
-            .as_ref()
-            .map_or(MAX_SPLITS, |s| s.max_splits.min(MAX_SPLITS));
+        let max_splits = opts.scratch.as_ref().map_or(MAX_SPLITS, |s| s.max_splits.min(MAX_SPLITS));
         if let Some(n) = opts.num_splits
             && (n == 0 || n > max_splits)
         {
-            return Err(invalid(
-                "num_splits",
-                n.to_string(),
-                "must be in 1..=128 and at most the scratch's max_splits",
-            ));
+            return Err(invalid("num_splits", n.to_string(), "must be in 1..=128 and at most the scratch's max_splits"));
         }
-        for (name, s) in [
-            ("q", q.data.stream()),
-            ("k_cache", cache.k_cache.stream()),
-            ("v_cache", cache.v_cache.stream()),
-        ] {
-            self.check_stream(name, s)?;
-        }
-        self.check_stream("stream", stream)?;
 
         // ---- head packing (one token, GQA, no window/ALiBi) ---------------
         let group = nheads / nheads_k;
-        let pack = sq == 1
+        let pack = varlen.is_none()
+            && sq == 1
             && group > 1
             && opts_r.window_left < 0
             && opts_r.window_right < 0
             && ext.alibi_slopes.is_none();
-        let o_layout = TensorLayout::contiguous([batch, sq, nheads, d]);
-        let (rq, rh) = if pack {
-            (group, nheads_k)
-        } else {
-            (sq, nheads)
+        let o_layout = match varlen {
+            Some(_) => TensorLayout::varlen(q_rows, nheads, d),
+            None => TensorLayout::contiguous([batch, sq, nheads, d]),
         };
+        let (rq, rh) = if pack { (group, nheads_k) } else { (sq, nheads) };
         let pack_strides = |s: [usize; 3]| if pack { [s[0], s[2], s[2] * group] } else { s };
 
         // ---- plan ----------------------------------------------------------
-        let features = Features {
-            varlen: false,
-            mods: true,
-            decode: true,
-        };
         let key = DispatchKey {
             dtype,
             headdim: d,
             causal: params.causal && !pack,
             loop_order: LoopOrder::Fa2,
             arch: self.compute_capability(),
-            features,
+            features: Features { varlen: false, mods: true, decode: true },
         };
-        let dims = Dims {
-            batch,
-            nheads: rh,
-            nheads_k,
-            seqlen_q: rq,
-            seqlen_k: capacity,
-            headdim: d,
-        };
-        let Plan::TcFa2 { kernel, main } =
-            crate::dispatch::plan(&key, &dims, None, &self.limits())?
-        else {
+        let dims = Dims { batch, nheads: rh, nheads_k, seqlen_q: rq, seqlen_k: seqlen_k.max(1), headdim: d };
+        let Plan::TcFa2 { kernel, main } = crate::dispatch::plan(&key, &dims, None, &self.limits())? else {
             unreachable!("decode dispatch gives the tensor-core FA2 plan")
         };
-        let num_m = rq.div_ceil(kernel.br());
-        let work = batch * rh * num_m;
-        let n_blocks = capacity.div_ceil(kernel.bc);
-        let ns = opts.num_splits.unwrap_or_else(|| {
-            num_splits_heuristic(work, 2 * self.num_sms(), n_blocks, max_splits)
-        });
-        let lse_len = batch * nheads * sq;
+        let work = batch * rh * rq.div_ceil(kernel.br());
+        let n_blocks = seqlen_k.div_ceil(kernel.bc);
+        let ns = opts.num_splits.unwrap_or_else(|| num_splits_heuristic(work, 2 * self.num_sms(), n_blocks, max_splits));
+        let lse_len = nheads * if varlen.is_some() { q_rows } else { batch * sq };
         let grid = (main.grid as u64)
             .checked_mul(ns as u64)
             .filter(|&g| g <= i32::MAX as u64)
-            .ok_or_else(|| FlashAttnError::DimTooLarge {
-                argument: "num_splits",
-                axis: "grid blocks",
-                value: ns,
-                max: i32::MAX as usize,
-            })? as u32;
-
-        // ---- buffers -------------------------------------------------------
-        let mut o = stream.alloc_zeros::<T>(o_layout.required_len().unwrap_or(0))?;
-        let mut lse = stream.alloc_zeros::<f32>(lse_len)?;
-        let mut own: Option<(CudaSlice<f32>, CudaSlice<f32>)> = None;
-        let mut opts = opts;
-        if ns > 1 && opts.scratch.is_none() {
-            // SAFETY: f32 scratch, every element read by the combine is first
-            // written by a split (each split writes all its rows).
-            own = Some(unsafe {
-                (
-                    stream.alloc::<f32>(ns * lse_len * d)?,
-                    stream.alloc::<f32>(ns * lse_len)?,
-                )
-            });
-        }
+            .ok_or(FlashAttnError::DimTooLarge { argument: "num_splits", axis: "grid blocks", value: ns, max: i32::MAX as usize })?
+            as u32;
         if let Some(sc) = &opts.scratch
             && ns > 1
             && (sc.o_accum.len() < ns * lse_len * d || sc.lse_accum.len() < ns * lse_len)
@@ -383,107 +623,117 @@ impl FlashAttention {
                 "too small for num_splits · batch · nheads · seqlen_q (· d)",
             ));
         }
+        let u = |x: usize| x as u64;
+        let mut q_stride = pack_strides(q_layout.strides).map(u);
+        let mut o_stride = pack_strides(o_layout.strides).map(u);
+        if varlen.is_some() {
+            // Packed rows: the sequence's row offset comes from cu_seqlens_q.
+            q_stride[0] = 0;
+            o_stride[0] = 0;
+        }
+        let params = AttnParams {
+            q_stride,
+            k_stride: cache_layout.strides.map(u),
+            v_stride: cache_layout.strides.map(u),
+            o_stride,
+            batch: batch as u32,
+            nheads: rh as u32,
+            nheads_k: nheads_k as u32,
+            seqlen_q: rq as u32,
+            seqlen_k: seqlen_k as u32,
+            headdim: d as u32,
+            causal: key.causal as u32,
+            cache_batch: geom.n_rows as u32,
+            seqlen_new: s_new as u32,
+            page_size: if geom.paged { geom.rows_per as u32 } else { 0 },
+            num_pages: if geom.paged { geom.n_rows as u32 } else { 0 },
+            num_splits: ns as u32,
+            total_q: if varlen.is_some() { q_rows as u32 } else { 0 },
+            // Prefix sums of key lengths index pages, not rows: any value
+            // is clamped to seqlen_k per sequence.
+            total_k: if varlen.is_some() { i32::MAX as u32 } else { 0 },
+            br: kernel.br() as u32,
+            bc: kernel.bc as u32,
+            ..opts_r.kernel_params()
+        };
+        Ok(AttendPlan {
+            main,
+            ns,
+            grid,
+            nheads,
+            sq,
+            o_layout,
+            lse_len,
+            varlen: varlen.map(|_| q_rows),
+            params,
+        })
+    }
 
-        // The stream guards below drop at the end of this block, after the launches.
+    /// Enqueues the attention (and, split, the combine) of a planned
+    /// KV-cache call. `seqlens`: `cache_seqlens` (decode) or `cu_seqlens_k`
+    /// (varlen, then `varlen` is `Some`).
+    #[allow(clippy::too_many_arguments)]
+    fn attend_launch<T: AttnElem>(
+        &self,
+        stream: &Arc<CudaStream>,
+        plan: &AttendPlan,
+        q: &(impl DevicePtr<T> + ?Sized),
+        kv: (u64, u64),
+        seqlens: &dyn DevicePtr<i32>,
+        cache_batch_idx: Option<&dyn DevicePtr<i32>>,
+        block_table: Option<&BlockTable<'_>>,
+        varlen: Option<&Varlen<'_>>,
+        ext: &Extras<'_>,
+        opts: DecodeOptions<'_>,
+    ) -> Result<(CudaSlice<T>, CudaSlice<f32>)> {
+        let (ns, lse_len, d) = (plan.ns, plan.lse_len, plan.params.headdim as usize);
+        let mut o = stream.alloc_zeros::<T>(plan.o_layout.required_len().unwrap_or(0))?;
+        let mut lse = stream.alloc_zeros::<f32>(lse_len)?;
+        let mut own: Option<(CudaSlice<f32>, CudaSlice<f32>)> = None;
+        let mut opts = opts;
+        if ns > 1 && opts.scratch.is_none() {
+            // SAFETY: f32 scratch; every element the combine reads is first
+            // written by a split (dense), or zeroed below (varlen).
+            own = Some(unsafe { (stream.alloc::<f32>(ns * lse_len * d)?, stream.alloc::<f32>(ns * lse_len)?) });
+        }
+        // The stream guards drop at the end of this block, after the launches.
         {
-            let (q_ptr, _gq) = q.data.device_ptr(stream);
-            let (k_ptr, _gk) = cache.k_cache.device_ptr_mut(stream);
-            let (v_ptr, _gv) = cache.v_cache.device_ptr_mut(stream);
-            let (cs_ptr, _gcs) = cache.cache_seqlens.device_ptr(stream);
-            let cbi = cache.cache_batch_idx.map(|c| c.device_ptr(stream));
-            let bt = cache
-                .block_table
-                .map(|b| (b.table.device_ptr(stream), b.max_blocks_per_seq));
-            let alibi = ext
-                .alibi_slopes
-                .map(|a| (a.slopes.device_ptr(stream), a.shape.batch_stride(nheads)));
+            let (qp, _gq) = q.device_ptr(stream);
+            let (kp, vp) = kv;
+            let (sp, _gs) = seqlens.device_ptr(stream);
+            let cbi = cache_batch_idx.map(|c| c.device_ptr(stream));
+            let bt = block_table.map(|b| (b.table.device_ptr(stream), b.max_blocks_per_seq));
+            let alibi = ext.alibi_slopes.map(|a| (a.slopes.device_ptr(stream), a.shape.batch_stride(plan.nheads)));
+            let cu_q = varlen.map(|v| v.cu_seqlens_q.device_ptr(stream));
+            let used = varlen.and_then(|v| v.seqused_k).map(|s| s.device_ptr(stream));
             let (o_ptr, _go) = o.device_ptr_mut(stream);
             let (lse_ptr, _gl) = lse.device_ptr_mut(stream);
-            let u = |x: usize| x as u64;
             let mut p = AttnParams {
-                q_ptr,
-                k_ptr,
-                v_ptr,
+                q_ptr: qp,
+                k_ptr: kp,
+                v_ptr: vp,
                 o_ptr,
                 lse_ptr,
-                q_stride: pack_strides(q.layout.strides).map(u),
-                k_stride: cl.strides.map(u),
-                v_stride: cl.strides.map(u),
-                o_stride: pack_strides(o_layout.strides).map(u),
-                batch: batch as u32,
-                nheads: rh as u32,
-                nheads_k: nheads_k as u32,
-                seqlen_q: rq as u32,
-                seqlen_k: capacity as u32,
-                headdim: d as u32,
-                causal: key.causal as u32,
                 alibi_ptr: alibi.as_ref().map_or(0, |((ptr, _), _)| *ptr),
                 alibi_batch_stride: alibi.as_ref().map_or(0, |(_, s)| *s as u32),
-                cache_seqlens_ptr: cs_ptr,
                 cache_batch_idx_ptr: cbi.as_ref().map_or(0, |(ptr, _)| *ptr),
-                cache_batch: n_rows as u32,
-                seqlen_new: s_new as u32,
                 block_table_ptr: bt.as_ref().map_or(0, |((ptr, _), _)| *ptr),
                 block_table_stride: bt.as_ref().map_or(0, |(_, m)| *m as u32),
-                page_size: if bt.is_some() { rows_per as u32 } else { 0 },
-                num_pages: if bt.is_some() { n_rows as u32 } else { 0 },
-                num_splits: ns as u32,
-                br: kernel.br() as u32,
-                bc: kernel.bc as u32,
-                ..opts_r.kernel_params()
+                ..plan.params
             };
-            crate::api::check_tc_alignment(&p)?;
-
-            // ---- 1. append k_new, v_new ----------------------------------------
-            if let (Some(kn), Some(vn)) = (&cache.k_new, &cache.v_new) {
-                let (f, _) = self.prepare(&Launch {
-                    kernel: "kv_append_u16",
-                    grid: 1,
-                    threads: 256,
-                    smem_bytes: 0,
-                })?;
-                let chunks = (batch * s_new * nheads_k * d / 8) as u64;
-                let cfg = LaunchConfig {
-                    grid_dim: (chunks.div_ceil(256).clamp(1, 1 << 16) as u32, 1, 1),
-                    block_dim: (256, 1, 1),
-                    shared_mem_bytes: 0,
-                };
-                for (src, dst, dst_stride) in [(kn, k_ptr, cl.strides), (vn, v_ptr, cl.strides)] {
-                    let (src_ptr, _gs) = src.data.device_ptr(stream);
-                    let ap = AttnParams {
-                        q_ptr: src_ptr,
-                        q_stride: src.layout.strides.map(u),
-                        o_ptr: dst,
-                        o_stride: dst_stride.map(u),
-                        batch: batch as u32,
-                        seqlen_q: s_new as u32,
-                        nheads: nheads_k as u32,
-                        headdim: d as u32,
-                        seqlen_k: capacity as u32,
-                        ..p
-                    };
-                    crate::api::check_tc_alignment(&AttnParams {
-                        k_ptr: src_ptr,
-                        k_stride: src.layout.strides.map(u),
-                        ..p
-                    })?;
-                    let arg = crate::tc::KernelArg(ap);
-                    // SAFETY: `kv_append_u16(p: AttnParams)`: source (batch, s_new,
-                    // nheads_k, d) validated and 16-byte aligned; destination the
-                    // validated cache (rows past the capacity skipped, device
-                    // values clamped); cache_seqlens holds batch i32.
-                    unsafe { stream.launch_builder(f).arg(&arg).launch(cfg) }?;
+            match &cu_q {
+                Some((cq, _)) => {
+                    p.cu_seqlens_q_ptr = *cq;
+                    p.cu_seqlens_k_ptr = sp;
+                    p.seqused_k_ptr = used.as_ref().map_or(0, |(ptr, _)| *ptr);
                 }
+                None => p.cache_seqlens_ptr = sp,
             }
-
-            // ---- 2. attention (partials when split) ----------------------------
+            crate::api::check_tc_alignment(&p)?;
             let scratch_ptrs = if ns > 1 {
                 Some(match (&mut own, &mut opts.scratch) {
                     (Some((oa, la)), _) => (oa.device_ptr_mut(stream), la.device_ptr_mut(stream)),
-                    (None, Some(sc)) => (
-                        sc.o_accum.device_ptr_mut(stream),
-                        sc.lse_accum.device_ptr_mut(stream),
-                    ),
+                    (None, Some(sc)) => (sc.o_accum.device_ptr_mut(stream), sc.lse_accum.device_ptr_mut(stream)),
                     (None, None) => unreachable!("scratch allocated above"),
                 })
             } else {
@@ -492,9 +742,17 @@ impl FlashAttention {
             if let Some(((oa, _), (la, _))) = &scratch_ptrs {
                 p.o_accum_ptr = *oa;
                 p.lse_accum_ptr = *la;
+                if plan.varlen.is_some() {
+                    // Varlen: q rows outside every sequence are written by no
+                    // split; zeros combine to O = 0 there.
+                    for (ptr, n) in [(*oa, ns * lse_len * d), (*la, ns * lse_len)] {
+                        // SAFETY: the scratch holds ≥ n f32 (allocated above or checked in the plan).
+                        unsafe { cudarc::driver::result::memset_d8_async(ptr, 0, 4 * n, stream.cu_stream()) }?;
+                    }
+                }
             }
-            let (f, mut cfg) = self.prepare(&main)?;
-            cfg.grid_dim.0 = grid;
+            let (f, mut cfg) = self.prepare(&plan.main)?;
+            cfg.grid_dim.0 = plan.grid;
             let arg = crate::tc::KernelArg(p);
             // SAFETY: `flash_fwd_tc_fa2d_*(p: AttnParams)`: q, o validated (head
             // packing re-strides within the same elements), the cache validated
@@ -503,37 +761,21 @@ impl FlashAttention {
             // the kernel's threads and shared memory, num_m·ns·batch·heads blocks.
             unsafe { stream.launch_builder(f).arg(&arg).launch(cfg) }?;
 
-            // ---- 3. combine ------------------------------------------------------
             if ns > 1 {
-                let name = if dtype == DType::BF16 {
-                    "combine_splits_bf16"
-                } else {
-                    "combine_splits_f16"
-                };
-                let (f, _) = self.prepare(&Launch {
-                    kernel: name,
-                    grid: 1,
-                    threads: 32 * COMBINE_WARPS,
-                    smem_bytes: 0,
-                })?;
+                let name = if T::DTYPE == DType::BF16 { "combine_splits_bf16" } else { "combine_splits_f16" };
+                let (f, _) = self.prepare(&Launch { kernel: name, grid: 1, threads: 32 * COMBINE_WARPS, smem_bytes: 0 })?;
                 let cfg = LaunchConfig {
-                    grid_dim: (
-                        (lse_len as u64)
-                            .div_ceil(COMBINE_WARPS as u64)
-                            .clamp(1, 1 << 20) as u32,
-                        1,
-                        1,
-                    ),
+                    grid_dim: ((lse_len as u64).div_ceil(COMBINE_WARPS as u64).clamp(1, 1 << 20) as u32, 1, 1),
                     block_dim: (32 * COMBINE_WARPS, 1, 1),
                     shared_mem_bytes: 0,
                 };
-                // The combine walks the unpacked (batch, nheads, seqlen_q) rows.
-                let cp = AttnParams {
-                    nheads: nheads as u32,
-                    seqlen_q: sq as u32,
-                    o_stride: o_layout.strides.map(u),
-                    ..p
-                };
+                // The combine walks the unpacked rows: (batch, nheads, seqlen_q)
+                // or, varlen, (nheads, total_q).
+                let mut o_stride = plan.o_layout.strides.map(|x| x as u64);
+                if plan.varlen.is_some() {
+                    o_stride[0] = 0;
+                }
+                let cp = AttnParams { nheads: plan.nheads as u32, seqlen_q: plan.sq as u32, o_stride, ..p };
                 let arg = crate::tc::KernelArg(cp);
                 // SAFETY: `combine_splits_*(p: AttnParams)`: partials written by the
                 // launch above (same stream), lse_len rows; o and lse as allocated.
@@ -541,10 +783,6 @@ impl FlashAttention {
             }
             drop(scratch_ptrs);
         }
-        Ok(ForwardOutput {
-            o,
-            o_layout,
-            stats: RowStats::LogSumExp(lse),
-        })
+        Ok((o, lse))
     }
 }

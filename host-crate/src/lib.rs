@@ -34,7 +34,7 @@ pub use api::{
     AlibiSlopes, AttnElem, Extras, ForwardOutput, RowStats, StatsMut, Tensor, TensorLayout, TensorMut,
     default_softmax_scale,
 };
-pub use decode::{BlockTable, DecodeOptions, KvCache, SplitScratch};
+pub use decode::{BlockTable, DecodeOptions, KvCache, KvCacheRef, PagedCache, SplitScratch};
 pub use device::FlashAttention;
 pub use dispatch::DType;
 pub use error::{FlashAttnError, Result};

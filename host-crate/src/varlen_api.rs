@@ -110,21 +110,9 @@ fn packed(argument: &'static str, l: &TensorLayout) -> Result<()> {
     Ok(())
 }
 
-/// Validates a varlen call: the packed layouts, the prefix-sum lengths and
-/// the maxima. Pure (no GPU needed).
-pub fn validate_varlen(
-    q: (&TensorLayout, usize),
-    k: (&TensorLayout, usize),
-    v: (&TensorLayout, usize),
-    o: (&TensorLayout, usize),
-    lens: (usize, usize, Option<usize>),
-    max_seqlen: (usize, usize),
-    params: &ForwardParams,
-) -> Result<Problem> {
-    for (name, l) in [("q", q.0), ("k", k.0), ("v", v.0), ("o", o.0)] {
-        packed(name, l)?;
-    }
-    let base = validate(q, k, v, o, params)?;
+/// The lengths of a varlen description's arrays and its maxima; returns
+/// the batch. Pure (no GPU needed).
+fn check_lens(lens: (usize, usize, Option<usize>), max_seqlen: (usize, usize)) -> Result<usize> {
     let (cu_q, cu_k, seqused) = lens;
     if cu_q < 2 {
         return Err(FlashAttnError::InvalidArgument {
@@ -165,6 +153,34 @@ pub fn validate_varlen(
             reason: "must be at most 2³¹ − 1",
         });
     }
+    Ok(batch)
+}
+
+/// [`check_lens`] of a device varlen description.
+pub(crate) fn check_varlen_lens(v: &Varlen<'_>) -> Result<usize> {
+    check_lens(
+        (v.cu_seqlens_q.len(), v.cu_seqlens_k.len(), v.seqused_k.map(|s| s.len())),
+        (v.max_seqlen_q, v.max_seqlen_k),
+    )
+}
+
+/// Validates a varlen call: the packed layouts, the prefix-sum lengths and
+/// the maxima. Pure (no GPU needed).
+pub fn validate_varlen(
+    q: (&TensorLayout, usize),
+    k: (&TensorLayout, usize),
+    v: (&TensorLayout, usize),
+    o: (&TensorLayout, usize),
+    lens: (usize, usize, Option<usize>),
+    max_seqlen: (usize, usize),
+    params: &ForwardParams,
+) -> Result<Problem> {
+    for (name, l) in [("q", q.0), ("k", k.0), ("v", v.0), ("o", o.0)] {
+        packed(name, l)?;
+    }
+    let base = validate(q, k, v, o, params)?;
+    let batch = check_lens(lens, max_seqlen)?;
+    let (max_q, max_k) = max_seqlen;
     if batch.checked_mul(base.dims.nheads).is_none_or(|x| x > crate::api::MAX_DIM) {
         return Err(FlashAttnError::DimTooLarge { argument: "cu_seqlens_q", axis: "batch·nheads", value: batch, max: crate::api::MAX_DIM });
     }

@@ -8,7 +8,7 @@
 
 use cudarc::driver::{CudaSlice, DevicePtr};
 use flash_attn::{
-    AttnElem, BlockTable, DecodeOptions, Extras, FlashAttnError, ForwardParams, KvCache, RowStats, Tensor, TensorLayout,
+    AttnElem, BlockTable, DecodeOptions, Extras, FlashAttnError, ForwardParams, KvCache, KvCacheRef, PagedCache, RowStats, Tensor, TensorLayout, Varlen,
 };
 use flash_attn_tests::features::{self, Spec};
 use flash_attn_tests::{Gpu, Rng, gpu};
@@ -37,6 +37,9 @@ struct Dec {
     page: Option<usize>,
     causal: bool,
     num_splits: Option<usize>,
+    /// Append with `append_kv` (k, then v) and attend with
+    /// `forward_kvcache_ref` instead of one `forward_kvcache` call.
+    two_step: bool,
 }
 
 fn run<T: AttnElem>(g: &Gpu, rng: &mut Rng, c: &Dec) -> Result<(), FlashAttnError> {
@@ -88,24 +91,29 @@ fn run<T: AttnElem>(g: &Gpu, rng: &mut Rng, c: &Dec) -> Result<(), FlashAttnErro
     let btd = table.as_ref().map(|(t, _)| s.clone_htod(t)).transpose()?;
     let new_layout = TensorLayout::contiguous([batch, s_new, hk, d]);
     let params = ForwardParams { causal: c.causal, ..Default::default() };
-    let cache = KvCache {
-        k_cache: &mut kd,
-        v_cache: &mut vd,
-        layout,
-        cache_seqlens: &csd,
-        cache_batch_idx: None,
-        block_table: btd.as_ref().zip(table.as_ref()).map(|(t, (_, per))| BlockTable { table: t as &dyn DevicePtr<i32>, max_blocks_per_seq: *per }),
-        k_new: (s_new > 0).then(|| Tensor::new(&knd as &dyn DevicePtr<T>, new_layout)),
-        v_new: (s_new > 0).then(|| Tensor::new(&vnd as &dyn DevicePtr<T>, new_layout)),
+    let block_table = btd.as_ref().zip(table.as_ref()).map(|(t, (_, per))| BlockTable { table: t as &dyn DevicePtr<i32>, max_blocks_per_seq: *per });
+    let qt = Tensor::new(&qd, TensorLayout::contiguous([batch, sq, h, d]));
+    let opts = DecodeOptions { num_splits: c.num_splits, scratch: None };
+    let out = if c.two_step {
+        if s_new > 0 {
+            g.fa.append_kv::<T>(s, &mut kd, layout, Tensor::new(&knd as &dyn DevicePtr<T>, new_layout), &csd, None, block_table)?;
+            g.fa.append_kv::<T>(s, &mut vd, layout, Tensor::new(&vnd as &dyn DevicePtr<T>, new_layout), &csd, None, block_table)?;
+        }
+        let cache = KvCacheRef { k_cache: &kd, v_cache: &vd, layout, cache_seqlens: &csd, cache_batch_idx: None, block_table, seqlen_new: s_new };
+        g.fa.forward_kvcache_ref::<T, _>(s, qt, cache, &params, &Extras::default(), opts)?
+    } else {
+        let cache = KvCache {
+            k_cache: &mut kd,
+            v_cache: &mut vd,
+            layout,
+            cache_seqlens: &csd,
+            cache_batch_idx: None,
+            block_table,
+            k_new: (s_new > 0).then(|| Tensor::new(&knd as &dyn DevicePtr<T>, new_layout)),
+            v_new: (s_new > 0).then(|| Tensor::new(&vnd as &dyn DevicePtr<T>, new_layout)),
+        };
+        g.fa.forward_kvcache::<T, _>(s, qt, cache, &params, &Extras::default(), opts)?
     };
-    let out = g.fa.forward_kvcache::<T, _>(
-        s,
-        Tensor::new(&qd, TensorLayout::contiguous([batch, sq, h, d])),
-        cache,
-        &params,
-        &Extras::default(),
-        DecodeOptions { num_splits: c.num_splits, scratch: None },
-    )?;
     s.synchronize()?;
     let o = Array4::from_shape_vec((batch, sq, h, d), s.clone_dtoh(&out.o)?).unwrap();
     let RowStats::LogSumExp(lse) = &out.stats else { unreachable!() };
@@ -171,7 +179,7 @@ fn gpu_kvcache_matrix() {
             for (i, splits) in [Some(1), Some(2), Some(7), Some(64), None].into_iter().enumerate() {
                 let page = [None, Some(16), Some(256), None, Some(64)][(i + h) % 5];
                 let d = [64, 128, 80][(i + sq) % 3];
-                let c = Dec { batch: 3, sq, max_cached: sk - sq, s_new: sq, h, hk, d, page, causal: (i + hk) % 2 == 0, num_splits: splits };
+                let c = Dec { batch: 3, sq, max_cached: sk - sq, s_new: sq, h, hk, d, page, causal: (i + hk) % 2 == 0, num_splits: splits, two_step: (i + sq + h) % 4 == 1 };
                 if i % 2 == 0 {
                     run::<half::bf16>(g, &mut rng, &c).unwrap_or_else(|e| panic!("{c:?}: {e}"));
                 } else {
@@ -190,7 +198,7 @@ fn gpu_kvcache_long() {
     let Some(g) = gpu("gpu_kvcache_long") else { return };
     let mut rng = Rng::fresh("gpu_kvcache_long");
     for (sq, sk, page) in [(16, 100_000, None), (1, 131_072, Some(256))] {
-        let c = Dec { batch: 1, sq, max_cached: sk - sq, s_new: sq, h: 32, hk: 8, d: 128, page, causal: true, num_splits: None };
+        let c = Dec { batch: 1, sq, max_cached: sk - sq, s_new: sq, h: 32, hk: 8, d: 128, page, causal: true, num_splits: None, two_step: false };
         run::<half::bf16>(g, &mut rng, &c).unwrap_or_else(|e| panic!("{c:?}: {e}"));
     }
 }
@@ -200,10 +208,40 @@ fn gpu_kvcache_long() {
 fn gpu_decode_small_for_sanitizers() {
     let Some(g) = gpu("gpu_decode_small_for_sanitizers") else { return };
     let mut rng = Rng::fresh("gpu_decode_small_for_sanitizers");
-    let c = Dec { batch: 2, sq: 1, max_cached: 90, s_new: 1, h: 4, hk: 2, d: 64, page: Some(16), causal: false, num_splits: Some(3) };
+    let c = Dec { batch: 2, sq: 1, max_cached: 90, s_new: 1, h: 4, hk: 2, d: 64, page: Some(16), causal: false, num_splits: Some(3), two_step: true };
     run::<half::f16>(g, &mut rng, &c).unwrap();
-    let c = Dec { batch: 2, sq: 3, max_cached: 70, s_new: 2, h: 2, hk: 1, d: 40, page: None, causal: true, num_splits: Some(2) };
+    let c = Dec { batch: 2, sq: 3, max_cached: 70, s_new: 2, h: 2, hk: 1, d: 40, page: None, causal: true, num_splits: Some(2), two_step: false };
     run::<half::bf16>(g, &mut rng, &c).unwrap();
+    let c = VarPaged {
+        lens_q: vec![5, 1, 40],
+        lens_k: vec![90, 3, 33],
+        h: 4,
+        hk: 2,
+        d: 64,
+        page: 16,
+        params: ForwardParams { causal: true, window_left: Some(20), ..Default::default() },
+        seqused: true,
+        num_splits: Some(2),
+    };
+    run_varlen_paged::<half::f16>(g, &mut rng, &c).unwrap();
+    // Garbage device prefix sums and block table: clamped in the kernel
+    // (never out of bounds); the call completes.
+    let s = &g.stream;
+    let (h, hk, d, page, per) = (2, 1, 64, 16, 2);
+    let q: CudaSlice<half::f16> = s.clone_htod(&vec![half::f16::from_f32(0.5); 8 * h * d]).unwrap();
+    let kv: CudaSlice<half::f16> = s.clone_htod(&vec![half::f16::from_f32(0.25); 3 * page * hk * d]).unwrap();
+    let cu_q = s.clone_htod(&[0i32, 1 << 30, -3]).unwrap();
+    let cu_k = s.clone_htod(&[-9i32, 1 << 29, 2]).unwrap();
+    let table = s.clone_htod(&[5i32, -1, 1 << 20, 2]).unwrap();
+    let varlen = Varlen { cu_seqlens_q: &cu_q, cu_seqlens_k: &cu_k, max_seqlen_q: 8, max_seqlen_k: 40, seqused_k: None };
+    let cache = PagedCache { k_pages: &kv, v_pages: &kv, layout: TensorLayout::contiguous([3, page, hk, d]), block_table: BlockTable { table: &table, max_blocks_per_seq: per } };
+    for splits in [Some(1), Some(3)] {
+        let out = g.fa.forward_varlen_paged::<half::f16, _>(s, Tensor::new(&q, TensorLayout::varlen(8, h, d)), cache, &varlen, &ForwardParams::default(), &Extras::default(), DecodeOptions { num_splits: splits, scratch: None }).unwrap();
+        s.synchronize().unwrap();
+        let o: Vec<half::f16> = s.clone_dtoh(&out.o).unwrap();
+        // Sequence 0 spans all 8 rows (clamped) and every key it sees is 0.25.
+        assert!(o.iter().all(|x| (x.to_f32() - 0.25).abs() < 1e-3), "garbage prefix sums: {splits:?}");
+    }
 }
 
 /// Host-visible bad input: typed errors naming the argument; device-side
@@ -267,4 +305,143 @@ fn gpu_decode_bad_input() {
     };
     let e = g.fa.forward_kvcache::<half::f16, _>(s, Tensor::new(&q, ql), cache, &ForwardParams::default(), &Extras::default(), DecodeOptions::default()).unwrap_err();
     assert!(matches!(e, FlashAttnError::InvalidArgument { argument: "k_new", .. }), "{e}");
+}
+
+/// Varlen prefill over a paged cache (prefix caching).
+#[derive(Clone, Debug)]
+struct VarPaged {
+    lens_q: Vec<usize>,
+    lens_k: Vec<usize>,
+    h: usize,
+    hk: usize,
+    d: usize,
+    page: usize,
+    params: ForwardParams,
+    seqused: bool,
+    num_splits: Option<usize>,
+}
+
+fn run_varlen_paged<T: AttnElem>(g: &Gpu, rng: &mut Rng, c: &VarPaged) -> Result<(), FlashAttnError> {
+    let s = &g.stream;
+    let VarPaged { h, hk, d, page, .. } = *c;
+    let batch = c.lens_q.len();
+    let max_q = *c.lens_q.iter().max().unwrap();
+    let max_k = *c.lens_k.iter().max().unwrap();
+    let per = max_k.div_ceil(page).max(1);
+    let n = batch * per + 2;
+    let mut perm: Vec<usize> = (0..n).collect();
+    for i in (1..n).rev() {
+        perm.swap(i, rng.below(i + 1));
+    }
+    let table: Vec<i32> = (0..batch * per).map(|i| perm[i] as i32).collect();
+    let k_log = random::<T>(rng, (batch, per * page, hk, d));
+    let v_log = random::<T>(rng, (batch, per * page, hk, d));
+    let mut kp = random::<T>(rng, (n, page, hk, d));
+    let mut vp = random::<T>(rng, (n, page, hk, d));
+    for b in 0..batch {
+        for t in 0..per * page {
+            let (pg, r) = (table[b * per + t / page] as usize, t % page);
+            kp.slice_mut(s![pg, r, .., ..]).assign(&k_log.slice(s![b, t, .., ..]));
+            vp.slice_mut(s![pg, r, .., ..]).assign(&v_log.slice(s![b, t, .., ..]));
+        }
+    }
+    let total_q: usize = c.lens_q.iter().sum();
+    let q = random::<T>(rng, (1, total_q, h, d));
+    let prefix = |lens: &[usize]| std::iter::once(0).chain(lens.iter().scan(0, |a, &x| { *a += x; Some(*a as i32) })).collect::<Vec<i32>>();
+    let (cu_q, cu_k) = (prefix(&c.lens_q), prefix(&c.lens_k));
+    // seqused_k: cu_seqlens_k spans one more key than used.
+    let (cu_k, used): (Vec<i32>, Option<Vec<i32>>) = if c.seqused {
+        (prefix(&c.lens_k.iter().map(|&x| (x + 1).min(per * page)).collect::<Vec<_>>()), Some(c.lens_k.iter().map(|&x| x as i32).collect()))
+    } else {
+        (cu_k, None)
+    };
+    let (qd, kd, vd) = (s.clone_htod(q.as_slice().unwrap())?, s.clone_htod(kp.as_slice().unwrap())?, s.clone_htod(vp.as_slice().unwrap())?);
+    let (cqd, ckd, btd) = (s.clone_htod(&cu_q)?, s.clone_htod(&cu_k)?, s.clone_htod(&table)?);
+    let ud = used.as_ref().map(|u| s.clone_htod(u)).transpose()?;
+    let varlen = Varlen {
+        cu_seqlens_q: &cqd,
+        cu_seqlens_k: &ckd,
+        max_seqlen_q: max_q,
+        max_seqlen_k: max_k,
+        seqused_k: ud.as_ref().map(|u| u as &dyn DevicePtr<i32>),
+    };
+    let cache = PagedCache {
+        k_pages: &kd,
+        v_pages: &vd,
+        layout: TensorLayout::contiguous([n, page, hk, d]),
+        block_table: BlockTable { table: &btd, max_blocks_per_seq: per },
+    };
+    let out = g.fa.forward_varlen_paged::<T, _>(
+        s,
+        Tensor::new(&qd, TensorLayout::varlen(total_q, h, d)),
+        cache,
+        &varlen,
+        &c.params,
+        &Extras::default(),
+        DecodeOptions { num_splits: c.num_splits, scratch: None },
+    )?;
+    s.synchronize()?;
+    let o = Array4::from_shape_vec((1, total_q, h, d), s.clone_dtoh(&out.o)?).unwrap();
+    let lse = ndarray::Array2::from_shape_vec((h, total_q), s.clone_dtoh(&out.lse)?).unwrap();
+    for b in 0..batch {
+        let (q0, lq, lk) = (cu_q[b] as usize, c.lens_q[b], c.lens_k[b]);
+        if lq == 0 {
+            continue;
+        }
+        let label = format!("{} {c:?} seq {b} ({lq} queries, {lk} keys)", std::any::type_name::<T>());
+        let qb = q.slice(s![.., q0..q0 + lq, .., ..]).to_owned();
+        let ob = o.slice(s![.., q0..q0 + lq, .., ..]).to_owned();
+        let kb = k_log.slice(s![b..b + 1, ..lk, .., ..]).to_owned();
+        let vb = v_log.slice(s![b..b + 1, ..lk, .., ..]).to_owned();
+        let spec = Spec { params: c.params, alibi: None, norm_seqlen_k: Some(max_k) };
+        let r = features::reference(qb.view(), kb.view(), vb.view(), &spec);
+        let nv = features::naive(qb.view(), kb.view(), vb.view(), &spec);
+        let err = max_abs_diff(ob.iter().map(|x| x.to_f32() as f64), r.o.iter().copied());
+        let naive_err = max_abs_diff(nv.o.iter().map(|x| x.to_f32() as f64), r.o.iter().copied());
+        assert!(err <= 2.0 * naive_err + 1e-5, "{label}: max error {err:.3e} > 2 × naive {naive_err:.3e}");
+        for hh in 0..h {
+            for i in 0..lq {
+                let (x, w) = (lse[[hh, q0 + i]] as f64, r.lse[[0, hh, i]]);
+                if w == f64::NEG_INFINITY {
+                    assert_eq!(x, w, "{label}: lse of a row without keys");
+                } else {
+                    assert!((x - w).abs() <= 1e-4 * w.abs().max(1.0), "{label}: lse {x} vs {w}");
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Varlen prefill over a paged cache: random lengths (a query segment
+/// longer than its keys, one of length 1, keys not a multiple of the page),
+/// page sizes 16/64/256 and 48 (not a power of two), GQA/MQA, causal and
+/// windows, seqused_k, splits forced and automatic.
+#[test]
+fn gpu_varlen_paged() {
+    let Some(g) = gpu("gpu_varlen_paged") else { return };
+    let mut rng = Rng::fresh("gpu_varlen_paged");
+    let mut n = 0;
+    for (i, page) in [16, 64, 256, 48].into_iter().enumerate() {
+        for (h, hk, d) in [(8, 2, 128), (4, 1, 64), (6, 6, 96)] {
+            let batch = 4;
+            let mut lens_k: Vec<usize> = (0..batch).map(|_| 1 + rng.below(700)).collect();
+            let mut lens_q: Vec<usize> = lens_k.iter().map(|&k| 1 + rng.below(k.min(300))).collect();
+            lens_q[0] = 1;
+            lens_q[1] = lens_k[1] + 5; // more queries than keys: early rows see nothing (causal)
+            lens_k[2] = 3 * page + 1;
+            lens_q[2] = lens_q[2].min(lens_k[2]);
+            let window = [(None, None), (Some(37), Some(0)), (Some(100), None)][(i + h) % 3];
+            let params = ForwardParams { causal: (i + d) % 2 == 0, window_left: window.0, window_right: window.1, ..Default::default() };
+            let num_splits = [Some(1), None, Some(3), Some(8)][(i + hk) % 4];
+            let c = VarPaged { lens_q, lens_k, h, hk, d, page, params, seqused: (i + h) % 2 == 1, num_splits };
+            if (i + h) % 2 == 0 {
+                run_varlen_paged::<half::bf16>(g, &mut rng, &c).unwrap_or_else(|e| panic!("{c:?}: {e}"));
+            } else {
+                run_varlen_paged::<half::f16>(g, &mut rng, &c).unwrap_or_else(|e| panic!("{c:?}: {e}"));
+            }
+            n += 1;
+        }
+    }
+    println!("{n} varlen paged cases passed");
 }
