@@ -33,6 +33,7 @@ use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfi
 use flash_attn_common::AttnParams;
 
 use crate::api::{AttnElem, Extras, ForwardOutput, RowStats, Tensor, TensorLayout};
+use crate::decode_kernels::DecKernel;
 use crate::device::FlashAttention;
 use crate::dispatch::{DType, Dims, DispatchKey, Features, Launch, Plan};
 use crate::error::{FlashAttnError, Result};
@@ -86,6 +87,11 @@ pub struct DecodeOptions<'a> {
     /// (and the scratch's `max_splits`).
     pub num_splits: Option<usize>,
     pub scratch: Option<SplitScratch<'a>>,
+    /// Forces a kernel by name (benchmarks, tests): a flash-decoding kernel
+    /// ([`crate::decode_kernels::DEC_KERNELS`]) or the call's `fa2d` tile
+    /// kernel. `None`: the flash-decoding kernel for calls with at most 16
+    /// rows per (sequence, head), else the `fa2d` kernel.
+    pub kernel: Option<&'static str>,
 }
 
 /// FlashAttention-2's split heuristic: with `work` thread blocks for
@@ -604,9 +610,35 @@ impl FlashAttention {
         let Plan::TcFa2 { kernel, main } = crate::dispatch::plan(&key, &dims, None, &self.limits())? else {
             unreachable!("decode dispatch gives the tensor-core FA2 plan")
         };
-        let work = batch * rh * rq.div_ceil(kernel.br());
-        let n_blocks = seqlen_k.div_ceil(kernel.bc);
-        let ns = opts.num_splits.unwrap_or_else(|| num_splits_heuristic(work, 2 * self.num_sms(), n_blocks, max_splits));
+        // At most 16 rows per (sequence, head) as launched: the
+        // flash-decoding kernel (warps split the keys), else the fa2d tile.
+        let dec = if rq <= DecKernel::BR { DecKernel::default_fitting(dtype == DType::BF16, kernel.d, self.limits().max_smem_per_block) } else { None };
+        let dec = match opts.kernel {
+            None => dec,
+            Some(name) if name == kernel.name => None,
+            Some(name) => match DecKernel::by_name(name) {
+                Some(k) if k.d == kernel.d && k.bf16 == (dtype == DType::BF16) && rq <= DecKernel::BR => Some(k),
+                _ => {
+                    return Err(invalid(
+                        "opts.kernel",
+                        name.to_string(),
+                        "must name a flash-decoding kernel of the call's dtype and head dim (at most 16 rows per sequence and head) or the call's fa2d kernel",
+                    ));
+                }
+            },
+        };
+        let (main, br, bc) = match dec {
+            Some(k) => {
+                let grid = rq.div_ceil(k.br()) * batch * rh;
+                let launch = Launch { kernel: k.name, grid: grid as u32, threads: k.threads(), smem_bytes: k.smem_bytes() as u32 };
+                (launch, k.br(), k.bc)
+            }
+            None => (main, kernel.br(), kernel.bc),
+        };
+        let work = batch * rh * rq.div_ceil(br);
+        let n_blocks = seqlen_k.div_ceil(bc);
+        let slots = self.num_sms() * self.blocks_per_sm(&main).unwrap_or(2);
+        let ns = opts.num_splits.unwrap_or_else(|| num_splits_heuristic(work, slots, n_blocks, max_splits));
         let lse_len = nheads * if varlen.is_some() { q_rows } else { batch * sq };
         let grid = (main.grid as u64)
             .checked_mul(ns as u64)
@@ -652,8 +684,8 @@ impl FlashAttention {
             // Prefix sums of key lengths index pages, not rows: any value
             // is clamped to seqlen_k per sequence.
             total_k: if varlen.is_some() { i32::MAX as u32 } else { 0 },
-            br: kernel.br() as u32,
-            bc: kernel.bc as u32,
+            br: br as u32,
+            bc: bc as u32,
             ..opts_r.kernel_params()
         };
         Ok(AttendPlan {

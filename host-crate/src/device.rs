@@ -56,7 +56,7 @@ impl FlashAttention {
         let num_sms = ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?.max(1) as usize;
         let module = ctx.load_module(Ptx::from_src(build.ptx))?;
         let mut kernels = HashMap::new();
-        let tc_names = crate::tc::TC_KERNELS.iter().map(|k| k.name);
+        let tc_names = crate::tc::TC_KERNELS.iter().map(|k| k.name).chain(crate::decode_kernels::DEC_KERNELS.iter().map(|k| k.name));
         let hopper_names: &[&'static str] = if build.arch == "sm_90a" { crate::hopper::PROBE_KERNELS } else { &[] };
         let hopper_names = hopper_names.iter().copied().chain(
             crate::hopper::HOPPER_KERNELS.iter().map(|k| k.name).filter(|_| build.arch == "sm_90a"),
@@ -113,6 +113,14 @@ impl FlashAttention {
     }
 
     /// The function and launch configuration of one planned launch.
+    /// Resident blocks per SM of a launch (registers, threads and its
+    /// shared memory), from the driver's occupancy calculator.
+    pub(crate) fn blocks_per_sm(&self, l: &Launch) -> Option<usize> {
+        let f = self.kernels.get(l.kernel)?;
+        let n = f.occupancy_max_active_blocks_per_multiprocessor(l.threads, l.smem_bytes as usize, None).ok()?;
+        (n > 0).then_some(n as usize)
+    }
+
     pub(crate) fn prepare(&self, l: &Launch) -> Result<(&CudaFunction, LaunchConfig)> {
         let f = self.kernels.get(l.kernel).ok_or(FlashAttnError::Unsupported {
             argument: "q",

@@ -16,11 +16,13 @@
 //! * [`tc`]: the tensor-core (f16/bf16) kernel table and launch.
 pub mod api;
 pub mod decode;
+pub mod decode_kernels;
 pub mod device;
 pub mod dispatch;
 pub mod error;
 pub mod hopper;
 pub mod ndarray_api;
+pub mod ndarray_kvcache;
 pub mod params;
 pub mod ptx;
 pub mod reference;
@@ -39,6 +41,7 @@ pub use device::FlashAttention;
 pub use dispatch::DType;
 pub use error::{FlashAttnError, Result};
 pub use hopper::KernelFamily;
+pub use ndarray_kvcache::{HostKvCache, flash_attn_varlen_paged_func, flash_attn_with_kvcache};
 pub use ndarray_api::{
     Backend, default_backend, flash_attn_func, flash_attn_func_ext, flash_attn_func_on, flash_attn_func_on_ext,
     flash_attn_varlen_func,

@@ -40,6 +40,16 @@ struct Dec {
     /// Append with `append_kv` (k, then v) and attend with
     /// `forward_kvcache_ref` instead of one `forward_kvcache` call.
     two_step: bool,
+    /// Run the `fa2d` tile kernel instead of the flash-decoding kernel.
+    fa2d: bool,
+}
+
+/// The `fa2d` tile kernel of a dtype and head dim (forced through
+/// `DecodeOptions::kernel`).
+fn fa2d_kernel<T: AttnElem>(d: usize) -> &'static str {
+    let dt = flash_attn::dispatch::tc_head_dim(d).unwrap();
+    let f = flash_attn::dispatch::Features { varlen: true, mods: true, decode: true };
+    flash_attn::tc::TcKernel::default_for(flash_attn::tc::TcLoop::Fa2, T::DTYPE == flash_attn::DType::BF16, dt, f).unwrap().name
 }
 
 fn run<T: AttnElem>(g: &Gpu, rng: &mut Rng, c: &Dec) -> Result<(), FlashAttnError> {
@@ -93,7 +103,7 @@ fn run<T: AttnElem>(g: &Gpu, rng: &mut Rng, c: &Dec) -> Result<(), FlashAttnErro
     let params = ForwardParams { causal: c.causal, ..Default::default() };
     let block_table = btd.as_ref().zip(table.as_ref()).map(|(t, (_, per))| BlockTable { table: t as &dyn DevicePtr<i32>, max_blocks_per_seq: *per });
     let qt = Tensor::new(&qd, TensorLayout::contiguous([batch, sq, h, d]));
-    let opts = DecodeOptions { num_splits: c.num_splits, scratch: None };
+    let opts = DecodeOptions { num_splits: c.num_splits, scratch: None, kernel: c.fa2d.then(|| fa2d_kernel::<T>(d)) };
     let out = if c.two_step {
         if s_new > 0 {
             g.fa.append_kv::<T>(s, &mut kd, layout, Tensor::new(&knd as &dyn DevicePtr<T>, new_layout), &csd, None, block_table)?;
@@ -179,7 +189,7 @@ fn gpu_kvcache_matrix() {
             for (i, splits) in [Some(1), Some(2), Some(7), Some(64), None].into_iter().enumerate() {
                 let page = [None, Some(16), Some(256), None, Some(64)][(i + h) % 5];
                 let d = [64, 128, 80][(i + sq) % 3];
-                let c = Dec { batch: 3, sq, max_cached: sk - sq, s_new: sq, h, hk, d, page, causal: (i + hk) % 2 == 0, num_splits: splits, two_step: (i + sq + h) % 4 == 1 };
+                let c = Dec { batch: 3, sq, max_cached: sk - sq, s_new: sq, h, hk, d, page, causal: (i + hk) % 2 == 0, num_splits: splits, two_step: (i + sq + h) % 4 == 1, fa2d: (i + h) % 3 == 2 };
                 if i % 2 == 0 {
                     run::<half::bf16>(g, &mut rng, &c).unwrap_or_else(|e| panic!("{c:?}: {e}"));
                 } else {
@@ -198,7 +208,7 @@ fn gpu_kvcache_long() {
     let Some(g) = gpu("gpu_kvcache_long") else { return };
     let mut rng = Rng::fresh("gpu_kvcache_long");
     for (sq, sk, page) in [(16, 100_000, None), (1, 131_072, Some(256))] {
-        let c = Dec { batch: 1, sq, max_cached: sk - sq, s_new: sq, h: 32, hk: 8, d: 128, page, causal: true, num_splits: None, two_step: false };
+        let c = Dec { batch: 1, sq, max_cached: sk - sq, s_new: sq, h: 32, hk: 8, d: 128, page, causal: true, num_splits: None, two_step: false, fa2d: false };
         run::<half::bf16>(g, &mut rng, &c).unwrap_or_else(|e| panic!("{c:?}: {e}"));
     }
 }
@@ -208,9 +218,9 @@ fn gpu_kvcache_long() {
 fn gpu_decode_small_for_sanitizers() {
     let Some(g) = gpu("gpu_decode_small_for_sanitizers") else { return };
     let mut rng = Rng::fresh("gpu_decode_small_for_sanitizers");
-    let c = Dec { batch: 2, sq: 1, max_cached: 90, s_new: 1, h: 4, hk: 2, d: 64, page: Some(16), causal: false, num_splits: Some(3), two_step: true };
+    let c = Dec { batch: 2, sq: 1, max_cached: 90, s_new: 1, h: 4, hk: 2, d: 64, page: Some(16), causal: false, num_splits: Some(3), two_step: true, fa2d: false };
     run::<half::f16>(g, &mut rng, &c).unwrap();
-    let c = Dec { batch: 2, sq: 3, max_cached: 70, s_new: 2, h: 2, hk: 1, d: 40, page: None, causal: true, num_splits: Some(2), two_step: false };
+    let c = Dec { batch: 2, sq: 3, max_cached: 70, s_new: 2, h: 2, hk: 1, d: 40, page: None, causal: true, num_splits: Some(2), two_step: false, fa2d: true };
     run::<half::bf16>(g, &mut rng, &c).unwrap();
     let c = VarPaged {
         lens_q: vec![5, 1, 40],
@@ -236,7 +246,7 @@ fn gpu_decode_small_for_sanitizers() {
     let varlen = Varlen { cu_seqlens_q: &cu_q, cu_seqlens_k: &cu_k, max_seqlen_q: 8, max_seqlen_k: 40, seqused_k: None };
     let cache = PagedCache { k_pages: &kv, v_pages: &kv, layout: TensorLayout::contiguous([3, page, hk, d]), block_table: BlockTable { table: &table, max_blocks_per_seq: per } };
     for splits in [Some(1), Some(3)] {
-        let out = g.fa.forward_varlen_paged::<half::f16, _>(s, Tensor::new(&q, TensorLayout::varlen(8, h, d)), cache, &varlen, &ForwardParams::default(), &Extras::default(), DecodeOptions { num_splits: splits, scratch: None }).unwrap();
+        let out = g.fa.forward_varlen_paged::<half::f16, _>(s, Tensor::new(&q, TensorLayout::varlen(8, h, d)), cache, &varlen, &ForwardParams::default(), &Extras::default(), DecodeOptions { num_splits: splits, ..Default::default() }).unwrap();
         s.synchronize().unwrap();
         let o: Vec<half::f16> = s.clone_dtoh(&out.o).unwrap();
         // Sequence 0 spans all 8 rows (clamped) and every key it sees is 0.25.
@@ -260,7 +270,7 @@ fn gpu_decode_bad_input() {
     let garbage = s.clone_htod(&[1 << 30, -5]).unwrap();
     let call = |kc: &mut CudaSlice<half::f16>, vc: &mut CudaSlice<half::f16>, seqlens: &CudaSlice<i32>, splits: Option<usize>| {
         let cache = KvCache { k_cache: kc, v_cache: vc, layout: lay, cache_seqlens: seqlens, cache_batch_idx: None, block_table: None, k_new: None, v_new: None };
-        g.fa.forward_kvcache::<half::f16, _>(s, Tensor::new(&q, ql), cache, &ForwardParams::default(), &Extras::default(), DecodeOptions { num_splits: splits, scratch: None })
+        g.fa.forward_kvcache::<half::f16, _>(s, Tensor::new(&q, ql), cache, &ForwardParams::default(), &Extras::default(), DecodeOptions { num_splits: splits, ..Default::default() })
     };
     for bad in [Some(0), Some(129)] {
         let e = call(&mut kc, &mut vc, &garbage, bad).unwrap_err();
@@ -378,7 +388,7 @@ fn run_varlen_paged<T: AttnElem>(g: &Gpu, rng: &mut Rng, c: &VarPaged) -> Result
         &varlen,
         &c.params,
         &Extras::default(),
-        DecodeOptions { num_splits: c.num_splits, scratch: None },
+        DecodeOptions { num_splits: c.num_splits, ..Default::default() },
     )?;
     s.synchronize()?;
     let o = Array4::from_shape_vec((1, total_q, h, d), s.clone_dtoh(&out.o)?).unwrap();
@@ -425,10 +435,13 @@ fn gpu_varlen_paged() {
     for (i, page) in [16, 64, 256, 48].into_iter().enumerate() {
         for (h, hk, d) in [(8, 2, 128), (4, 1, 64), (6, 6, 96)] {
             let batch = 4;
+            // Query segments up to 300 (fa2d tiles) or up to 16 (flash-decoding).
+            let max_q = if (i + d) % 3 == 0 { 16 } else { 300 };
             let mut lens_k: Vec<usize> = (0..batch).map(|_| 1 + rng.below(700)).collect();
-            let mut lens_q: Vec<usize> = lens_k.iter().map(|&k| 1 + rng.below(k.min(300))).collect();
+            let mut lens_q: Vec<usize> = lens_k.iter().map(|&k| 1 + rng.below(k.min(max_q))).collect();
             lens_q[0] = 1;
-            lens_q[1] = lens_k[1] + 5; // more queries than keys: early rows see nothing (causal)
+            lens_q[1] = (lens_k[1] + 5).min(max_q); // more queries than keys: early rows see nothing (causal)
+            lens_k[1] = lens_k[1].min(lens_q[1] - 1).max(1);
             lens_k[2] = 3 * page + 1;
             lens_q[2] = lens_q[2].min(lens_k[2]);
             let window = [(None, None), (Some(37), Some(0)), (Some(100), None)][(i + h) % 3];

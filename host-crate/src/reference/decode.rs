@@ -327,12 +327,11 @@ type NewKv<'a, 'b, F> = (Option<ArrayView4<'a, F>>, Option<ArrayView4<'b, F>>);
 
 /// Checks the k/v to append (both or neither, `(batch, s_new, nheads_k, d)`);
 /// returns `s_new` (0 without).
-fn check_new_kv<F>((k_new, v_new): NewKv<'_, '_, F>, (batch, nheads_k, d): (usize, usize, usize)) -> Result<usize> {
+fn check_new_kv((k_new, v_new): (Option<[usize; 4]>, Option<[usize; 4]>), (batch, nheads_k, d): (usize, usize, usize)) -> Result<usize> {
     match (k_new, v_new) {
         (None, None) => Ok(0),
-        (Some(kn), Some(vn)) => {
+        (Some(kns), Some(vns)) => {
             let rule = "k and v to append are (batch, s_new, nheads_k, headdim)";
-            let (kns, vns) = (dim4(&kn), dim4(&vn));
             for (a, (axis, want)) in [("batch", batch), ("seqlen", kns[1]), ("nheads", nheads_k), ("headdim", d)].into_iter().enumerate() {
                 same("k_new", axis, kns[a], want, rule)?;
                 same("v_new", axis, vns[a], want, rule)?;
@@ -364,6 +363,51 @@ fn attended_slots(place: &Placement<'_>, cached: &[usize], s_new: usize) -> Resu
     Ok(slots)
 }
 
+/// What the checks of a KV-cache call leave: the cached lengths, the
+/// options and, per sequence, the slots of the keys it attends to.
+struct KvChecked<F> {
+    cached: Vec<usize>,
+    opts: Opts<F>,
+    path: Path,
+    slots: Vec<Vec<(usize, usize)>>,
+}
+
+/// Every check of a KV-cache call over a `(outer, rows, hk, d)` store with
+/// `place` (shapes, lengths, table entries, append slots), touching nothing.
+#[allow(clippy::too_many_arguments)]
+fn kvcache_checks<F: Real>(
+    qs: [usize; 4],
+    store: [usize; 4],
+    place: &Placement<'_>,
+    capacity: usize,
+    cache_seqlens: &[i32],
+    new: (Option<[usize; 4]>, Option<[usize; 4]>),
+    params: &ForwardParams,
+    alibi: Option<&HostAlibi<'_>>,
+) -> Result<KvChecked<F>> {
+    check_dims("q", qs, &[0, 2, 3])?;
+    let [batch, _, nheads, d] = qs;
+    let [_, _, nheads_k, dk] = store;
+    same("k_cache", "headdim", dk, d, "k_cache is (batch_c, seqlen_cache, nheads_k, headdim), q (batch, seqlen_q, nheads, headdim)")?;
+    check_gqa(nheads, nheads_k)?;
+    if let Some(a) = alibi {
+        a.check(batch, nheads)?;
+    }
+    let cached = check_lengths("cache_seqlens", cache_seqlens, batch, capacity)?;
+    let s_new = check_new_kv(new, (batch, nheads_k, d))?;
+    if let Some((b, &c)) = cached.iter().enumerate().find(|&(_, &c)| c + s_new > capacity) {
+        return Err(invalid(
+            "k_new",
+            format!("sequence {b}: cache_seqlens[{b}] = {c} + {s_new} new rows > capacity {capacity}"),
+            "appending would write past the cache's capacity per sequence",
+        ));
+    }
+    let opts = Opts::resolve(params, d, capacity)?;
+    let path = Path::of(params)?;
+    let slots = attended_slots(place, &cached, s_new)?;
+    Ok(KvChecked { cached, opts, path, slots })
+}
+
 /// The KV-cache call over a `(outer, rows, hk, d)` store with `place`:
 /// checks (all before the first write), appends, attends.
 #[allow(clippy::too_many_arguments)]
@@ -379,26 +423,10 @@ fn kvcache_core<F: Real>(
     alibi: Option<HostAlibi<'_>>,
 ) -> Result<AttnOutput<F>> {
     let qs = dim4(&q);
-    check_dims("q", qs, &[0, 2, 3])?;
+    let new = (k_new.as_ref().map(dim4), v_new.as_ref().map(dim4));
+    let KvChecked { cached, opts, path, slots, .. } =
+        kvcache_checks(qs, dim4(&k_store.view()), place, capacity, cache_seqlens, new, params, alibi.as_ref())?;
     let (batch, _, nheads, d) = q.dim();
-    let (_, _, nheads_k, dk) = k_store.dim();
-    same("k_cache", "headdim", dk, d, "k_cache is (batch_c, seqlen_cache, nheads_k, headdim), q (batch, seqlen_q, nheads, headdim)")?;
-    check_gqa(nheads, nheads_k)?;
-    if let Some(a) = &alibi {
-        a.check(batch, nheads)?;
-    }
-    let cached = check_lengths("cache_seqlens", cache_seqlens, batch, capacity)?;
-    let s_new = check_new_kv((k_new, v_new), (batch, nheads_k, d))?;
-    if let Some((b, &c)) = cached.iter().enumerate().find(|&(_, &c)| c + s_new > capacity) {
-        return Err(invalid(
-            "k_new",
-            format!("sequence {b}: cache_seqlens[{b}] = {c} + {s_new} new rows > capacity {capacity}"),
-            "appending would write past the cache's capacity per sequence",
-        ));
-    }
-    let opts = Opts::resolve(params, d, capacity)?;
-    let path = Path::of(params)?;
-    let slots = attended_slots(place, &cached, s_new)?;
     // Append.
     if let (Some(kn), Some(vn)) = (k_new, v_new) {
         for (b, (sl, &c)) in slots.iter().zip(&cached).enumerate() {
@@ -453,12 +481,19 @@ pub fn kvcache_attention<F: Real>(
     alibi: Option<HostAlibi<'_>>,
 ) -> Result<AttnOutput<F>> {
     let ks = dim4(&k_cache.view());
+    let place = contiguous_placement(ks, dim4(&v_cache.view()), q.dim().0, cache_batch_idx)?;
+    kvcache_core(q, k_cache.view_mut(), v_cache.view_mut(), &place, ks[1], cache_seqlens, (k_new, v_new), params, alibi)
+}
+
+/// The placement of a contiguous cache `(batch_c, seqlen_cache, nheads_k,
+/// d)`: sequence `b` in cache row `cache_batch_idx[b]` (default `b`).
+fn contiguous_placement<'t>(ks: [usize; 4], vs: [usize; 4], batch: usize, cache_batch_idx: Option<&[i32]>) -> Result<Placement<'t>> {
     check_dims("k_cache", ks, &[0, 2, 3])?;
     let rule = "v_cache must have the shape of k_cache (batch_c, seqlen_cache, nheads_k, headdim)";
     for (a, axis) in ["batch", "seqlen", "nheads", "headdim"].into_iter().enumerate() {
-        same("v_cache", axis, v_cache.shape()[a], ks[a], rule)?;
+        same("v_cache", axis, vs[a], ks[a], rule)?;
     }
-    let (batch, batch_c) = (q.dim().0, ks[0]);
+    let batch_c = ks[0];
     let rows = match cache_batch_idx {
         None if batch_c < batch => {
             return Err(invalid(
@@ -487,8 +522,38 @@ pub fn kvcache_attention<F: Real>(
             })
             .collect::<Result<_>>()?,
     };
-    let place = Placement::Contiguous { rows };
-    kvcache_core(q, k_cache.view_mut(), v_cache.view_mut(), &place, ks[1], cache_seqlens, (k_new, v_new), params, alibi)
+    Ok(Placement::Contiguous { rows })
+}
+
+/// The cache of a KV-cache call, by shape, for [`check_kvcache_call`].
+#[derive(Clone, Copy, Debug)]
+pub enum CacheShape<'t> {
+    /// `k_cache`/`v_cache` `(batch_c, seqlen_cache, nheads_k, d)`.
+    Contiguous { k: [usize; 4], v: [usize; 4], cache_batch_idx: Option<&'t [i32]> },
+    /// `k_pages`/`v_pages` `(num_blocks, page_size, nheads_k, d)`.
+    Paged { k: [usize; 4], v: [usize; 4], block_table: ArrayView2<'t, i32> },
+}
+
+/// Every host-side check of [`kvcache_attention`] / [`paged_kvcache_attention`]
+/// (shapes, `cache_seqlens`, `cache_batch_idx` and block-table entries,
+/// appends within the capacity and to distinct slots, the options), without
+/// computing anything: the same typed errors. `q` and the new k/v by shape.
+pub fn check_kvcache_call(
+    q: [usize; 4],
+    cache: CacheShape<'_>,
+    cache_seqlens: &[i32],
+    new: (Option<[usize; 4]>, Option<[usize; 4]>),
+    params: &ForwardParams,
+    alibi: Option<&HostAlibi<'_>>,
+) -> Result<()> {
+    let (place, capacity, store) = match cache {
+        CacheShape::Contiguous { k, v, cache_batch_idx } => (contiguous_placement(k, v, q[0], cache_batch_idx)?, k[1], k),
+        CacheShape::Paged { k, v, block_table } => {
+            let (place, capacity) = check_pages(k, v, block_table, q[0])?;
+            (place, capacity, k)
+        }
+    };
+    kvcache_checks::<f64>(q, store, &place, capacity, cache_seqlens, new, params, alibi).map(|_| ())
 }
 
 /// [`kvcache_attention`] over a paged cache: token `t` of sequence `b` is
@@ -538,15 +603,14 @@ pub fn attention_varlen_paged<F: Real>(
     alibi: Option<HostAlibi<'_>>,
 ) -> Result<VarlenOutput<F>> {
     let qd = q.dim();
-    check_dims3("q", qd)?;
-    let spans = check_varlen_keys(cu_seqlens_q, cu_seqlens_k, seqused_k, qd.0, None, max_seqlen_q, max_seqlen_k)?;
-    let (place, capacity) = check_pages(dim4(&pages.k_pages), dim4(&pages.v_pages), pages.block_table, spans.len())?;
-    let (_, _, nheads_k, dk) = pages.k_pages.dim();
-    check_query_side(qd, nheads_k, dk, spans.len(), alibi.as_ref())?;
-    let used: Vec<i32> = spans.iter().map(|sp| sp.seqlen_k as i32).collect();
-    let lens = check_lengths(if seqused_k.is_some() { "seqused_k" } else { "cu_seqlens_k" }, &used, spans.len(), capacity)?;
-    let opts = Opts::resolve(params, qd.2, max_seqlen_k)?;
-    let path = Path::of(params)?;
+    let (spans, place, lens, opts, path) = varlen_paged_checks::<F>(
+        [qd.0, qd.1, qd.2],
+        (dim4(&pages.k_pages), dim4(&pages.v_pages), pages.block_table),
+        (cu_seqlens_q, cu_seqlens_k, seqused_k),
+        (max_seqlen_q, max_seqlen_k),
+        params,
+        alibi.as_ref(),
+    )?;
     let kvs: Vec<(Array3<F>, Array3<F>)> = lens
         .iter()
         .enumerate()
@@ -556,4 +620,45 @@ pub fn attention_varlen_paged<F: Real>(
         })
         .collect::<Result<_>>()?;
     Ok(run_varlen(q, &spans, alibi, &opts, path, |b, _| (CowArray::from(kvs[b].0.view()), CowArray::from(kvs[b].1.view()))))
+}
+
+type VarlenPagedChecked<'t, F> = (Vec<crate::varlen::SeqSpan>, Placement<'t>, Vec<usize>, Opts<F>, Path);
+
+/// Every check of [`attention_varlen_paged`], touching nothing.
+fn varlen_paged_checks<'t, F: Real>(
+    q: [usize; 3],
+    (ks, vs, block_table): ([usize; 4], [usize; 4], ArrayView2<'t, i32>),
+    (cu_seqlens_q, cu_seqlens_k, seqused_k): (&[i32], &[i32], Option<&[i32]>),
+    (max_seqlen_q, max_seqlen_k): (usize, usize),
+    params: &ForwardParams,
+    alibi: Option<&HostAlibi<'_>>,
+) -> Result<VarlenPagedChecked<'t, F>> {
+    let qd = (q[0], q[1], q[2]);
+    check_dims3("q", qd)?;
+    let spans = check_varlen_keys(cu_seqlens_q, cu_seqlens_k, seqused_k, qd.0, None, max_seqlen_q, max_seqlen_k)?;
+    let (place, capacity) = check_pages(ks, vs, block_table, spans.len())?;
+    let [_, _, nheads_k, dk] = ks;
+    check_query_side(qd, nheads_k, dk, spans.len(), alibi)?;
+    let used: Vec<i32> = spans.iter().map(|sp| sp.seqlen_k as i32).collect();
+    let lens = check_lengths(if seqused_k.is_some() { "seqused_k" } else { "cu_seqlens_k" }, &used, spans.len(), capacity)?;
+    let opts = Opts::resolve(params, qd.2, max_seqlen_k)?;
+    let path = Path::of(params)?;
+    for (b, &n) in lens.iter().enumerate() {
+        place.slots(b, n)?;
+    }
+    Ok((spans, place, lens, opts, path))
+}
+
+/// Every host-side check of [`attention_varlen_paged`] (q `(total_q,
+/// nheads, d)` and the pages by shape), without computing: the same typed
+/// errors.
+pub fn check_varlen_paged_call(
+    q: [usize; 3],
+    pages: ([usize; 4], [usize; 4], ArrayView2<'_, i32>),
+    cu_seqlens: (&[i32], &[i32], Option<&[i32]>),
+    max_seqlen: (usize, usize),
+    params: &ForwardParams,
+    alibi: Option<&HostAlibi<'_>>,
+) -> Result<()> {
+    varlen_paged_checks::<f64>(q, pages, cu_seqlens, max_seqlen, params, alibi).map(|_| ())
 }

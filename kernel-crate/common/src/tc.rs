@@ -30,3 +30,26 @@ pub const fn fa2_tc_smem_bytes(d: usize, br: usize, bc: usize) -> usize {
 pub const fn fa1_tc_smem_bytes(d: usize, br: usize, bc: usize) -> usize {
     tile_bytes(br, d) + 2 * tile_bytes(bc, d)
 }
+
+/// Flash-decoding kernels: query rows per block (one m-tile).
+pub const DEC_BR: usize = 16;
+
+/// Flash-decoding: row stride (f32) of the merge area, `d + 8` (the 8 row
+/// groups of a warp's fragment stores fall on different banks).
+pub const fn dec_merge_stride(d: usize) -> usize {
+    d + 8
+}
+
+/// Flash-decoding: bytes of the merge area, `nw` partial O tiles (16 ×
+/// (d + 8) f32) and the warps' `m_i`, `l_i`.
+pub const fn dec_merge_bytes(d: usize, nw: usize) -> usize {
+    nw * DEC_BR * dec_merge_stride(d) * 4 + nw * DEC_BR * 2 * 4
+}
+
+/// Flash-decoding: the Q tile, then `stages` stages of K and V tiles
+/// (reused for the merge at the end).
+pub const fn dec_smem_bytes(d: usize, nw: usize, bc: usize, stages: usize) -> usize {
+    let kv = 2 * stages * tile_bytes(bc, d);
+    let m = dec_merge_bytes(d, nw);
+    tile_bytes(DEC_BR, d) + if kv > m { kv } else { m }
+}

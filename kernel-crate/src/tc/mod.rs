@@ -16,9 +16,13 @@
 //! (contiguous or paged) and split-KV partials; all take GQA, windows and
 //! zero-padded head dims);
 //! `host-crate/src/tc.rs` lists them and picks the default per head dim.
+//! [`flash_decode`]: `flash_fwd_tc_dec_{f16,bf16}_d{D}_w{warps}_bc{Bc}_s{stages}`,
+//! one m-tile of 16 query rows whose warps split the keys (decode; listed
+//! in `host-crate/src/decode_kernels.rs`).
 
 pub mod fa1;
 pub mod fa2;
+pub mod flash_decode;
 pub mod tile;
 
 use crate::arch::{cvt, mma};
@@ -182,4 +186,50 @@ tc_kernels! {
     fa1 flash_fwd_tc_fa1_bf16_d224_w4_m1_bc32: Bf16, d = 224, w = 4, mt = 1, bc = 32, qreg = false, split = false, varlen = false, mods = false, decode = false;
     fa1 flash_fwd_tc_fa1_f16_d256_w4_m1_bc32: F16, d = 256, w = 4, mt = 1, bc = 32, qreg = false, split = false, varlen = false, mods = false, decode = false;
     fa1 flash_fwd_tc_fa1_bf16_d256_w4_m1_bc32: Bf16, d = 256, w = 4, mt = 1, bc = 32, qreg = false, split = false, varlen = false, mods = false, decode = false;
+}
+
+/// Flash-decoding entry points (`flash_decode`): one per (dtype, head dim,
+/// warps, Bc, stages); `Bcw = Bc / warps` keys per warp.
+macro_rules! dec_kernels {
+    ($( $name:ident : $t:ty, d = $d:literal, w = $w:literal, bc = $bc:literal, s = $s:literal, qreg = $qreg:literal; )*) => {$(
+        /// Flash-decoding kernel; grid and shared memory as the host's
+        /// decode table computes them.
+        ///
+        /// # Safety
+        /// As the `fa2d` kernels: `p` describes valid device buffers
+        /// (host-checked), launched with `32 * w` threads and the dynamic
+        /// shared memory of its config.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $name(p: flash_attn_common::AttnParams) {
+            // SAFETY: forwarded to the caller (the host's launch).
+            unsafe {
+                flash_decode::forward::<$t, $d, { $d / 16 }, { $d / 8 }, $w, $bc, { $bc / $w }, { $bc / $w / 8 }, { $bc / $w / 16 }, $s, $qreg>(&p)
+            }
+        }
+    )*};
+}
+
+dec_kernels! {
+    flash_fwd_tc_dec_f16_d32_w4_bc64_s3: F16, d = 32, w = 4, bc = 64, s = 3, qreg = false;
+    flash_fwd_tc_dec_bf16_d32_w4_bc64_s3: Bf16, d = 32, w = 4, bc = 64, s = 3, qreg = false;
+    flash_fwd_tc_dec_f16_d64_w4_bc64_s3: F16, d = 64, w = 4, bc = 64, s = 3, qreg = false;
+    flash_fwd_tc_dec_bf16_d64_w4_bc64_s3: Bf16, d = 64, w = 4, bc = 64, s = 3, qreg = false;
+    flash_fwd_tc_dec_f16_d96_w4_bc64_s3: F16, d = 96, w = 4, bc = 64, s = 3, qreg = false;
+    flash_fwd_tc_dec_bf16_d96_w4_bc64_s3: Bf16, d = 96, w = 4, bc = 64, s = 3, qreg = false;
+    flash_fwd_tc_dec_f16_d128_w4_bc64_s2: F16, d = 128, w = 4, bc = 64, s = 2, qreg = false;
+    flash_fwd_tc_dec_bf16_d128_w4_bc64_s2: Bf16, d = 128, w = 4, bc = 64, s = 2, qreg = false;
+    flash_fwd_tc_dec_f16_d128_w4_bc64_s3: F16, d = 128, w = 4, bc = 64, s = 3, qreg = false;
+    flash_fwd_tc_dec_bf16_d128_w4_bc64_s3: Bf16, d = 128, w = 4, bc = 64, s = 3, qreg = false;
+    flash_fwd_tc_dec_f16_d128_w4_bc128_s2: F16, d = 128, w = 4, bc = 128, s = 2, qreg = false;
+    flash_fwd_tc_dec_bf16_d128_w4_bc128_s2: Bf16, d = 128, w = 4, bc = 128, s = 2, qreg = false;
+    flash_fwd_tc_dec_f16_d128_w8_bc128_s2: F16, d = 128, w = 8, bc = 128, s = 2, qreg = false;
+    flash_fwd_tc_dec_bf16_d128_w8_bc128_s2: Bf16, d = 128, w = 8, bc = 128, s = 2, qreg = false;
+    flash_fwd_tc_dec_f16_d160_w4_bc64_s2: F16, d = 160, w = 4, bc = 64, s = 2, qreg = false;
+    flash_fwd_tc_dec_bf16_d160_w4_bc64_s2: Bf16, d = 160, w = 4, bc = 64, s = 2, qreg = false;
+    flash_fwd_tc_dec_f16_d192_w4_bc64_s2: F16, d = 192, w = 4, bc = 64, s = 2, qreg = false;
+    flash_fwd_tc_dec_bf16_d192_w4_bc64_s2: Bf16, d = 192, w = 4, bc = 64, s = 2, qreg = false;
+    flash_fwd_tc_dec_f16_d224_w4_bc64_s2: F16, d = 224, w = 4, bc = 64, s = 2, qreg = false;
+    flash_fwd_tc_dec_bf16_d224_w4_bc64_s2: Bf16, d = 224, w = 4, bc = 64, s = 2, qreg = false;
+    flash_fwd_tc_dec_f16_d256_w4_bc64_s2: F16, d = 256, w = 4, bc = 64, s = 2, qreg = false;
+    flash_fwd_tc_dec_bf16_d256_w4_bc64_s2: Bf16, d = 256, w = 4, bc = 64, s = 2, qreg = false;
 }

@@ -1,0 +1,102 @@
+//! The flash-decoding kernels (`kernel-crate/src/tc/flash_decode.rs`): one
+//! m-tile of 16 query rows per block whose warps split the keys of each
+//! K/V block. They serve KV-cache calls with at most 16 query rows per
+//! (sequence, head) as launched — one token, the `g` packed query heads of
+//! a GQA group, or a few speculative tokens; calls with more rows take the
+//! `fa2d` tile kernels.
+
+use flash_attn_common::tc::{DEC_BR, dec_smem_bytes};
+
+/// One compiled flash-decoding configuration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DecKernel {
+    pub name: &'static str,
+    pub bf16: bool,
+    /// Head dim (compiled; the caller's may be smaller: zero-padded).
+    pub d: usize,
+    pub warps: usize,
+    /// Keys per K/V block (`Bc`; `Bc / warps` per warp).
+    pub bc: usize,
+    /// Shared-memory stages of K/V blocks in flight.
+    pub stages: usize,
+}
+
+macro_rules! dec_table {
+    ($( $name:ident $bf:literal $d:literal $w:literal $bc:literal $s:literal; )*) => {
+        /// Every flash-decoding kernel compiled into the PTX (mirrors the
+        /// `dec_kernels!` list of `kernel-crate/src/tc/mod.rs`), the default
+        /// of each (dtype, head dim) first.
+        pub const DEC_KERNELS: &[DecKernel] = &[$(
+            DecKernel { name: stringify!($name), bf16: $bf, d: $d, warps: $w, bc: $bc, stages: $s },
+        )*];
+    };
+}
+
+dec_table! {
+    flash_fwd_tc_dec_f16_d32_w4_bc64_s3 false 32 4 64 3;
+    flash_fwd_tc_dec_bf16_d32_w4_bc64_s3 true 32 4 64 3;
+    flash_fwd_tc_dec_f16_d64_w4_bc64_s3 false 64 4 64 3;
+    flash_fwd_tc_dec_bf16_d64_w4_bc64_s3 true 64 4 64 3;
+    flash_fwd_tc_dec_f16_d96_w4_bc64_s3 false 96 4 64 3;
+    flash_fwd_tc_dec_bf16_d96_w4_bc64_s3 true 96 4 64 3;
+    flash_fwd_tc_dec_f16_d128_w4_bc64_s3 false 128 4 64 3;
+    flash_fwd_tc_dec_bf16_d128_w4_bc64_s3 true 128 4 64 3;
+    flash_fwd_tc_dec_f16_d128_w4_bc64_s2 false 128 4 64 2;
+    flash_fwd_tc_dec_bf16_d128_w4_bc64_s2 true 128 4 64 2;
+    flash_fwd_tc_dec_f16_d128_w4_bc128_s2 false 128 4 128 2;
+    flash_fwd_tc_dec_bf16_d128_w4_bc128_s2 true 128 4 128 2;
+    flash_fwd_tc_dec_f16_d128_w8_bc128_s2 false 128 8 128 2;
+    flash_fwd_tc_dec_bf16_d128_w8_bc128_s2 true 128 8 128 2;
+    flash_fwd_tc_dec_f16_d160_w4_bc64_s2 false 160 4 64 2;
+    flash_fwd_tc_dec_bf16_d160_w4_bc64_s2 true 160 4 64 2;
+    flash_fwd_tc_dec_f16_d192_w4_bc64_s2 false 192 4 64 2;
+    flash_fwd_tc_dec_bf16_d192_w4_bc64_s2 true 192 4 64 2;
+    flash_fwd_tc_dec_f16_d224_w4_bc64_s2 false 224 4 64 2;
+    flash_fwd_tc_dec_bf16_d224_w4_bc64_s2 true 224 4 64 2;
+    flash_fwd_tc_dec_f16_d256_w4_bc64_s2 false 256 4 64 2;
+    flash_fwd_tc_dec_bf16_d256_w4_bc64_s2 true 256 4 64 2;
+}
+
+impl DecKernel {
+    /// Query rows per block.
+    pub const BR: usize = DEC_BR;
+
+    pub const fn br(&self) -> usize {
+        DEC_BR
+    }
+
+    pub const fn threads(&self) -> u32 {
+        32 * self.warps as u32
+    }
+
+    pub const fn smem_bytes(&self) -> usize {
+        dec_smem_bytes(self.d, self.warps, self.bc, self.stages)
+    }
+
+    /// Looks a configuration up by kernel name.
+    pub fn by_name(name: &str) -> Option<&'static DecKernel> {
+        DEC_KERNELS.iter().find(|k| k.name == name)
+    }
+
+    /// The default for a dtype and compiled head dim whose shared memory
+    /// fits `max_smem_bytes` (the first listed).
+    pub fn default_fitting(bf16: bool, d: usize, max_smem_bytes: usize) -> Option<&'static DecKernel> {
+        DEC_KERNELS.iter().find(|k| k.bf16 == bf16 && k.d == d && k.smem_bytes() <= max_smem_bytes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_head_dim_has_a_default_that_fits_an_a100() {
+        for &d in crate::tc::TC_HEAD_DIMS {
+            for bf16 in [false, true] {
+                let k = DecKernel::default_fitting(bf16, d, 163 * 1024).unwrap_or_else(|| panic!("d = {d}"));
+                assert!(k.bc % (16 * k.warps) == 0 && k.stages >= 2, "{k:?}");
+                assert!(k.name.contains(if bf16 { "_bf16_" } else { "_f16_" }) && k.name.contains(&format!("_d{d}_")), "{k:?}");
+            }
+        }
+    }
+}

@@ -1,0 +1,332 @@
+//! Flash-decoding on tensor cores: few query rows (one token, or the `g`
+//! packed query heads of a KV head, or up to 16 speculative tokens) against
+//! a long KV cache. The FA2 tile kernel gives every warp its own 16 query
+//! rows; with one real row, three of four warps multiply zeros and the one
+//! that matters does all the work of a K/V block alone. Here the block's
+//! warps share one m-tile of 16 rows and split the **keys** of each K/V
+//! block instead (FlashDecoding inside the thread block):
+//!
+//! 1. `Bc = NW · Bcw` keys per block; warp `w` takes keys `w·Bcw..(w+1)·Bcw`
+//!    and keeps its own online-softmax state (`m_i`, `l_i`) and O
+//!    accumulator for the 16 rows;
+//! 2. K/V blocks stream through `S` shared-memory stages (`cp.async`, one
+//!    commit group per block: K and V of a block land together), one barrier
+//!    per block;
+//! 3. the copies are coalesced (each warp-wide copy covers whole rows),
+//!    paged or not; paged rows look their page up as they are issued;
+//! 4. at the end the warps' states merge through shared memory
+//!    (`M = max m_w`, `L = Σ 2^(m_w − M)·l_w`, `O = Σ 2^(m_w − M)·O_w / L`),
+//!    and the block stores O and the logsumexp, or (split-KV) the
+//!    normalized partial and its LSE for `combine_splits_*`.
+//!
+//! Same parameters, grid and semantics as the `fa2d` kernels (KV cache
+//! contiguous or paged, `cache_batch_idx`, varlen q, causal/window
+//! bottom-right, softcap/ALiBi, GQA, zero-padded head dims, split-KV), for
+//! `Br = 16` rows per (sequence, head).
+
+use super::fa2::{BlockPos, Mods, mask, pv, qk, quad_sum, scale_sign, seq_of, softmax_step, split_of};
+use super::tile::{SmemTile, tile_bytes};
+use super::{Elem16, pack};
+use crate::arch::cp_async::{cp_async_cg_16, cp_async_commit, cp_async_wait};
+use crate::arch::smem::{dynamic_smem, smem_addr};
+use crate::arch::sreg;
+use crate::arch::sync::sync_threads;
+use flash_attn_common::{AttnParams, Real, RowState};
+
+use flash_attn_common::tc::{DEC_BR as BR, dec_merge_stride as merge_stride};
+
+/// The K/V copies of one thread: chunk `i = tid + k·nt` of a block's
+/// `Bc · D/8` 16-byte chunks is row `i / (D/8)`, chunk `i % (D/8)` —
+/// consecutive threads on consecutive chunks, so each warp-wide copy covers
+/// whole rows (coalesced; a thread per row instead made each copy touch 16
+/// rows and ran at 60–75% of the coalesced bandwidth). Paged caches look
+/// the page of each chunk's row up as they issue it (the block-table
+/// entries of a block are few and stay in L1).
+struct KvCopy {
+    k: *const u16,
+    v: *const u16,
+    k_rs: u64,
+    v_rs: u64,
+    k_ps: u64,
+    v_ps: u64,
+    paged: bool,
+    b: u32,
+    tid: usize,
+    nt: usize,
+}
+
+impl KvCopy {
+    /// Issues this thread's copies of block `j` (`Bc` keys) into stage
+    /// buffers `sk`, `sv`; rows at or past `nk` and columns at or past `d`
+    /// zero-filled.
+    ///
+    /// # Safety
+    /// Rows `< nk` exist (clamped lengths); tiles in the dynamic shared
+    /// memory; for paged caches as [`AttnParams::page_of`].
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn issue<const D: usize, const BC: usize>(&self, p: &AttnParams, sk: SmemTile<D>, sv: SmemTile<D>, j: usize, nk: usize, d: usize) {
+        let cpr = D / 8;
+        let j0 = j * BC;
+        let (kb, vb) = if self.paged { (self.k, self.v) } else { (self.k.wrapping_add(j0 * self.k_rs as usize), self.v.wrapping_add(j0 * self.v_rs as usize)) };
+        let mut i = self.tid;
+        while i < BC * cpr {
+            let (r, c) = (i / cpr, i % cpr);
+            let t = j0 + r;
+            let ok = t < nk && c * 8 < d;
+            let (ks, vs) = if !ok {
+                (self.k, self.v)
+            } else if self.paged {
+                // SAFETY: t < nk ≤ the sequence's clamped length (caller).
+                let page = unsafe { p.page_of(self.b, t as u32) } as u64;
+                let pr = p.page_row(t as u32) as u64;
+                (self.k.wrapping_add((page * self.k_ps + pr * self.k_rs) as usize + c * 8), self.v.wrapping_add((page * self.v_ps + pr * self.v_rs) as usize + c * 8))
+            } else {
+                (kb.wrapping_add(r * self.k_rs as usize + c * 8), vb.wrapping_add(r * self.v_rs as usize + c * 8))
+            };
+            let n = if ok { 16 } else { 0 };
+            // SAFETY: rows < nk lie in the sequence's (clamped) cache rows,
+            // columns < d in the row; a size of 0 reads nothing.
+            unsafe {
+                cp_async_cg_16(sk.addr(r, c * 8), ks as *const u8, n);
+                cp_async_cg_16(sv.addr(r, c * 8), vs as *const u8, n);
+            }
+            i += self.nt;
+        }
+    }
+}
+
+/// The decode kernel body (see the module docs).
+///
+/// # Safety
+/// As the `fa2d` entry points: `p` valid (host-checked), launched with
+/// `32·NW` threads, `flash_attn_common::tc::dec_smem_bytes` of dynamic shared memory and
+/// `ceil(seqlen_q / 16) · num_splits · batch · nheads` blocks.
+#[inline(always)]
+pub unsafe fn forward<
+    T: Elem16,
+    const D: usize,
+    const DK: usize,
+    const DN: usize,
+    const NW: usize,
+    const BC: usize,
+    const BCW: usize,
+    const BCWN: usize,
+    const BCWK: usize,
+    const S: usize,
+    const QREG: bool,
+>(
+    p: &AttnParams,
+) {
+    const { assert!(BCW * NW == BC && BCWN * 8 == BCW && BCWK * 16 == BCW && DK * 16 == D && DN * 8 == D && DN % 2 == 0 && BCWN % 2 == 0) };
+    const { assert!(S == 2 || S == 3) };
+    let nt = 32 * NW;
+    let num_m = (p.seqlen_q as usize).div_ceil(BR);
+    let (idx, split) = split_of::<true>(p, num_m, sreg::block_idx_x());
+    // With Br = 16 a "warp" of BlockPos is meaningless (all warps share the
+    // rows); only b, h, mb and the lane split are used.
+    let BlockPos { b, h, mb, tid, lane, g, t, .. } = BlockPos::new(p, num_m, idx, sreg::thread_idx_x());
+    let warp = tid / 32;
+    // SAFETY: host-checked KV-cache/varlen arrays (values clamped inside).
+    let seq = unsafe { seq_of::<true, true>(p, b, h) };
+    let (nq, nk) = (seq.seqlen_q as usize, seq.seqlen_k as usize);
+    let q0 = mb * BR;
+    if q0 >= nq {
+        return; // past this sequence's queries (block-uniform)
+    }
+    let d = p.headdim as usize;
+
+    // Keys some row sees, keys every row sees, and this split's blocks.
+    let win = p.key_window(seq.seqlen_q, seq.seqlen_k);
+    let q_end = (q0 + BR).min(nq) as i64;
+    let (kv_start, kv_end) = win.block_range(q0 as i64, q_end);
+    let (full_start, full_end) = win.unmasked_range(q0 as i64, q_end);
+    let (full_start, full_end) = (full_start.clamp(0, nk as i64) as usize, full_end.clamp(0, nk as i64) as usize);
+    let j_first = kv_start as usize / BC;
+    let j_end = if kv_start < kv_end { (kv_end as usize).div_ceil(BC) } else { j_first };
+    let (j_first, j_end) = if p.num_splits > 1 {
+        let per = (j_end - j_first).div_ceil(p.num_splits as usize);
+        let first = (j_first + split as usize * per).min(j_end);
+        (first, (first + per).min(j_end))
+    } else {
+        (j_first, j_end)
+    };
+
+    // ---- addresses ----------------------------------------------------------
+    let kvh = p.kv_head(h as u32) as u64;
+    let [qs0, qs1, qs2] = p.q_stride;
+    let g_q = (p.q_ptr as *const u16).wrapping_add((b as u64 * qs0 + (seq.q_row0 + q0 as u64) * qs1 + h as u64 * qs2) as usize);
+    let paged = p.block_table_ptr != 0;
+    let rc = {
+        let k_head = (p.k_ptr as *const u16).wrapping_add((kvh * p.k_stride[2]) as usize);
+        let v_head = (p.v_ptr as *const u16).wrapping_add((kvh * p.v_stride[2]) as usize);
+        let (k, v) = if paged {
+            (k_head, v_head)
+        } else {
+            // SAFETY: host-sized cache_batch_idx (clamped).
+            let kb = unsafe { p.kv_batch(b as u32) } as u64;
+            (k_head.wrapping_add((kb * p.k_stride[0] + seq.k_row0 * p.k_stride[1]) as usize), v_head.wrapping_add((kb * p.v_stride[0] + seq.k_row0 * p.v_stride[1]) as usize))
+        };
+        KvCopy { k, v, k_rs: p.k_stride[1], v_rs: p.v_stride[1], k_ps: p.k_stride[0], v_ps: p.v_stride[0], paged, b: b as u32, tid, nt }
+    };
+
+    let base = smem_addr(dynamic_smem::<u8>());
+    let s_q = SmemTile::<D> { base };
+    let kv_base = base + tile_bytes(BR, D) as u32;
+    let kv_bytes = tile_bytes(BC, D) as u32;
+    let s_k = |s: usize| SmemTile::<D> { base: kv_base + s as u32 * kv_bytes };
+    let s_v = |s: usize| SmemTile::<D> { base: kv_base + (S + s) as u32 * kv_bytes };
+    // This warp's keys of a block: rows w·Bcw.. of the stage tiles.
+    let w_off = (warp * BCW) as u32 * super::tile::row_bytes(D) as u32;
+    let issue = |j: usize| {
+        // SAFETY: j < j_end: rows < nk exist.
+        unsafe { rc.issue::<D, BC>(p, s_k(j % S), s_v(j % S), j, nk, d) }
+    };
+
+    // ---- prologue: Q and the first S − 1 blocks -------------------------------
+    // SAFETY: rows q0..min(q0 + 16, nq) of Q exist.
+    unsafe { s_q.load_async(g_q, qs1, BR, (nq - q0).min(BR), d, tid, nt) };
+    for s in 0..S - 1 {
+        if j_first + s < j_end {
+            issue(j_first + s);
+        }
+        cp_async_commit();
+    }
+
+    let mut r_o = [[[0f32; 4]; DN]; 1];
+    let mut st = [[RowState::<f32>::new(); 2]; 1];
+    let mut r_q = [[[0u32; 4]; DK]; 1];
+    let (q_sign, scale_log2) = scale_sign(p.softmax_scale_log2);
+    // SAFETY: host-checked ALiBi slopes.
+    let mods = unsafe { Mods::new(p, b, h, scale_log2) };
+    let soft_scale = if mods.active() { 1.0 } else { scale_log2 };
+    let row0 = (q0 + g) as i64; // sequence row of this thread's first accumulator row
+
+    // ---- main loop ----------------------------------------------------------------
+    let mut j = j_first;
+    while j < j_end {
+        // Block j landed (this thread's copies; S − 2 later groups may fly),
+        // then everyone's (barrier), which also frees stage (j − 1) % S.
+        if S == 2 {
+            cp_async_wait::<0>();
+        } else {
+            cp_async_wait::<1>();
+        }
+        sync_threads();
+        if QREG && j == j_first {
+            for kk in 0..DK {
+                // SAFETY: Q landed and a barrier passed.
+                r_q[0][kk] = super::fa2::sign(unsafe { s_q.a_frag(0, kk * 16, lane) }, q_sign);
+            }
+        }
+        if j + S - 1 < j_end {
+            issue(j + S - 1);
+        }
+        cp_async_commit();
+
+        let buf = j % S;
+        let sk = SmemTile::<D> { base: s_k(buf).base + w_off };
+        let sv = SmemTile::<D> { base: s_v(buf).base + w_off };
+        // SAFETY: block j landed and a barrier passed.
+        let mut r_s = unsafe { qk::<T, D, DK, BCWN, 1, QREG>(&r_q, s_q, 0, q_sign, sk, lane) };
+        let k0 = j * BC + warp * BCW;
+        if mods.active() {
+            mods.apply(&mut r_s[0], k0, t, [row0 + win.shift, row0 + 8 + win.shift]);
+        }
+        if k0 < full_start || k0 + BCW > full_end {
+            mask(&mut r_s[0], k0, t, [win.lo(row0), win.lo(row0 + 8)], [win.hi(row0), win.hi(row0 + 8)]);
+            softmax_step::<BCWN, DN, 1, true>(&mut r_s, &mut r_o, &mut st, soft_scale);
+        } else {
+            softmax_step::<BCWN, DN, 1, false>(&mut r_s, &mut r_o, &mut st, soft_scale);
+        }
+        // SAFETY: as above.
+        unsafe { pv::<T, D, DN, BCWN, BCWK, 1>(&mut r_o, &r_s, sv, lane) };
+        j += 1;
+    }
+    cp_async_wait::<0>();
+    sync_threads(); // every warp done with the stages: the merge reuses them
+
+    // ---- merge the warps' states ------------------------------------------------------
+    let ms = merge_stride(D);
+    let o_w = dynamic_smem::<u8>().wrapping_add(tile_bytes(BR, D)) as *mut f32;
+    let ml = o_w.wrapping_add(NW * BR * ms);
+    for r in 0..2 {
+        let row = g + 8 * r;
+        let l = quad_sum(st[0][r].l);
+        let dst = o_w.wrapping_add((warp * BR + row) * ms);
+        for n in 0..DN {
+            let col = n * 8 + 2 * t;
+            // SAFETY: inside this warp's partial tile (row < 16, col + 1 < D + 8).
+            unsafe { *(dst.add(col) as *mut [f32; 2]) = [r_o[0][n][2 * r], r_o[0][n][2 * r + 1]] };
+        }
+        if t == 0 {
+            // SAFETY: NW·16 (m, l) pairs after the tiles.
+            unsafe { *(ml.add(2 * (warp * BR + row)) as *mut [f32; 2]) = [st[0][r].m, l] };
+        }
+    }
+    sync_threads();
+
+    // Thread tid merges row tid / tpr, column pairs (tid % tpr) + k·tpr.
+    let tpr = nt / BR;
+    let row = tid / tpr;
+    if row >= nq - q0 {
+        return;
+    }
+    let mut m_all = f32::NEG_INFINITY;
+    for w in 0..NW {
+        // SAFETY: written above, a barrier passed.
+        m_all = m_all.max(unsafe { *ml.add(2 * (w * BR + row)) });
+    }
+    let mut wgt = [0f32; NW];
+    let mut l_all = 0f32;
+    for w in 0..NW {
+        // SAFETY: as above.
+        let [m_w, l_w] = unsafe { *(ml.add(2 * (w * BR + row)) as *const [f32; 2]) };
+        wgt[w] = if m_w == f32::NEG_INFINITY { 0.0 } else { (m_w - m_all).exp2() };
+        l_all += wgt[w] * l_w;
+    }
+    let state = RowState { m: m_all, l: l_all };
+    let inv_l = state.inv_l();
+    let merged = |col: usize| -> [f32; 2] {
+        let mut acc = [0f32; 2];
+        for w in 0..NW {
+            // SAFETY: as above; col + 1 < D.
+            let x = unsafe { *(o_w.add((w * BR + row) * ms + col) as *const [f32; 2]) };
+            acc[0] += wgt[w] * x[0];
+            acc[1] += wgt[w] * x[1];
+        }
+        [acc[0] * inv_l, acc[1] * inv_l]
+    };
+    let lane_r = tid % tpr;
+    if p.num_splits > 1 {
+        // Split-KV partial: normalized O and LSE in f32 for the combine.
+        let lse_len = if p.is_varlen() { p.nheads as usize * p.total_q as usize } else { (p.batch * p.nheads * p.seqlen_q) as usize };
+        let idx = split as usize * lse_len + seq.lse_base as usize + q0 + row;
+        let o_row = (p.o_accum_ptr as *mut f32).wrapping_add(idx * d);
+        let mut col = 2 * lane_r;
+        while col < d {
+            // SAFETY: (split, row) inside the host's accumulator of
+            // splits·lse_len rows of d f32; col + 1 < d (d even).
+            unsafe { *(o_row.add(col) as *mut [f32; 2]) = merged(col) };
+            col += 2 * tpr;
+        }
+        if lane_r == 0 {
+            // SAFETY: splits·lse_len f32.
+            unsafe { *(p.lse_accum_ptr as *mut f32).add(idx) = state.lse() };
+        }
+        return;
+    }
+    let [os0, os1, os2] = p.o_stride;
+    let o_row = (p.o_ptr as *mut u16).wrapping_add((b as u64 * os0 + (seq.q_row0 + (q0 + row) as u64) * os1 + h as u64 * os2) as usize);
+    let mut col = 2 * lane_r;
+    while col < d {
+        let [x, y] = merged(col);
+        // SAFETY: row < nq, col + 1 < d; 4-byte aligned (even col, host-checked strides).
+        unsafe { *(o_row.add(col) as *mut u32) = pack::<T>(x, y) };
+        col += 2 * tpr;
+    }
+    if lane_r == 0 && p.lse_ptr != 0 {
+        // SAFETY: lse holds the rows of the lse space (dense or varlen).
+        unsafe { *(p.lse_ptr as *mut f32).add(seq.lse_base as usize + q0 + row) = state.lse() };
+    }
+}
