@@ -11,9 +11,12 @@
 //!   (`‖out − ref‖ / ‖ref‖`, NaN never passes).
 //! * [`case`]: one attention problem of the GPU sweeps (`gpu_attention.rs`,
 //!   `gpu_half.rs`): its random inputs and its run through `forward_into`.
+//! * [`bench`]: what the benchmark binaries share (timing loop, PyTorch
+//!   peer subprocess, SVG line charts, the check's reference rows).
 //! * [`naive`]: naive attention computed in f16/bf16 on the CPU, the
 //!   yardstick of the 16-bit accuracy rule.
 
+pub mod bench;
 pub mod case;
 pub mod features;
 pub mod naive;

@@ -6,11 +6,6 @@
 //! (`cargo xtask bench-infer --help`). Outputs: `bench-infer-out/`
 //! (`bench-infer.md`, `bench-infer.json`).
 
-use crate::cargo;
-
 pub fn main(args: &[String]) -> Result<(), String> {
-    cargo::ensure_rust_src()?;
-    let mut cmd = cargo::cargo();
-    cmd.args(["run", "--release", "--package", "flash-attn-tests", "--bin", "fa-bench-infer", "--"]).args(args);
-    cargo::status(cmd)
+    crate::bench::run_bin("fa-bench-infer", args)
 }

@@ -8,7 +8,9 @@
 //! * `cargo xtask ptx`: build the library, print the PTX paths and the `ptxas
 //!   -v` report of every kernel.
 //! * `cargo xtask stage [DIR]`: a self-contained folder for a GPU machine
-//!   (test binaries, `fa-run`, `fa-bench`, `run.sh`) ([`stage`]).
+//!   (test binaries, `fa-run`, the `fa-bench*` benchmarks, `run.sh`) ([`stage`]).
+//! * `cargo xtask bench [ARGS]`, `bench-decode [OUT] [ARGS]`: the prefill
+//!   benchmark and the decode grid vs PyTorch ([`bench`]).
 //! * `cargo xtask bench-infer [ARGS]`: GQA, varlen and head-dim rows vs
 //!   PyTorch ([`bench_infer`]).
 //! * `cargo xtask run [ARGS]`: the main job: standard, FA1 and FA2 on the GPU
@@ -45,7 +47,7 @@ const COMMANDS: &[(&str, &str, Command)] = &[
     ("test", "rust-src check, `cargo test --workspace [ARGS]`, then ptxas checks of every PTX", test::main),
     ("ptx", "build the library; print each PTX path and the `ptxas -v` report per kernel", ptx::main),
     ("run", "the main job: standard, FA1, FA2 on the GPU (GPT-2 shape, N=8192) vs the CPU reference; plan + HBM model", run::main),
-    ("stage", "release test binaries, fa-run, fa-bench and a run.sh in one folder for a GPU box (default bundle/)", stage::main),
+    ("stage", "release test binaries, fa-run, the fa-bench* benchmarks and a run.sh in one folder for a GPU box (default bundle/)", stage::main),
     (
         "bench",
         "FA2/FA1/standard vs PyTorch SDPA on the paper shapes: table, JSON, SVG plots (release build)",
@@ -55,6 +57,11 @@ const COMMANDS: &[(&str, &str, Command)] = &[
         "bench-infer",
         "issue 8's rows: GQA prefill, varlen packed/padded/dense, head dims 80..224, vs PyTorch (release build)",
         bench_infer::main,
+    ),
+    (
+        "bench-decode",
+        "issue 9's decode grid (batch, cache length, MHA/GQA, contiguous/paged) vs PyTorch: table, JSON, GB/s plot",
+        bench::decode,
     ),
     ("candle", "candle adapter: CPU tests (no CUDA toolkit); --cuda: PyPI toolkit, GPU build, Llama check; --stage DIR", candle::main),
 ];

@@ -1,10 +1,11 @@
 //! `cargo xtask stage [DIR]`: one folder that runs on a machine with only
 //! the NVIDIA driver (no Rust, no CUDA toolkit): the release test binaries,
-//! the `fa-run`, `fa-bench` and `fa-bench-infer` binaries, and a `run.sh`
-//! that runs the GPU tests with `FA_REQUIRE_GPU=1` (a missing GPU fails),
-//! then the main job, then (with `--bench`) both benchmarks, or (with
-//! `--bench-infer`) issue 8's rows alone; it exits non-zero if anything fails
-//! and ends with a one-line summary. Default `DIR`: `bundle/`.
+//! the `fa-run`, `fa-bench`, `fa-bench-infer` and `fa-bench-decode`
+//! binaries, and a `run.sh` that runs the GPU tests with `FA_REQUIRE_GPU=1`
+//! (a missing GPU fails), then the main job, then (with `--bench`) the
+//! prefill benchmarks, or (with `--bench-infer` / `--bench-decode`) issue 8's
+//! rows or the decode grid alone; it exits non-zero if anything fails and
+//! ends with a one-line summary. Default `DIR`: `bundle/`.
 //!
 //! The binaries load `libcuda` at run time (cudarc's dynamic loading) and
 //! embed their PTX, so the folder is self-contained; copy it anywhere.
@@ -21,15 +22,17 @@ Builds in release and copies into DIR:
   fa-run         the main job (cargo xtask run)
   fa-bench       the benchmark (cargo xtask bench)
   fa-bench-infer GQA / varlen / head-dim rows (cargo xtask bench-infer)
+  fa-bench-decode  the decode grid (fa-bench-decode [OUT] [--quick] ...)
   run.sh         runs every test binary with FA_REQUIRE_GPU=1, then fa-run;
-                 `./run.sh --bench [fa-bench args]` also runs both benchmarks
-                 (fa-bench-infer with its defaults, into bench-infer-out/);
-                 `./run.sh --bench-infer [fa-bench-infer args]` runs only it.
+                 `./run.sh --bench [fa-bench args]` also runs both prefill
+                 benchmarks (fa-bench-infer with its defaults, into bench-infer-out/);
+                 `./run.sh --bench-infer [fa-bench-infer args]` runs only it;
+                 `./run.sh --bench-decode [OUT] [fa-bench-decode args]` the decode grid.
                  Exit status non-zero if anything failed; last line: a summary.";
 
 const RUN_SH: &str = r#"#!/usr/bin/env bash
 # Staged by `cargo xtask stage`: runs on a machine with only the NVIDIA driver.
-# ./run.sh [--bench [fa-bench args...] | --bench-infer [fa-bench-infer args...]]
+# ./run.sh [--bench [fa-bench args...] | --bench-infer [fa-bench-infer args...] | --bench-decode [OUT] [fa-bench-decode args...]]
 set -u
 cd "$(dirname "$0")"
 export FA_REQUIRE_GPU=1
@@ -50,6 +53,9 @@ if [ "${1:-}" = "--bench" ]; then
 elif [ "${1:-}" = "--bench-infer" ]; then
   shift
   step "fa-bench-infer" ./fa-bench-infer "$@"
+elif [ "${1:-}" = "--bench-decode" ]; then
+  shift
+  step "fa-bench-decode" ./fa-bench-decode "$@"
 fi
 if [ "$fail" -eq 0 ]; then
   echo "stage: $pass passed, 0 failed"
@@ -91,7 +97,7 @@ pub fn main(args: &[String]) -> Result<(), String> {
 
     // The run and bench binaries.
     let mut cmd = cargo::cargo();
-    cmd.args(["build", "--release", "--package", "flash-attn-tests", "--bin", "fa-run", "--bin", "fa-bench", "--bin", "fa-bench-infer"]);
+    cmd.args(["build", "--release", "--package", "flash-attn-tests", "--bin", "fa-run", "--bin", "fa-bench", "--bin", "fa-bench-infer", "--bin", "fa-bench-decode"]);
     cargo::status(cmd)?;
     let release = target_dir()?.join("release");
 
@@ -103,13 +109,13 @@ pub fn main(args: &[String]) -> Result<(), String> {
         let name = file.rsplit_once('-').map(|(n, _)| n).unwrap_or(file);
         copy(t, &tests_dir.join(name))?;
     }
-    for b in ["fa-run", "fa-bench", "fa-bench-infer"] {
+    for b in ["fa-run", "fa-bench", "fa-bench-infer", "fa-bench-decode"] {
         copy(&release.join(b), &dir.join(b))?;
     }
     let run_sh = dir.join("run.sh");
     std::fs::write(&run_sh, RUN_SH).map_err(|e| format!("write {}: {e}", run_sh.display()))?;
     set_executable(&run_sh)?;
-    println!("stage: {} test binaries, fa-run, fa-bench, fa-bench-infer and run.sh in {}", tests.len(), dir.display());
+    println!("stage: {} test binaries, fa-run, fa-bench, fa-bench-infer, fa-bench-decode and run.sh in {}", tests.len(), dir.display());
     Ok(())
 }
 

@@ -8,6 +8,8 @@
 use flash_attn_tests::Rng;
 
 use crate::Opts;
+use flash_attn_tests::bench::reference_row;
+
 use crate::configs::{Case, Dtype, Shape};
 use crate::measure::{Gpu, Inputs, Res};
 
@@ -82,39 +84,11 @@ fn samples(o: &Opts, c: &Case) -> Vec<Sample> {
     out
 }
 
-/// f64 output row and LSE, and the naive same-dtype row (S rounded to the
-/// dtype, softmax in f32, P rounded, P·V accumulated in f32 and rounded).
+/// f64 output row and LSE, and the naive same-dtype row (the shared
+/// `flash_attn_tests::bench::reference_row`).
 fn reference(dt: Dtype, host: &[Vec<u16>; 3], s: &Sample, d: usize) -> (Vec<f64>, f64, Vec<f32>) {
-    let scale = 1.0 / (d as f64).sqrt();
-    let q: Vec<f32> = (0..d).map(|e| dt.value(host[0][s.qbase + e])).collect();
-    let (mut s64, mut s32) = (vec![0f64; s.nkeys], vec![0f32; s.nkeys]);
-    for j in 0..s.nkeys {
-        let kb = s.kbase + j * s.kstride;
-        let (mut a64, mut a32) = (0f64, 0f32);
-        for e in 0..d {
-            let kv = dt.value(host[1][kb + e]);
-            a64 += q[e] as f64 * kv as f64;
-            a32 += q[e] * kv;
-        }
-        s64[j] = a64 * scale;
-        s32[j] = dt.round(a32) * scale as f32;
-    }
-    let m64 = s64.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    let m32 = s32.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let p64: Vec<f64> = s64.iter().map(|x| (x - m64).exp()).collect();
-    let e32: Vec<f32> = s32.iter().map(|x| (x - m32).exp()).collect();
-    let (l64, l32): (f64, f32) = (p64.iter().sum(), e32.iter().sum());
-    let (mut o64, mut o32) = (vec![0f64; d], vec![0f32; d]);
-    for j in 0..s.nkeys {
-        let vb = s.kbase + j * s.kstride;
-        let pn = dt.round(e32[j] / l32);
-        for e in 0..d {
-            let vv = dt.value(host[2][vb + e]);
-            o64[e] += p64[j] * vv as f64;
-            o32[e] += pn * vv;
-        }
-    }
-    (o64.iter().map(|x| x / l64).collect(), m64 + l64.ln(), o32.iter().map(|&x| dt.round(x)).collect())
+    let r = reference_row(dt, host, s.qbase, s.kbase, s.kstride, s.nkeys, d);
+    (r.o, r.lse, r.naive)
 }
 
 pub fn check(gpu: &Gpu, o: &Opts, c: &Case, inp: &mut Inputs) -> Res<Check> {

@@ -7,35 +7,7 @@ use flash_attn_tests::Rng;
 
 use crate::Opts;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Dtype {
-    F16,
-    Bf16,
-}
-
-impl Dtype {
-    pub fn name(self) -> &'static str {
-        match self {
-            Dtype::F16 => "f16",
-            Dtype::Bf16 => "bf16",
-        }
-    }
-    pub fn bits(self, x: f32) -> u16 {
-        match self {
-            Dtype::F16 => half::f16::from_f32(x).to_bits(),
-            Dtype::Bf16 => half::bf16::from_f32(x).to_bits(),
-        }
-    }
-    pub fn value(self, b: u16) -> f32 {
-        match self {
-            Dtype::F16 => half::f16::from_bits(b).to_f32(),
-            Dtype::Bf16 => half::bf16::from_bits(b).to_f32(),
-        }
-    }
-    pub fn round(self, x: f32) -> f32 {
-        self.value(self.bits(x))
-    }
-}
+pub use flash_attn_tests::bench::Dtype;
 
 /// The three tables of the report.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

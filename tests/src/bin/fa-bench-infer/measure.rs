@@ -8,36 +8,15 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use cudarc::driver::sys::{self, CUevent_flags};
-use cudarc::driver::{CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtr};
+use cudarc::driver::sys;
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
 use flash_attn::{AttnElem, Extras, FlashAttention, FlashAttnError, ForwardParams, StatsMut, Tensor, TensorLayout, TensorMut, Varlen};
+use flash_attn_tests::bench::{Step, Timing, time_events};
 
 use crate::Opts;
 use crate::configs::{Case, Dtype, Shape};
 
-pub type Res<T> = Result<T, Box<dyn std::error::Error>>;
-
-/// Fewest timed runs when the time budget cuts a measurement short.
-const MIN_REPS: usize = 5;
-
-/// One measurement: the median and spread of the timed runs, or why none.
-#[derive(Clone, Debug, Default)]
-pub struct Meas {
-    pub ms: Option<f64>,
-    pub min_ms: f64,
-    pub max_ms: f64,
-    pub reps: usize,
-    pub note: String,
-}
-
-impl Meas {
-    pub fn na(note: impl Into<String>) -> Self {
-        Meas { note: note.into(), ..Default::default() }
-    }
-    pub fn tflops(&self, flops: f64) -> Option<f64> {
-        self.ms.map(|ms| flops / ms / 1e9)
-    }
-}
+pub use flash_attn_tests::bench::{Meas, Res};
 
 pub struct Gpu {
     pub ctx: Arc<CudaContext>,
@@ -187,34 +166,15 @@ impl Gpu {
         }
     }
 
-    fn event(&self) -> Res<CudaEvent> {
-        Ok(self.ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?)
-    }
-
     /// Warm-up (each run timed: the fastest sizes the repetition count),
-    /// then `reps` runs on rotating sets between CUDA events; the median.
+    /// then up to `--reps` runs on rotating sets between CUDA events; the
+    /// median (the shared loop, `flash_attn_tests::bench::time_events`).
     pub fn time(&self, o: &Opts, c: &Case, inp: &mut Inputs) -> Res<Meas> {
-        let mut t0 = f64::INFINITY;
-        for i in 0..o.warmup {
-            let (a, z) = (self.event()?, self.event()?);
-            a.record(&self.stream)?;
-            self.call(c, inp, i)?;
-            z.record(&self.stream)?;
-            t0 = t0.min(a.elapsed_ms(&z)? as f64);
-        }
-        let reps = ((o.budget_s * 1e3 / t0.max(1e-3)) as usize).clamp(MIN_REPS.min(o.reps), o.reps);
-        let evs: Vec<(CudaEvent, CudaEvent)> = (0..reps).map(|_| Ok((self.event()?, self.event()?))).collect::<Res<_>>()?;
-        for (i, (a, z)) in evs.iter().enumerate() {
-            a.record(&self.stream)?;
-            self.call(c, inp, i)?;
-            z.record(&self.stream)?;
-        }
-        self.stream.synchronize()?;
-        let mut ts = evs.iter().map(|(a, z)| a.elapsed_ms(z).map(f64::from)).collect::<Result<Vec<_>, _>>()?;
-        ts.sort_by(|x, y| x.total_cmp(y));
-        let med = if reps % 2 == 1 { ts[reps / 2] } else { 0.5 * (ts[reps / 2 - 1] + ts[reps / 2]) };
-        let note = if reps < o.reps { format!("{reps} runs (time budget)") } else { String::new() };
-        Ok(Meas { ms: Some(med), min_ms: ts[0], max_ms: ts[reps - 1], reps, note })
+        let t = Timing { warmup: o.warmup, reps: o.reps, budget_s: o.budget_s };
+        time_events(&self.ctx, &self.stream, t, |step| match step {
+            Step::Setup(_) => Ok(()),
+            Step::Timed(i) => Ok(self.call(c, inp, i)?),
+        })
     }
 
     /// Fills O with NaN (0xFFFF in f16 and bf16) and the LSE with NaN.

@@ -1,4 +1,5 @@
-"""PyTorch peers for fa-bench-infer (embedded in the binary with include_str!).
+"""PyTorch peers for fa-bench-infer (embedded in the binary with include_str!;
+torch_common.py, written beside it, holds the timing loop).
 
 Usage: python3 torch_peer.py CONFIG.json RESULT.json
 
@@ -22,61 +23,12 @@ Implementations:
   torch-varlen-aten: torch.ops.aten._flash_attention_forward with cu_seqlens
       (FlashAttention-2's varlen kernel as PyTorch ships it).
 
-Method as the Rust side: random inputs rotated among `sets` input sets (each
-far over the 50 MB L2); CUDA events around each call only; warm-up; median.
-A backend that refuses or fails is reported with ms = null and the reason in
-`note`; nothing here may crash the benchmark.
+Random inputs rotated among `sets` input sets (each far over the 50 MB L2).
 """
 
-import json
 import math
-import re
-import sys
-import warnings
 
-
-def log(msg):
-    print(msg, file=sys.stderr, flush=True)
-
-
-def reasons(caught):
-    """The informative part of SDPA's warnings: why each backend refused."""
-    out = []
-    for w in caught:
-        m = re.sub(r"\s*\(Triggered internally at [^)]*\)\.?", "", " ".join(str(w.message).split())).strip()
-        if m and not m.endswith("because:") and "runtime disabled" not in m and m not in out:
-            out.append(m[:240])
-    return out[:3]
-
-
-def timed(torch, run, cfg):
-    """Warm-up (each timed; the fastest sizes the repetition count), then
-    `reps` runs between CUDA events; returns the record fields."""
-    warmup, reps, budget_ms = cfg["warmup"], cfg["reps"], 1000.0 * cfg["budget_s"]
-    t0 = float("inf")
-    for i in range(warmup):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        o = run(i)
-        e1.record()
-        torch.cuda.synchronize()
-        if i == 0 and not torch.isfinite(o).all().item():
-            raise RuntimeError("non-finite output")
-        del o
-        t0 = min(t0, e0.elapsed_time(e1))
-    r = max(5, min(reps, int(budget_ms / max(t0, 1e-3))))
-    evs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(r)]
-    for i, (a, z) in enumerate(evs):
-        a.record()
-        run(i)
-        z.record()
-    torch.cuda.synchronize()
-    ts = sorted(a.elapsed_time(z) for a, z in evs)
-    med = ts[r // 2] if r % 2 else 0.5 * (ts[r // 2 - 1] + ts[r // 2])
-    rec = dict(ms=med, min_ms=ts[0], max_ms=ts[-1], reps=r)
-    if r < reps:
-        rec["note"] = f"{r} runs (time budget)"
-    return rec
+from torch_common import log, measure, sdpa_backends, start
 
 
 def dense_runner(torch, F, c, dt, nsets):
@@ -154,70 +106,26 @@ def aten_varlen_runner(torch, F, c, dt, nsets):
 
 
 def main():
-    cfg_path, out_path = sys.argv[1], sys.argv[2]
-    with open(cfg_path) as f:
-        cfg = json.load(f)
-    out = {"available": False, "reason": "", "torch": None, "device": None, "results": []}
+    cfg, out, write, torch = start()
+    import torch.nn.functional as F
 
-    def write():
-        with open(out_path, "w") as f:
-            json.dump(out, f)
-
-    try:
-        import torch
-        import torch.nn.functional as F
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-    except Exception as e:
-        out["reason"] = f"cannot import torch / torch.nn.attention: {e}"
-        write()
-        return
-    out["torch"] = torch.__version__
-    if not torch.cuda.is_available():
-        out["reason"] = "torch.cuda.is_available() is False"
-        write()
-        return
-    out["available"] = True
-    out["device"] = torch.cuda.get_device_name(0)
-    write()
-    backends = {
-        "torch-flash": [SDPBackend.FLASH_ATTENTION],
-        "torch-cudnn": [SDPBackend.CUDNN_ATTENTION],
-        "torch-efficient": [SDPBackend.EFFICIENT_ATTENTION],
-        "torch-njt-flash": [SDPBackend.FLASH_ATTENTION],
-        "torch-varlen-aten": None,
-    }
+    sdpa = sdpa_backends()
+    backends = {k: sdpa[k] for k in ("torch-flash", "torch-cudnn", "torch-efficient")}
+    backends["torch-njt-flash"] = sdpa["torch-flash"]
+    backends["torch-varlen-aten"] = None
     dtypes = {"f16": torch.float16, "bf16": torch.bfloat16}
-    torch.manual_seed(cfg.get("seed", 1))
     nsets = cfg["sets"]
     for c in cfg["cases"]:
         dt = dtypes[c["dtype"]]
         for name in c["impls"]:
-            rec = dict(id=c["id"], impl=name, ms=None, note="")
-            # SDPA says why a backend refuses in warnings, not in the error.
-            caught = warnings.catch_warnings(record=True)
-            seen = caught.__enter__()
-            warnings.simplefilter("always")
-            try:
-                if c["kind"] == "dense":
-                    run = dense_runner(torch, F, c, dt, nsets)
-                elif name == "torch-njt-flash":
-                    run = njt_runner(torch, F, c, dt, nsets)
-                else:
-                    run = aten_varlen_runner(torch, F, c, dt, nsets)
-                if backends[name] is None:
-                    rec.update(timed(torch, run, cfg))
-                else:
-                    with sdpa_kernel(backends[name]):
-                        rec.update(timed(torch, run, cfg))
-            except Exception as e:
-                msg = " ".join(str(e).split())
-                kind = "OOM" if "out of memory" in msg.lower() else type(e).__name__
-                rec["note"] = f"{kind}: {msg[:200]}" + "".join(f" / {w}" for w in reasons(seen))
-            finally:
-                caught.__exit__(None, None, None)
-                run = None
-                torch.cuda.synchronize()
-                torch.cuda.empty_cache()
+            if c["kind"] == "dense":
+                runner = dense_runner
+            elif name == "torch-njt-flash":
+                runner = njt_runner
+            else:
+                runner = aten_varlen_runner
+            rec = dict(id=c["id"], impl=name)
+            rec.update(measure(torch, lambda: runner(torch, F, c, dt, nsets), cfg, backends[name]))
             out["results"].append(rec)
             what = f"{rec['ms']:9.3f} ms ({rec['reps']} runs)" if rec["ms"] is not None else f"n/a ({rec['note']})"
             log(f"[torch] {c['id']:28} {name:18} {what}")

@@ -1,0 +1,431 @@
+//! `fa-bench-decode`: decode (one query token against a KV cache) on the
+//! GPU, ours against PyTorch SDPA in the same run (issue 9's grid).
+//!
+//! bf16, d = 128, 32 query heads over 32 (MHA) or 8 (GQA) KV heads, batch ∈
+//! {1, 8, 64} × cache length ∈ {4096, 32768, 131072}, contiguous and paged
+//! (page 16 and 256, pages in a random order). Per cell: the median of
+//! CUDA-event-timed runs after warm-up, the L2 flushed (a 64 MB memset,
+//! outside the events) before every run; K/V bandwidth = K and V bytes read
+//! once / time, and its share of the H100's 3.35 TB/s. Ours with automatic
+//! splits and with `num_splits = 1` (our FA2 without split-KV, the bar's
+//! yardstick: no cell may be slower with splits than without); PyTorch SDPA
+//! flash, cuDNN and efficient (GQA through `enable_gqa=True`; contiguous
+//! caches only: SDPA has no paged cache) through `torch_peer.py`.
+//!
+//! A cell whose K+V cache exceeds `--mem-cap-gb` (60 GB: an 80 GB H100 then
+//! keeps room for the split scratch and the CUDA context; PyTorch runs after
+//! our buffers are freed) or the free GPU memory is skipped with the reason
+//! in the table: batch 64 × 131072 × 32 KV heads needs 137 GB. The full
+//! grid (51 cells run, 3 skipped) takes 23 s on the H100 with the peers.
+//!
+//! Output in `OUT` (default `bench-out/`): `decode.md` (the table, also on
+//! stdout), `decode.json`, and `decode_gbs.svg` (GB/s against cache length:
+//! ours solid per batch, heads and layout, PyTorch flash dashed).
+//!
+//! Usage: `fa-bench-decode [OUT] [--quick] [--batches 1,8,64] [--caches ...]
+//! [--kv-heads 32,8] [--layouts contiguous,16,256] [--reps N] [--no-torch]`.
+
+mod report;
+
+use std::path::PathBuf;
+
+use clap::{ArgAction, Parser};
+use cudarc::driver::{CudaSlice, DevicePtr};
+use flash_attn::{
+    BlockTable, DecodeOptions, Extras, ForwardParams, KvCache, SplitScratch, Tensor, TensorLayout,
+};
+use flash_attn_tests::bench::{Meas, Res, Step, Timing, time_events, torch_peer};
+use flash_attn_tests::{Gpu, Rng, gpu};
+use serde_json::json;
+
+const PEER: &str = include_str!("torch_peer.py");
+
+/// Query heads and head dim of every cell (Llama-3-8B's).
+pub const H: usize = 32;
+pub const D: usize = 128;
+
+/// fa-bench-decode: decode against a KV cache (bf16, d = 128), ours vs PyTorch SDPA
+#[derive(Parser, Clone, Debug)]
+#[command(name = "fa-bench-decode", args_override_self = true)]
+pub struct Opts {
+    /// Output folder
+    #[arg(default_value = "bench-out")]
+    pub out: PathBuf,
+    /// Batch 1 and 8 only, 20 timed runs
+    #[arg(long)]
+    pub quick: bool,
+    /// Batch sizes
+    #[arg(long, value_name = "LIST", value_delimiter = ',', default_value = "1,8,64", action = ArgAction::Set)]
+    pub batches: Vec<usize>,
+    /// Cache lengths
+    #[arg(long, value_name = "LIST", value_delimiter = ',', default_value = "4096,32768,131072", action = ArgAction::Set)]
+    pub caches: Vec<usize>,
+    /// KV heads (of 32 query heads)
+    #[arg(long = "kv-heads", value_name = "LIST", value_delimiter = ',', default_value = "32,8", action = ArgAction::Set)]
+    pub kv_heads: Vec<usize>,
+    /// Layouts: contiguous, or a page size
+    #[arg(long, value_name = "LIST", value_delimiter = ',', default_value = "contiguous,16,256", value_parser = layout, action = ArgAction::Set)]
+    pub layouts: Vec<Option<usize>>,
+    /// Warm-up runs per measurement
+    #[arg(long, value_name = "N", default_value_t = 3)]
+    pub warmup: usize,
+    /// Timed runs (median) [default: 30, 20 with --quick]
+    #[arg(long, value_name = "N")]
+    pub reps: Option<usize>,
+    /// Skip cells whose K+V cache exceeds this many GB
+    #[arg(long = "mem-cap-gb", value_name = "G", default_value_t = 60.0)]
+    pub mem_cap_gb: f64,
+    /// Skip the PyTorch peers
+    #[arg(long = "no-torch", action = ArgAction::SetFalse)]
+    pub torch: bool,
+    /// Python with torch
+    #[arg(long, value_name = "PATH", default_value = "python3")]
+    pub python: String,
+}
+
+fn layout(s: &str) -> Result<Option<usize>, String> {
+    match s.trim() {
+        "contiguous" | "contig" | "0" => Ok(None),
+        p => p
+            .parse()
+            .ok()
+            .filter(|&p: &usize| p > 0)
+            .map(Some)
+            .ok_or_else(|| format!("`{s}`: contiguous or a page size")),
+    }
+}
+
+impl Opts {
+    pub fn reps(&self) -> usize {
+        self.reps.unwrap_or(if self.quick { 20 } else { 30 })
+    }
+    fn timing(&self) -> Timing {
+        // No time budget: every cell gets all its runs.
+        Timing {
+            warmup: self.warmup.max(1),
+            reps: self.reps().max(1),
+            budget_s: f64::INFINITY,
+        }
+    }
+}
+
+/// One cell of the grid.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cell {
+    pub batch: usize,
+    pub cache: usize,
+    pub hk: usize,
+    /// Page size; `None`: contiguous.
+    pub page: Option<usize>,
+}
+
+impl Cell {
+    /// K and V bytes read once.
+    pub fn bytes(&self) -> f64 {
+        (2 * self.batch * self.cache * self.hk * D * 2) as f64
+    }
+    pub fn layout(&self) -> String {
+        self.page
+            .map_or("contiguous".to_string(), |p| format!("paged {p}"))
+    }
+    /// The contiguous cell of the same shape (PyTorch's).
+    pub fn contiguous(&self) -> Cell {
+        Cell {
+            page: None,
+            ..*self
+        }
+    }
+}
+
+/// A cell's outcome on our side: with splits, without, or why not run.
+pub struct Row {
+    pub cell: Cell,
+    pub auto: Meas,
+    pub no_split: Meas,
+}
+
+pub fn grid(o: &Opts) -> Vec<Cell> {
+    let mut cells = Vec::new();
+    for &batch in &o.batches {
+        if o.quick && batch > 8 {
+            continue;
+        }
+        for &cache in &o.caches {
+            for &hk in &o.kv_heads {
+                for &page in &o.layouts {
+                    cells.push(Cell {
+                        batch,
+                        cache,
+                        hk,
+                        page,
+                    });
+                }
+            }
+        }
+    }
+    cells
+}
+
+/// Why `c` cannot run here, if it cannot.
+fn skip_reason(o: &Opts, c: &Cell, free: usize) -> Option<String> {
+    let gb = c.bytes() / 1e9;
+    if !H.is_multiple_of(c.hk) {
+        return Some(format!(
+            "skipped: {H} query heads are not a multiple of {} KV heads",
+            c.hk
+        ));
+    }
+    if c.page.is_some_and(|p| !c.cache.is_multiple_of(p)) {
+        return Some(format!(
+            "skipped: cache {} is not a multiple of the page",
+            c.cache
+        ));
+    }
+    if gb > o.mem_cap_gb {
+        return Some(format!(
+            "skipped: the K+V cache needs {gb:.1} GB > --mem-cap-gb {}",
+            o.mem_cap_gb
+        ));
+    }
+    if c.bytes() + 2e9 > free as f64 {
+        return Some(format!(
+            "skipped: the K+V cache needs {gb:.1} GB, {:.1} GB free",
+            free as f64 / 1e9
+        ));
+    }
+    None
+}
+
+/// Fills `buf` with `pattern` repeated (one upload, then device copies).
+fn fill(g: &Gpu, buf: &mut CudaSlice<half::bf16>, pattern: &CudaSlice<half::bf16>) -> Res<()> {
+    let (len, n) = (buf.len(), pattern.len());
+    let mut off = 0;
+    while off < len {
+        let k = n.min(len - off);
+        g.stream
+            .memcpy_dtod(&pattern.slice(0..k), &mut buf.slice_mut(off..off + k))?;
+        off += k;
+    }
+    Ok(())
+}
+
+/// Times one cell, with automatic splits and with `num_splits = 1`.
+fn measure(
+    g: &Gpu,
+    o: &Opts,
+    c: &Cell,
+    rng: &mut Rng,
+    flush: &mut CudaSlice<u8>,
+) -> Res<(Meas, Meas)> {
+    let s = &g.stream;
+    let (n_rows, rows_per) = match c.page {
+        None => (c.batch, c.cache),
+        Some(p) => (c.batch * c.cache / p, p),
+    };
+    let elems = n_rows * rows_per * c.hk * D;
+    let pattern: Vec<half::bf16> = (0..elems.min(1 << 22))
+        .map(|_| half::bf16::from_f32(rng.nonzero(1.0)))
+        .collect();
+    let pattern = s.clone_htod(&pattern)?;
+    // SAFETY: both filled right below, before any read.
+    let (mut kc, mut vc) =
+        unsafe { (s.alloc::<half::bf16>(elems)?, s.alloc::<half::bf16>(elems)?) };
+    fill(g, &mut kc, &pattern)?;
+    fill(g, &mut vc, &pattern)?;
+    drop(pattern);
+    let q: CudaSlice<half::bf16> = s.clone_htod(
+        &(0..c.batch * H * D)
+            .map(|_| half::bf16::from_f32(rng.nonzero(1.0)))
+            .collect::<Vec<_>>(),
+    )?;
+    let seqlens = s.clone_htod(&vec![c.cache as i32; c.batch])?;
+    let per = c.cache.div_ceil(rows_per);
+    let mut perm: Vec<i32> = (0..n_rows as i32).collect();
+    for i in (1..perm.len()).rev() {
+        perm.swap(i, rng.below(i + 1));
+    }
+    let table = s.clone_htod(&perm)?;
+    let max_splits = 128;
+    let mut o_acc: CudaSlice<f32> = s.alloc_zeros(max_splits * c.batch * H * D)?;
+    let mut l_acc: CudaSlice<f32> = s.alloc_zeros(max_splits * c.batch * H)?;
+    let layout = TensorLayout::contiguous([n_rows, rows_per, c.hk, D]);
+    let mut time = |splits: Option<usize>| -> Res<Meas> {
+        time_events(&g.ctx, &g.stream, o.timing(), |step| {
+            if let Step::Setup(_) = step {
+                s.memset_zeros(flush)?;
+                return Ok(());
+            }
+            let cache = KvCache {
+                k_cache: &mut kc,
+                v_cache: &mut vc,
+                layout,
+                cache_seqlens: &seqlens,
+                cache_batch_idx: None,
+                block_table: c.page.map(|_| BlockTable {
+                    table: &table as &dyn DevicePtr<i32>,
+                    max_blocks_per_seq: per,
+                }),
+                k_new: None,
+                v_new: None,
+            };
+            let scratch = SplitScratch {
+                o_accum: &mut o_acc,
+                lse_accum: &mut l_acc,
+                max_splits,
+            };
+            let out = g.fa.forward_kvcache::<half::bf16, _>(
+                s,
+                Tensor::new(&q, TensorLayout::contiguous([c.batch, 1, H, D])),
+                cache,
+                &ForwardParams::default(),
+                &Extras::default(),
+                DecodeOptions {
+                    num_splits: splits,
+                    scratch: Some(scratch),
+                },
+            )?;
+            drop(out);
+            Ok(())
+        })
+    };
+    Ok((time(None)?, time(Some(1))?))
+}
+
+fn us(m: &Meas) -> String {
+    m.ms.map_or(format!("n/a ({})", m.note), |ms| {
+        format!("{:.1} µs", ms * 1e3)
+    })
+}
+
+fn main() -> Res<()> {
+    let o = Opts::parse();
+    std::fs::create_dir_all(&o.out)?;
+    let Some(g) = gpu("fa-bench-decode") else {
+        return Ok(());
+    };
+    let cells = grid(&o);
+    let device = format!(
+        "{} (sm_{}{})",
+        g.ctx.name()?,
+        g.ctx.compute_capability()?.0,
+        g.ctx.compute_capability()?.1
+    );
+    eprintln!(
+        "fa-bench-decode: {device}, {} cells, {} timed runs each",
+        cells.len(),
+        o.reps()
+    );
+    let mut rng = Rng::with_seed(1);
+    let mut flush: CudaSlice<u8> = g.stream.alloc_zeros(64 << 20)?;
+    let mut rows = Vec::new();
+    for (i, c) in cells.iter().enumerate() {
+        let (free, _) = g.ctx.mem_get_info()?;
+        let (auto, no_split) = match skip_reason(&o, c, free) {
+            Some(why) => (Meas::na(why.clone()), Meas::na(why)),
+            None => match measure(g, &o, c, &mut rng, &mut flush) {
+                Ok(r) => r,
+                Err(e) => (
+                    Meas::na(format!("error: {e}")),
+                    Meas::na(format!("error: {e}")),
+                ),
+            },
+        };
+        eprintln!(
+            "[ours {:2}/{}] batch {:2} cache {:6} heads {H}/{:<2} {:10}: {} (no split: {})",
+            i + 1,
+            cells.len(),
+            c.batch,
+            c.cache,
+            c.hk,
+            c.layout(),
+            us(&auto),
+            us(&no_split)
+        );
+        rows.push(Row {
+            cell: *c,
+            auto,
+            no_split,
+        });
+    }
+    drop(flush);
+    // PyTorch in the same run, after ours: contiguous shapes that ran on our side.
+    let mut peers: Vec<Cell> = rows
+        .iter()
+        .filter(|r| r.auto.ms.is_some())
+        .map(|r| r.cell.contiguous())
+        .collect();
+    peers.dedup();
+    let torch = if !o.torch {
+        torch_peer::Peer {
+            reason: "--no-torch".into(),
+            ..Default::default()
+        }
+    } else {
+        let t = o.timing();
+        let cfg = json!({
+            "warmup": t.warmup, "reps": t.reps, "budget_s": 1e9, "seed": 1, "h": H, "d": D,
+            "cells": peers.iter().map(|c| json!({"batch": c.batch, "cache": c.cache, "hk": c.hk})).collect::<Vec<_>>(),
+        });
+        torch_peer::run(&o.python, "fa-bench-decode", ("torch_peer.py", PEER), &cfg)
+    };
+    let md = report::write(&o, &device, &rows, &torch)?;
+    println!("{md}");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_full_grid_and_the_quick_one() {
+        let o = Opts::parse_from(["fa-bench-decode", "out"]);
+        let cells = grid(&o);
+        assert_eq!(cells.len(), 54);
+        assert_eq!(o.reps(), 30);
+        // Only batch 64 × 131072 × 32 KV heads is over the 60 GB cap (137 GB).
+        let over: Vec<_> = cells
+            .iter()
+            .filter(|c| skip_reason(&o, c, usize::MAX).is_some())
+            .collect();
+        assert_eq!(over.len(), 3);
+        assert!(
+            over.iter()
+                .all(|c| c.batch == 64 && c.cache == 131072 && c.hk == 32)
+        );
+        let q = Opts::parse_from(["fa-bench-decode", "--quick"]);
+        assert_eq!(
+            (grid(&q).len(), q.reps(), q.out.to_str()),
+            (36, 20, Some("bench-out"))
+        );
+        let one = Opts::parse_from([
+            "fa-bench-decode",
+            "--batches",
+            "64",
+            "--caches",
+            "131072",
+            "--kv-heads",
+            "8",
+            "--layouts",
+            "contiguous,16",
+        ]);
+        assert_eq!(
+            grid(&one),
+            [
+                Cell {
+                    batch: 64,
+                    cache: 131072,
+                    hk: 8,
+                    page: None
+                },
+                Cell {
+                    batch: 64,
+                    cache: 131072,
+                    hk: 8,
+                    page: Some(16)
+                }
+            ]
+        );
+        assert!(Opts::try_parse_from(["fa-bench-decode", "--layouts", "x"]).is_err());
+    }
+}
