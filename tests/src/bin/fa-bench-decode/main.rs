@@ -282,6 +282,7 @@ fn measure(
                 DecodeOptions {
                     num_splits: splits,
                     scratch: Some(scratch),
+                    kernel: None,
                 },
             )?;
             drop(out);
