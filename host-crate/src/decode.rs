@@ -582,6 +582,13 @@ impl FlashAttention {
             return Err(invalid("num_splits", n.to_string(), "must be in 1..=128 and at most the scratch's max_splits"));
         }
 
+        // One query row per sequence (dense): a right window (or causal,
+        // bottom-right) hides no key from the last row, so it is dropped —
+        // and no longer stands in the way of head packing.
+        let single_row = varlen.is_none() && sq == 1;
+        let opts_r = if single_row { crate::params::Resolved { window_right: -1, ..opts_r } } else { opts_r };
+        let causal = params.causal && !single_row;
+
         // ---- head packing (one token, GQA, no window/ALiBi) ---------------
         let group = nheads / nheads_k;
         let pack = varlen.is_none()
@@ -601,7 +608,7 @@ impl FlashAttention {
         let key = DispatchKey {
             dtype,
             headdim: d,
-            causal: params.causal && !pack,
+            causal: causal && !pack,
             loop_order: LoopOrder::Fa2,
             arch: self.compute_capability(),
             features: Features { varlen: false, mods: true, decode: true },
