@@ -114,6 +114,11 @@ fn same_device(dev: &candle_core::CudaDevice, others: &[(&str, &CudaStorage)]) -
     Ok(())
 }
 
+/// New keys or values as the core's tensor of `dyn DevicePtr`.
+fn as_new<'a, T: DeviceRepr>((data, layout): &'a (CudaView<'_, T>, TensorLayout)) -> Tensor<'a, dyn DevicePtr<T> + 'a> {
+    Tensor { data: data as &dyn DevicePtr<T>, layout: *layout }
+}
+
 fn wrap<T: CudaDType>(s: candle_core::cuda_backend::cudarc::driver::CudaSlice<T>, dev: &candle_core::CudaDevice) -> CudaStorage {
     CudaStorage::wrap_cuda_slice(s, dev.clone())
 }
@@ -336,7 +341,6 @@ fn run_kv<T: AttnElem + CudaDType>(
     let mut kc = kc.slice_mut(k_l.start_offset().min(kc.len())..);
     let vc = v_st.as_cuda_slice_mut::<T>()?;
     let mut vc = vc.slice_mut(v_l.start_offset().min(vc.len())..);
-    let as_new = |(data, layout): &(CudaView<'_, T>, TensorLayout)| Tensor { data: data as &dyn DevicePtr<T>, layout: *layout };
     let cache = KvCache {
         k_cache: &mut kc,
         v_cache: &mut vc,
