@@ -156,7 +156,14 @@ impl FlashAttnKvCache {
         };
         // Keys a sequence can hold: the window's normalization (FA2's rule).
         let capacity = max_blocks.map_or(rows, |m| m.saturating_mul(rows));
-        let params = check::forward_params(&self.options(), d, capacity.max(1))?;
+        let mut params = check::forward_params(&self.options(), d, capacity.max(1))?;
+        if ql.shape[1] == 1 && params.causal {
+            // One query row sits at the last key (bottom-right): the causal
+            // mask hides nothing. Without it the core packs a GQA group's
+            // query heads into one tile and reads each KV head once (with
+            // it, once per query head: 2.1x the time at 32k keys, 32/8 heads).
+            params.causal = false;
+        }
         Ok(KvChecked { q: ql, k_cache: kc, v_cache: vc, new, params, batch, max_blocks })
     }
 

@@ -227,6 +227,7 @@ fn attention_only(cfg: &Config, dev: &Device) -> Result<bool> {
     println!("| context | candle (repeat_kv + f32 matmul/softmax) | ours after repeat_kv | ours, GQA cache as is |");
     println!("|---|---|---|---|");
     let mut rows = vec![];
+    let mut breakdown = vec![];
     let mut ok = true;
     for ctx in [1024usize, 8192, 32768] {
         let q = Tensor::randn(0f32, 1., (1, 1, h, d), dev)?.to_dtype(DType::BF16)?;
@@ -265,6 +266,32 @@ fn attention_only(cfg: &Config, dev: &Device) -> Result<bool> {
         let row_ok = diff <= 1e-2;
         ok &= row_ok;
         rows.push((ctx, cat_candle, cat_ours, kvcache, diff, row_ok));
+        // Where the step's time goes: host time to enqueue it, and attending
+        // alone (the cache holds ctx keys) through the adapter and through
+        // the core's own call on the same buffers.
+        let full = Tensor::new(&[ctx as u32], dev)?;
+        let attend = || {
+            let op = flash_attn_candle::FlashAttnKvCache {
+                softmax_scale: scale as f32,
+                alibi_slopes: None,
+                window_size_left: None,
+                window_size_right: Some(0),
+                softcap: None,
+                num_splits: None,
+            };
+            let args = flash_attn_candle::KvCacheArgs { k_new: None, v_new: None, cache_seqlens: &full, cache_batch_idx: None, block_table: None };
+            op.forward(&q, &k_cache, &v_cache, args).map(|(o, _)| o)
+        };
+        let core = core_attend(&q, &k_cache, &v_cache, ctx, scale as f32, true)?;
+        let core_nomask = core_attend(&q, &k_cache, &v_cache, ctx, scale as f32, false)?;
+        breakdown.push((
+            ctx,
+            enqueue(dev, 20, step)?,
+            time(dev, 20, attend)?,
+            time(dev, 20, || core.run())?,
+            time(dev, 20, || core_nomask.run())?,
+            enqueue(dev, 20, || core_nomask.run())?,
+        ));
     }
     println!();
     println!("## One decode step with its cache update, one layer (bf16), µs\n");
@@ -274,7 +301,87 @@ fn attention_only(cfg: &Config, dev: &Device) -> Result<bool> {
         println!("| {ctx} | {:.0} | {:.0} | {:.0} | {:.1}x | {diff:.1e} {} |", a * 1e6, b * 1e6, c * 1e6, a / c, mark(row_ok));
     }
     println!();
+    println!("## Where the KV-cache step's time goes (µs per call)\n");
+    println!("| context | step: host enqueue only | attend only (adapter, causal) | core `forward_kvcache_ref`, causal = true | core, no mask | core: host enqueue only |");
+    println!("|---|---|---|---|---|---|");
+    for (ctx, enq, attend, core, nomask, core_enq) in breakdown {
+        println!("| {ctx} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} |", enq * 1e6, attend * 1e6, core * 1e6, nomask * 1e6, core_enq * 1e6);
+    }
+    println!();
     Ok(ok)
+}
+
+/// Mean host seconds to enqueue `reps` calls (the GPU drained before, not after).
+fn enqueue<T>(dev: &Device, reps: usize, mut f: impl FnMut() -> Result<T>) -> Result<f64> {
+    f()?;
+    dev.synchronize()?;
+    let t = Instant::now();
+    for _ in 0..reps {
+        f()?;
+    }
+    let s = t.elapsed().as_secs_f64() / reps as f64;
+    dev.synchronize()?;
+    Ok(s)
+}
+
+/// The core's `forward_kvcache_ref` on copies of candle's buffers (bf16,
+/// contiguous cache of batch 1, `ctx` keys), without the adapter. One query
+/// row: causal or not gives the same result; the core packs the GQA heads
+/// into one tile only without the mask.
+struct CoreAttend {
+    stream: std::sync::Arc<candle_core::cuda_backend::cudarc::driver::CudaStream>,
+    fa: std::sync::Arc<flash_attn::FlashAttention>,
+    q: candle_core::cuda_backend::cudarc::driver::CudaSlice<half::bf16>,
+    k: candle_core::cuda_backend::cudarc::driver::CudaSlice<half::bf16>,
+    v: candle_core::cuda_backend::cudarc::driver::CudaSlice<half::bf16>,
+    lens: candle_core::cuda_backend::cudarc::driver::CudaSlice<i32>,
+    q_layout: flash_attn::TensorLayout,
+    layout: flash_attn::TensorLayout,
+    params: flash_attn::ForwardParams,
+}
+
+fn core_attend(q: &Tensor, k_cache: &Tensor, v_cache: &Tensor, ctx: usize, scale: f32, causal: bool) -> Result<CoreAttend> {
+    let Device::Cuda(dev) = q.device() else { candle_core::bail!("core_attend: needs the GPU") };
+    let stream = dev.cuda_stream();
+    let fa = flash_attn_candle::cuda::kernels(&stream)?;
+    let copy = |t: &Tensor| -> Result<candle_core::cuda_backend::cudarc::driver::CudaSlice<half::bf16>> {
+        let (st, _) = t.storage_and_layout();
+        let candle_core::Storage::Cuda(st) = &*st else { candle_core::bail!("core_attend: needs the GPU") };
+        stream.clone_dtod(st.as_cuda_slice::<half::bf16>()?).map_err(candle_core::Error::wrap)
+    };
+    let lens = stream.clone_htod(&[ctx as i32]).map_err(candle_core::Error::wrap)?;
+    let (_, h, d) = (q.dim(0)?, q.dim(2)?, q.dim(3)?);
+    let (_, cap, hk, _) = k_cache.dims4()?;
+    Ok(CoreAttend {
+        q: copy(q)?,
+        k: copy(k_cache)?,
+        v: copy(v_cache)?,
+        lens,
+        q_layout: flash_attn::TensorLayout::contiguous([1, 1, h, d]),
+        layout: flash_attn::TensorLayout::contiguous([1, cap, hk, d]),
+        params: flash_attn::ForwardParams { softmax_scale: Some(scale), causal, ..Default::default() },
+        stream,
+        fa,
+    })
+}
+
+impl CoreAttend {
+    fn run(&self) -> Result<()> {
+        let cache = flash_attn::KvCacheRef {
+            k_cache: &self.k,
+            v_cache: &self.v,
+            layout: self.layout,
+            cache_seqlens: &self.lens,
+            cache_batch_idx: None,
+            block_table: None,
+            seqlen_new: 0,
+        };
+        let q = flash_attn::Tensor::new(&self.q, self.q_layout);
+        self.fa
+            .forward_kvcache_ref(&self.stream, q, cache, &self.params, &flash_attn::Extras::default(), flash_attn::DecodeOptions::default())
+            .map(|_| ())
+            .map_err(candle_core::Error::wrap)
+    }
 }
 
 fn main() -> Result<()> {
