@@ -142,15 +142,30 @@ fn mark(ok: bool) -> &'static str {
 }
 
 /// Mean seconds of `reps` calls of `f` after one warm-up, synchronized.
-fn time<T>(dev: &Device, reps: usize, mut f: impl FnMut() -> Result<T>) -> Result<f64> {
+fn time<T>(dev: &Device, reps: usize, f: impl FnMut() -> Result<T>) -> Result<f64> {
+    timed(dev, reps, f, true)
+}
+
+/// Mean host seconds to enqueue `reps` calls (the GPU drained before, not after).
+fn enqueue<T>(dev: &Device, reps: usize, f: impl FnMut() -> Result<T>) -> Result<f64> {
+    timed(dev, reps, f, false)
+}
+
+/// `reps` calls after one warm-up and a synchronization; the clock stops
+/// after a second synchronization (`until_done`) or when the last call returns.
+fn timed<T>(dev: &Device, reps: usize, mut f: impl FnMut() -> Result<T>, until_done: bool) -> Result<f64> {
     f()?;
     dev.synchronize()?;
     let t = Instant::now();
     for _ in 0..reps {
         f()?;
     }
+    if until_done {
+        dev.synchronize()?;
+    }
+    let s = t.elapsed().as_secs_f64() / reps as f64;
     dev.synchronize()?;
-    Ok(t.elapsed().as_secs_f64() / reps as f64)
+    Ok(s)
 }
 
 fn bench(weights: &VarMap, cfg: &Config, dev: &Device) -> Result<bool> {
@@ -309,19 +324,6 @@ fn attention_only(cfg: &Config, dev: &Device) -> Result<bool> {
     }
     println!();
     Ok(ok)
-}
-
-/// Mean host seconds to enqueue `reps` calls (the GPU drained before, not after).
-fn enqueue<T>(dev: &Device, reps: usize, mut f: impl FnMut() -> Result<T>) -> Result<f64> {
-    f()?;
-    dev.synchronize()?;
-    let t = Instant::now();
-    for _ in 0..reps {
-        f()?;
-    }
-    let s = t.elapsed().as_secs_f64() / reps as f64;
-    dev.synchronize()?;
-    Ok(s)
 }
 
 /// The core's `forward_kvcache_ref` on copies of candle's buffers (bf16,
