@@ -1,6 +1,7 @@
 //! Validation shared by the CPU and CUDA paths: candle layouts to our
 //! [`TensorLayout`]s, candle-flash-attn's options to our [`ForwardParams`],
-//! and the one list of what the core API does not run yet ([`Missing`]).
+//! index tensors (prefix sums, cache lengths, block tables) and the
+//! storage-sharing rule of the calls that write a KV cache in place.
 //!
 //! Every error is a candle error whose message names the argument, as
 //! candle-flash-attn's do; nothing here panics.
@@ -24,12 +25,15 @@ pub(crate) fn core_err(e: flash_attn::FlashAttnError) -> candle_core::Error {
 /// A `(batch, seqlen, nheads, headdim)` candle layout as our layout: rank 4,
 /// last stride 1. The offset stays with the caller (it slices the buffer).
 pub(crate) fn layout4(argument: &str, l: &Layout) -> Result<TensorLayout> {
+    layout4_of(argument, l, "(batch, seqlen, nheads, headdim)")
+}
+
+/// [`layout4`] with the axes named as the call names them (e.g. a paged
+/// cache's `(num_blocks, page_block_size, nheads_k, headdim)`).
+pub(crate) fn layout4_of(argument: &str, l: &Layout, axes: &str) -> Result<TensorLayout> {
     let dims = l.shape().dims();
     let &[b, s, h, d] = dims else {
-        return Err(err(format_args!(
-            "`{argument}` must have rank 4 (batch, seqlen, nheads, headdim), got rank {} (shape {dims:?})",
-            dims.len()
-        )));
+        return Err(err(format_args!("`{argument}` must have rank 4 {axes}, got rank {} (shape {dims:?})", dims.len())));
     };
     let st = l.stride();
     if st[3] != 1 {
@@ -53,37 +57,6 @@ pub(crate) fn check_dtypes(q: DType, k: DType, v: DType, allowed: &[DType], back
         return Err(err(format_args!("`q`: dtype {q:?} is not supported on the {backend} (supported: {allowed:?})")));
     }
     Ok(())
-}
-
-/// What the adapter does not run yet. The core's KV-cache API
-/// (`FlashAttention::forward_kvcache`: per-sequence lengths, paged caches,
-/// in-place append) landed after this adapter; wiring it needs in-place
-/// writes to candle's cache tensors (candle's `InplaceOp3`). Until then these
-/// are errors, never a silent fallback.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Missing {
-    /// A paged KV cache (`block_table`).
-    Paged,
-    /// Decode against a KV cache with per-sequence lengths.
-    KvCache,
-}
-
-impl Missing {
-    fn what(self) -> &'static str {
-        match self {
-            Missing::Paged => "a paged KV cache (block_table)",
-            Missing::KvCache => "KV-cache decode with per-sequence cache lengths",
-        }
-    }
-
-    pub(crate) fn error(self, argument: &str) -> candle_core::Error {
-        err(format_args!(
-            "`{argument}`: {} is not supported yet by flash-attn-candle (the core's KV-cache API, \
-             `FlashAttention::forward_kvcache`, is not wired in yet; no silent fallback): \
-             use candle's own attention for this call",
-            self.what()
-        ))
-    }
 }
 
 /// A validated call: the layouts of q, k and v and the parameters.
@@ -183,6 +156,52 @@ pub(crate) fn alibi_shape(slopes: &Tensor, batch: usize, nheads: usize) -> Resul
         return Err(err(format_args!("`alibi_slopes` must be contiguous, got strides {:?}", slopes.stride())));
     }
     Ok((shape, slopes.layout().start_offset()))
+}
+
+/// An index tensor (prefix sums, cache lengths, block table, batch
+/// indices): U32 or I32 (the kernels read i32; u32 values below 2³¹ are the
+/// same bits), contiguous, of rank `dims.len()`; returns its dims. `dims`
+/// names the axes for the message, e.g. `["batch + 1"]`.
+pub(crate) fn index_tensor<'t>(argument: &str, t: &'t Tensor, axes: &str, rank: usize) -> Result<&'t [usize]> {
+    if !matches!(t.dtype(), DType::U32 | DType::I32) {
+        return Err(err(format_args!("dtype mismatch: `{argument}` is {:?}, expected U32 or I32", t.dtype())));
+    }
+    if t.rank() != rank {
+        return Err(err(format_args!("`{argument}` must have rank {rank} {axes}, got shape {:?}", t.dims())));
+    }
+    if !t.is_contiguous() {
+        return Err(err(format_args!("`{argument}` must be contiguous, got strides {:?}", t.stride())));
+    }
+    Ok(t.dims())
+}
+
+/// The address of a tensor's storage (equal for tensors sharing one
+/// allocation: views, narrows, reshapes of one tensor).
+fn storage_addr(t: &Tensor) -> usize {
+    let (s, _) = t.storage_and_layout();
+    std::ptr::from_ref(&*s).addr()
+}
+
+/// The calls that write a cache in place hold its storage for writing
+/// while they read the others: a tensor sharing storage with a written
+/// one (e.g. `k_cache` and `v_cache` as views of one KV tensor) is an
+/// error naming both, never a deadlock or a read of half-written data.
+pub(crate) fn check_no_sharing(written: &[(&str, &Tensor)], read: &[(&str, Option<&Tensor>)]) -> Result<()> {
+    for (i, &(w, wt)) in written.iter().enumerate() {
+        let wa = storage_addr(wt);
+        let others = written[i + 1..].iter().map(|&(n, t)| (n, Some(t))).chain(read.iter().copied());
+        for (name, t) in others {
+            if let Some(t) = t
+                && storage_addr(t) == wa
+            {
+                return Err(err(format_args!(
+                    "`{name}` shares storage with `{w}`, which this call writes in place: pass separate tensors \
+                     (e.g. `.copy()` of one of them)"
+                )));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Elements of a buffer from a layout's start offset on.

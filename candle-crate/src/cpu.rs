@@ -5,13 +5,15 @@
 //! f32). The logsumexp is f32 `(batch, nheads, seqlen_q)`.
 
 use candle_core::backend::BackendStorage;
-use candle_core::{CpuStorage, DType, Layout, Result, WithDType};
+use candle_core::{CpuStorage, DType, Layout, Result, Storage, Tensor, WithDType};
 use flash_attn::common::Real;
-use flash_attn::{AlibiShape, TensorLayout, reference};
+use flash_attn::reference::{self, HostAlibi, PagedKv, PagedKvMut};
+use flash_attn::{AlibiShape, TensorLayout};
 use half::{bf16, f16};
-use ndarray::{Array4, ArrayView4, ShapeBuilder};
+use ndarray::{Array4, ArrayView2, ArrayView4, ShapeBuilder, s};
 
 use crate::check::{Checked, core_err, err, len_from};
+use crate::kvcache::KvChecked;
 
 /// The dtypes `cpu_fwd` takes.
 pub(crate) const DTYPES: &[DType] = &[DType::F32, DType::F64, DType::F16, DType::BF16];
@@ -25,10 +27,12 @@ pub(crate) trait Elem: WithDType {
     type F: Real;
     fn up(self) -> Self::F;
     fn down(x: Self::F) -> Self;
+    /// The storage's buffer, writable (`None` for another dtype).
+    fn slice_mut(s: &mut CpuStorage) -> Option<&mut [Self]>;
 }
 
 macro_rules! elem {
-    ($t:ty, $f:ty, $up:expr, $down:expr) => {
+    ($t:ty, $f:ty, $variant:ident, $up:expr, $down:expr) => {
         impl Elem for $t {
             type F = $f;
             fn up(self) -> $f {
@@ -37,13 +41,55 @@ macro_rules! elem {
             fn down(x: $f) -> Self {
                 $down(x)
             }
+            fn slice_mut(s: &mut CpuStorage) -> Option<&mut [Self]> {
+                match s {
+                    CpuStorage::$variant(v) => Some(v),
+                    _ => None,
+                }
+            }
         }
     };
 }
-elem!(f32, f32, |x| x, |x| x);
-elem!(f64, f64, |x| x, |x| x);
-elem!(f16, f32, f16::to_f32, f16::from_f32);
-elem!(bf16, f32, bf16::to_f32, bf16::from_f32);
+elem!(f32, f32, F32, |x| x, |x| x);
+elem!(f64, f64, F64, |x| x, |x| x);
+elem!(f16, f32, F16, f16::to_f32, f16::from_f32);
+elem!(bf16, f32, BF16, bf16::to_f32, bf16::from_f32);
+
+/// A CPU tensor's storage, or a device error naming the argument.
+pub(crate) fn cpu_storage<'a>(st: &'a Storage, argument: &str) -> Result<&'a CpuStorage> {
+    match st {
+        Storage::Cpu(s) => Ok(s),
+        _ => Err(err(format_args!("device mismatch: `{argument}` must be on the CPU with `q`"))),
+    }
+}
+
+/// An index tensor on the CPU (U32 or I32, checked by
+/// `check::index_tensor`) as the core's i32; a u32 value ≥ 2³¹ is an error
+/// naming the argument.
+pub(crate) fn host_i32(argument: &str, t: &Tensor) -> Result<Vec<i32>> {
+    let (st, l) = t.storage_and_layout();
+    let st = cpu_storage(&st, argument)?;
+    let range = l.start_offset()..l.start_offset() + t.elem_count();
+    let short = || err(format_args!("`{argument}`: buffer shorter than its shape"));
+    match st {
+        CpuStorage::I32(v) => Ok(v.get(range).ok_or_else(short)?.to_vec()),
+        CpuStorage::U32(v) => v
+            .get(range)
+            .ok_or_else(short)?
+            .iter()
+            .map(|&x| i32::try_from(x).map_err(|_| err(format_args!("`{argument}`: {x} exceeds i32::MAX"))))
+            .collect(),
+        other => Err(err(format_args!("dtype mismatch: `{argument}` is {:?}, expected U32 or I32", other.dtype()))),
+    }
+}
+
+/// ALiBi slopes on the CPU: a host copy and their shape.
+pub(crate) fn host_alibi(t: &Tensor, batch: usize, nheads: usize) -> Result<(Vec<f32>, AlibiShape)> {
+    let (shape, offset) = crate::check::alibi_shape(t, batch, nheads)?;
+    let (st, _) = t.storage_and_layout();
+    let slopes = cpu_storage(&st, "alibi_slopes")?.as_slice::<f32>()?.get(offset..offset + t.elem_count());
+    Ok((slopes.ok_or_else(|| err("`alibi_slopes`: buffer shorter than its shape"))?.to_vec(), shape))
+}
 
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn forward(
@@ -116,11 +162,16 @@ pub(crate) struct VarlenArgs {
     pub cu_k: Vec<i32>,
     pub max_q: usize,
     pub max_k: usize,
+    /// A paged cache's block table `(batch, max_blocks)`, row-major, and
+    /// `max_blocks` (then k and v are the pages, `c.k` their layout).
+    pub block_table: Option<(Vec<i32>, usize)>,
 }
 
 /// Varlen on the CPU: `reference::attention_varlen` (FA2's blocked loop per
 /// sequence); q, k, v packed `(total, nheads, headdim)` (`c`'s layouts have
-/// batch 1). Returns O `(total_q, nheads, d)` and the LSE `(nheads, total_q)`.
+/// batch 1), or, with a block table, k and v the pages `(num_blocks,
+/// page_size, nheads_k, headdim)` (`reference::attention_varlen_paged`).
+/// Returns O `(total_q, nheads, d)` and the LSE `(nheads, total_q)`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn forward_varlen(
     c: &Checked,
@@ -153,22 +204,131 @@ fn run_varlen<T: Elem>(
     let (q, k, v) = (q.as_slice::<T>()?, k.as_slice::<T>()?, v.as_slice::<T>()?);
     let (q, k, v) = (widen::<T>(q, q_l, &c.q)?, widen::<T>(k, k_l, &c.k)?, widen::<T>(v, v_l, &c.v)?);
     let sub = |a: &Array4<T::F>| a.index_axis(ndarray::Axis(0), 0).to_owned();
-    let (q, k, v) = (sub(&q), sub(&k), sub(&v));
-    let alibi = alibi.map(|(slopes, shape)| reference::HostAlibi { slopes, shape });
-    let out = reference::attention_varlen::<T::F>(
-        q.view(),
-        k.view(),
-        v.view(),
-        &args.cu_q,
-        &args.cu_k,
-        None,
-        args.max_q,
-        args.max_k,
-        &c.params,
-        alibi,
-    )
+    let q = sub(&q);
+    let alibi = alibi.map(|(slopes, shape)| HostAlibi { slopes, shape });
+    let (cu_q, cu_k, max_q, max_k) = (&args.cu_q, &args.cu_k, args.max_q, args.max_k);
+    let out = match &args.block_table {
+        None => {
+            let (k, v) = (sub(&k), sub(&v));
+            reference::attention_varlen::<T::F>(q.view(), k.view(), v.view(), cu_q, cu_k, None, max_q, max_k, &c.params, alibi)
+        }
+        Some((table, max_blocks)) => {
+            let batch = cu_q.len().saturating_sub(1);
+            let block_table = ArrayView2::from_shape((batch, *max_blocks), table)
+                .map_err(|_| err(format_args!("`block_table`: {} entries, expected ({batch}, {max_blocks})", table.len())))?;
+            let pages = PagedKv { k_pages: k.view(), v_pages: v.view(), block_table };
+            reference::attention_varlen_paged::<T::F>(q.view(), &pages, cu_q, cu_k, None, max_q, max_k, &c.params, alibi)
+        }
+    }
     .map_err(core_err)?;
     let o: Vec<T> = out.o.iter().map(|&x| T::down(x)).collect();
     let lse: Vec<f32> = out.lse.iter().map(|&x| x.to_f64() as f32).collect();
     Ok((T::to_cpu_storage_owned(o), CpuStorage::F32(lse)))
+}
+
+/// The host copies of a KV-cache call's index tensors.
+pub(crate) struct KvArgs {
+    pub cache_seqlens: Vec<i32>,
+    pub cache_batch_idx: Option<Vec<i32>>,
+    /// Row-major `(batch, max_blocks)` (the max in `KvChecked::max_blocks`).
+    pub block_table: Option<Vec<i32>>,
+}
+
+/// A KV-cache call on the CPU: the reference's `kvcache_attention` /
+/// `paged_kvcache_attention` on widened copies of the caches (they check
+/// everything, lengths, table entries and overlapping appends included,
+/// before they write), then the appended rows written back into candle's
+/// cache buffers in place (exact: the widening is lossless). Returns O
+/// `(batch, seqlen_q, nheads, d)` and the LSE `(batch, nheads, seqlen_q)`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn kvcache(
+    c: &KvChecked,
+    args: &KvArgs,
+    alibi: Option<(&[f32], AlibiShape)>,
+    q: (&CpuStorage, &Layout),
+    k_cache: (&mut CpuStorage, &Layout),
+    v_cache: (&mut CpuStorage, &Layout),
+    new: Option<[(&CpuStorage, &Layout); 2]>,
+) -> Result<(CpuStorage, CpuStorage)> {
+    match q.0 {
+        CpuStorage::F32(_) => run_kv::<f32>(c, args, alibi, q, k_cache, v_cache, new),
+        CpuStorage::F64(_) => run_kv::<f64>(c, args, alibi, q, k_cache, v_cache, new),
+        CpuStorage::F16(_) => run_kv::<f16>(c, args, alibi, q, k_cache, v_cache, new),
+        CpuStorage::BF16(_) => run_kv::<bf16>(c, args, alibi, q, k_cache, v_cache, new),
+        other => Err(err(format_args!("`q`: dtype {:?} is not supported on the CPU", other.dtype()))),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_kv<T: Elem>(
+    c: &KvChecked,
+    args: &KvArgs,
+    alibi: Option<(&[f32], AlibiShape)>,
+    (q, q_l): (&CpuStorage, &Layout),
+    (k_st, k_l): (&mut CpuStorage, &Layout),
+    (v_st, v_l): (&mut CpuStorage, &Layout),
+    new: Option<[(&CpuStorage, &Layout); 2]>,
+) -> Result<(CpuStorage, CpuStorage)> {
+    let q = widen::<T>(q.as_slice::<T>()?, q_l, &c.q)?;
+    let mut kc = widen::<T>(k_st.as_slice::<T>()?, k_l, &c.k_cache)?;
+    let mut vc = widen::<T>(v_st.as_slice::<T>()?, v_l, &c.v_cache)?;
+    let new = match (new, &c.new) {
+        (Some([(kn, kn_l), (vn, vn_l)]), Some((lk, lv))) => {
+            Some((widen::<T>(kn.as_slice::<T>()?, kn_l, lk)?, widen::<T>(vn.as_slice::<T>()?, vn_l, lv)?))
+        }
+        _ => None,
+    };
+    let (kn, vn) = (new.as_ref().map(|n| n.0.view()), new.as_ref().map(|n| n.1.view()));
+    let alibi = alibi.map(|(slopes, shape)| HostAlibi { slopes, shape });
+    let lens = &args.cache_seqlens;
+    let out = match (&args.block_table, c.max_blocks) {
+        (Some(table), Some(max_blocks)) => {
+            let block_table = ArrayView2::from_shape((c.batch, max_blocks), table)
+                .map_err(|_| err(format_args!("`block_table`: {} entries, expected ({}, {max_blocks})", table.len(), c.batch)))?;
+            let pages = PagedKvMut { k_pages: kc.view_mut(), v_pages: vc.view_mut(), block_table };
+            reference::paged_kvcache_attention::<T::F>(q.view(), pages, lens, kn, vn, &c.params, alibi)
+        }
+        _ => reference::kvcache_attention::<T::F>(
+            q.view(),
+            &mut kc,
+            &mut vc,
+            lens,
+            kn,
+            vn,
+            args.cache_batch_idx.as_deref(),
+            &c.params,
+            alibi,
+        ),
+    }
+    .map_err(core_err)?;
+    if let Some((kn, _)) = &new {
+        // The reference checked every slot; write back exactly the appended rows.
+        let s_new = kn.dim().1;
+        let page = c.k_cache.shape[1];
+        for (b, &len) in lens.iter().enumerate() {
+            for t in len as usize..len as usize + s_new {
+                let (outer, row) = match (&args.block_table, c.max_blocks) {
+                    (Some(table), Some(max_blocks)) => (table[b * max_blocks + t / page] as usize, t % page),
+                    _ => (args.cache_batch_idx.as_ref().map_or(b, |i| i[b] as usize), t),
+                };
+                store_row::<T>(k_st, k_l, &c.k_cache, &kc, (outer, row))?;
+                store_row::<T>(v_st, v_l, &c.v_cache, &vc, (outer, row))?;
+            }
+        }
+    }
+    let o: Vec<T> = out.o.iter().map(|&x| T::down(x)).collect();
+    let lse: Vec<f32> = out.lse.iter().map(|&x| x.to_f64() as f32).collect();
+    Ok((T::to_cpu_storage_owned(o), CpuStorage::F32(lse)))
+}
+
+/// Writes row `(outer, row)` (all heads) of `a` into candle's buffer at
+/// `l`'s offset with `tl`'s strides.
+fn store_row<T: Elem>(dst: &mut CpuStorage, l: &Layout, tl: &TensorLayout, a: &Array4<T::F>, (outer, row): (usize, usize)) -> Result<()> {
+    let data = T::slice_mut(dst).ok_or_else(|| err("`k_cache`/`v_cache`: dtype differs from `q`"))?;
+    let [sb, ss, sh] = tl.strides;
+    let base = l.start_offset() + outer * sb + row * ss;
+    for ((h, d), &x) in a.slice(s![outer, row, .., ..]).indexed_iter() {
+        *data.get_mut(base + h * sh + d).ok_or_else(|| err("a cache's strides address past its buffer"))? = T::down(x);
+    }
+    Ok(())
 }

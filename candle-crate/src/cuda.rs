@@ -9,18 +9,21 @@
 //!   kernel writes every element), the output wrapped with
 //!   `CudaStorage::wrap_cuda_slice`. Nothing synchronizes the host.
 
+use std::ops::Deref;
 use std::sync::{Arc, Mutex};
 
 use candle_core::backend::{BackendDevice, BackendStorage};
 use candle_core::cuda_backend::CudaDType;
-use candle_core::cuda_backend::cudarc::driver::{CudaStream, CudaView};
-use candle_core::{CudaStorage, DType, Layout, Result};
+use candle_core::cuda_backend::cudarc::driver::{CudaStream, CudaView, DevicePtr, DeviceRepr};
+use candle_core::{CudaStorage, DType, Layout, Result, Storage};
 use flash_attn::{
-    AlibiShape, AlibiSlopes, AttnElem, Extras, FlashAttention, StatsMut, Tensor, TensorLayout, TensorMut, Varlen,
+    AlibiShape, AlibiSlopes, AttnElem, BlockTable, DecodeOptions, Extras, FlashAttention, KvCache, PagedCache, RowStats,
+    StatsMut, Tensor, TensorLayout, TensorMut, Varlen,
 };
 use half::{bf16, f16};
 
-use crate::check::{Checked, core_err, err};
+use crate::check::{self, Checked, core_err, err};
+use crate::kvcache::KvChecked;
 
 /// The dtypes `cuda_fwd` takes.
 pub(crate) const DTYPES: &[DType] = &[DType::F32, DType::F16, DType::BF16];
@@ -40,10 +43,101 @@ pub fn kernels(stream: &Arc<CudaStream>) -> Result<Arc<FlashAttention>> {
     Ok(fa)
 }
 
+/// ALiBi slopes on the GPU: the storage (held for reading), the shape as
+/// the core names it, and the start offset.
+pub(crate) type Alibi<'a> = (&'a Storage, AlibiShape, usize);
+
+/// [`Alibi`] of a slopes tensor: f32 `(nheads)` or `(batch, nheads)`, contiguous, on the GPU.
+pub(crate) fn alibi_storage(t: &candle_core::Tensor, batch: usize, nheads: usize) -> Result<(impl Deref<Target = Storage> + '_, AlibiShape, usize)> {
+    let (shape, offset) = check::alibi_shape(t, batch, nheads)?;
+    let (st, _) = t.storage_and_layout();
+    cuda_storage(&st, "alibi_slopes")?;
+    Ok((st, shape, offset))
+}
+
+/// A GPU tensor's storage, or a device error naming the argument.
+pub(crate) fn cuda_storage<'a>(st: &'a Storage, argument: &str) -> Result<&'a CudaStorage> {
+    match st {
+        Storage::Cuda(s) => Ok(s),
+        _ => Err(err(format_args!("device mismatch: `{argument}` must be on the GPU with `q`"))),
+    }
+}
+
+/// The slopes as the core's [`Extras`] (a view of candle's buffer).
+fn alibi_view<'a>(alibi: Option<Alibi<'a>>) -> Result<Option<(CudaView<'a, f32>, AlibiShape)>> {
+    let Some((st, shape, offset)) = alibi else { return Ok(None) };
+    let slopes = cuda_storage(st, "alibi_slopes")?.as_cuda_slice::<f32>()?;
+    Ok(Some((slopes.slice(offset.min(slopes.len())..), shape)))
+}
+
+fn extras<'a>(alibi: &'a Option<(CudaView<'_, f32>, AlibiShape)>) -> Extras<'a> {
+    Extras { alibi_slopes: alibi.as_ref().map(|(s, shape)| AlibiSlopes::new(s, *shape)) }
+}
+
+/// candle's buffer from the layout's start offset on, as a cudarc view
+/// (no copy; the strides travel in our `TensorLayout`).
+fn view<'a, T: CudaDType + DeviceRepr>(s: &'a CudaStorage, l: &Layout) -> Result<CudaView<'a, T>> {
+    let slice = s.as_cuda_slice::<T>()?;
+    Ok(slice.slice(l.start_offset().min(slice.len())..))
+}
+
+/// An index tensor (U32 or I32, contiguous: `check::index_tensor`) read in
+/// place as the kernels' i32: u32 and i32 have one size and the same bits
+/// below 2³¹, and the kernels clamp every value they read to the buffers.
+pub(crate) fn i32_view<'a>(argument: &str, s: &'a CudaStorage, l: &Layout) -> Result<CudaView<'a, i32>> {
+    let n = l.shape().elem_count();
+    let short = || err(format_args!("`{argument}`: buffer shorter than its shape"));
+    match s.dtype() {
+        DType::I32 => {
+            let v = view::<i32>(s, l)?;
+            if v.len() < n {
+                return Err(short());
+            }
+            Ok(v.slice(..n))
+        }
+        DType::U32 => {
+            let v = view::<u32>(s, l)?;
+            // SAFETY: u32 → i32, same size and alignment; see above.
+            unsafe { v.transmute::<i32>(n) }.ok_or_else(short)
+        }
+        dt => Err(err(format_args!("dtype mismatch: `{argument}` is {dt:?}, expected U32 or I32"))),
+    }
+}
+
+/// Every storage on `dev`'s device, or an error naming the first that is not.
+fn same_device(dev: &candle_core::CudaDevice, others: &[(&str, &CudaStorage)]) -> Result<()> {
+    for &(argument, s) in others {
+        if !s.device().same_device(dev) {
+            return Err(err(format_args!("device mismatch: `{argument}` is on {:?} but `q` on {:?}", s.device(), dev)));
+        }
+    }
+    Ok(())
+}
+
+/// New keys or values as the core's tensor of `dyn DevicePtr`.
+fn as_new<'a, T: DeviceRepr>((data, layout): &'a (CudaView<'_, T>, TensorLayout)) -> Tensor<'a, dyn DevicePtr<T> + 'a> {
+    Tensor { data: data as &dyn DevicePtr<T>, layout: *layout }
+}
+
+fn wrap<T: CudaDType>(s: candle_core::cuda_backend::cudarc::driver::CudaSlice<T>, dev: &candle_core::CudaDevice) -> CudaStorage {
+    CudaStorage::wrap_cuda_slice(s, dev.clone())
+}
+
+macro_rules! by_dtype {
+    ($dt:expr, $f:ident :: <T> ($($arg:expr),* $(,)?)) => {
+        match $dt {
+            DType::F32 => $f::<f32>($($arg),*),
+            DType::F16 => $f::<f16>($($arg),*),
+            DType::BF16 => $f::<bf16>($($arg),*),
+            dt => Err(err(format_args!("`q`: dtype {dt:?} is not supported on the GPU (supported: {DTYPES:?})"))),
+        }
+    };
+}
+
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn forward(
     c: &Checked,
-    alibi: Option<(&CudaView<'_, f32>, AlibiShape)>,
+    alibi: Option<Alibi<'_>>,
     q: &CudaStorage,
     q_l: &Layout,
     k: &CudaStorage,
@@ -51,25 +145,13 @@ pub(crate) fn forward(
     v: &CudaStorage,
     v_l: &Layout,
 ) -> Result<(CudaStorage, CudaStorage)> {
-    match q.dtype() {
-        DType::F32 => run::<f32>(c, alibi, q, q_l, k, k_l, v, v_l),
-        DType::F16 => run::<f16>(c, alibi, q, q_l, k, k_l, v, v_l),
-        DType::BF16 => run::<bf16>(c, alibi, q, q_l, k, k_l, v, v_l),
-        dt => Err(err(format_args!("`q`: dtype {dt:?} is not supported on the GPU (supported: {DTYPES:?})"))),
-    }
-}
-
-/// candle's buffer from the layout's start offset on, as a cudarc view
-/// (no copy; the strides travel in our `TensorLayout`).
-fn view<'a, T: CudaDType + candle_core::cuda_backend::cudarc::driver::DeviceRepr>(s: &'a CudaStorage, l: &Layout) -> Result<CudaView<'a, T>> {
-    let slice = s.as_cuda_slice::<T>()?;
-    Ok(slice.slice(l.start_offset().min(slice.len())..))
+    by_dtype!(q.dtype(), run::<T>(c, alibi, q, q_l, k, k_l, v, v_l))
 }
 
 #[allow(clippy::too_many_arguments)]
 fn run<T: AttnElem + CudaDType>(
     c: &Checked,
-    alibi: Option<(&CudaView<'_, f32>, AlibiShape)>,
+    alibi: Option<Alibi<'_>>,
     q: &CudaStorage,
     q_l: &Layout,
     k: &CudaStorage,
@@ -78,11 +160,7 @@ fn run<T: AttnElem + CudaDType>(
     v_l: &Layout,
 ) -> Result<(CudaStorage, CudaStorage)> {
     let dev = q.device();
-    for (argument, s) in [("k", k), ("v", v)] {
-        if !s.device().same_device(dev) {
-            return Err(err(format_args!("device mismatch: `{argument}` is on {:?} but `q` on {:?}", s.device(), dev)));
-        }
-    }
+    same_device(dev, &[("k", k), ("v", v)])?;
     let stream = dev.cuda_stream();
     let fa = kernels(&stream)?;
     let (qv, kv, vv) = (view::<T>(q, q_l)?, view::<T>(k, k_l)?, view::<T>(v, v_l)?);
@@ -92,9 +170,9 @@ fn run<T: AttnElem + CudaDType>(
     // SAFETY: uninitialized device memory; the forward pass writes every
     // element of o and of the logsumexp (rows that see no key: 0 and −inf)
     // before anything reads them, in stream order.
-    let mut o = unsafe { stream.alloc::<T>(o_len) }.map_err(|e| err(e))?;
-    let mut lse = unsafe { stream.alloc::<f32>(b * h * s) }.map_err(|e| err(e))?;
-    let ext = Extras { alibi_slopes: alibi.map(|(s, shape)| AlibiSlopes::new(s, shape)) };
+    let mut o = unsafe { stream.alloc::<T>(o_len) }.map_err(err)?;
+    let mut lse = unsafe { stream.alloc::<f32>(b * h * s) }.map_err(err)?;
+    let alibi = alibi_view(alibi)?;
     fa.forward_into_ext(
         &stream,
         Tensor::new(&qv, c.q),
@@ -103,22 +181,30 @@ fn run<T: AttnElem + CudaDType>(
         TensorMut::new(&mut o, o_layout),
         StatsMut::LogSumExp(lse.as_view_mut()),
         &c.params,
-        &ext,
+        &extras(&alibi),
     )
     .map_err(core_err)?;
-    Ok((CudaStorage::wrap_cuda_slice(o, dev.clone()), CudaStorage::wrap_cuda_slice(lse, dev.clone())))
+    Ok((wrap(o, dev), wrap(lse, dev)))
 }
 
-/// Varlen on the GPU: `forward_varlen_into` over candle's buffers; the u32
-/// prefix sums are read in place as i32 (same bits below 2³¹; the kernels
-/// clamp every value to the buffers). O `(total_q, nheads, d)`, LSE
-/// `(nheads, total_q)`.
+/// The index tensors of a varlen call on the GPU: the prefix sums and,
+/// paged, the block table and its `max_blocks` (then k and v are pages).
+pub(crate) struct VarlenIdx<'a> {
+    pub seqlens_q: (&'a CudaStorage, &'a Layout),
+    pub seqlens_k: (&'a CudaStorage, &'a Layout),
+    pub max_seqlen: (usize, usize),
+    pub block_table: Option<(&'a CudaStorage, &'a Layout, usize)>,
+}
+
+/// Varlen on the GPU over candle's buffers: `forward_varlen_into` (packed
+/// k/v) or `forward_varlen_paged` (k/v pages and a block table); prefix
+/// sums and table read in place as i32 ([`i32_view`]). O `(total_q,
+/// nheads, d)`, LSE `(nheads, total_q)`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn forward_varlen(
     c: &Checked,
-    cu: (&CudaStorage, &Layout, &CudaStorage, &Layout),
-    max: (usize, usize),
-    alibi: Option<(&CudaView<'_, f32>, AlibiShape)>,
+    idx: &VarlenIdx<'_>,
+    alibi: Option<Alibi<'_>>,
     q: &CudaStorage,
     q_l: &Layout,
     k: &CudaStorage,
@@ -126,20 +212,14 @@ pub(crate) fn forward_varlen(
     v: &CudaStorage,
     v_l: &Layout,
 ) -> Result<(CudaStorage, CudaStorage)> {
-    match q.dtype() {
-        DType::F32 => run_varlen::<f32>(c, cu, max, alibi, q, q_l, k, k_l, v, v_l),
-        DType::F16 => run_varlen::<f16>(c, cu, max, alibi, q, q_l, k, k_l, v, v_l),
-        DType::BF16 => run_varlen::<bf16>(c, cu, max, alibi, q, q_l, k, k_l, v, v_l),
-        dt => Err(err(format_args!("`q`: dtype {dt:?} is not supported on the GPU (supported: {DTYPES:?})"))),
-    }
+    by_dtype!(q.dtype(), run_varlen::<T>(c, idx, alibi, q, q_l, k, k_l, v, v_l))
 }
 
 #[allow(clippy::too_many_arguments)]
 fn run_varlen<T: AttnElem + CudaDType>(
     c: &Checked,
-    cu: (&CudaStorage, &Layout, &CudaStorage, &Layout),
-    (max_seqlen_q, max_seqlen_k): (usize, usize),
-    alibi: Option<(&CudaView<'_, f32>, AlibiShape)>,
+    idx: &VarlenIdx<'_>,
+    alibi: Option<Alibi<'_>>,
     q: &CudaStorage,
     q_l: &Layout,
     k: &CudaStorage,
@@ -148,31 +228,39 @@ fn run_varlen<T: AttnElem + CudaDType>(
     v_l: &Layout,
 ) -> Result<(CudaStorage, CudaStorage)> {
     let dev = q.device();
-    for (argument, s) in [("k", k), ("v", v), ("seqlens_q", cu.0), ("seqlens_k", cu.2)] {
-        if !s.device().same_device(dev) {
-            return Err(err(format_args!("device mismatch: `{argument}` is on {:?} but `q` on {:?}", s.device(), dev)));
-        }
-    }
+    same_device(dev, &[("k", k), ("v", v), ("seqlens_q", idx.seqlens_q.0), ("seqlens_k", idx.seqlens_k.0)])?;
     let stream = dev.cuda_stream();
     let fa = kernels(&stream)?;
     let (qv, kv, vv) = (view::<T>(q, q_l)?, view::<T>(k, k_l)?, view::<T>(v, v_l)?);
-    let (cq, ck) = (view::<u32>(cu.0, cu.1)?, view::<u32>(cu.2, cu.3)?);
-    let (nq, nk) = (cu.1.shape().elem_count(), cu.3.shape().elem_count());
-    // SAFETY: u32 and i32 have one size; prefix sums below 2³¹ read the
-    // same, and the kernels clamp any value to the buffers.
-    let cq = unsafe { cq.transmute::<i32>(nq) }.ok_or_else(|| err("`seqlens_q`: buffer shorter than its shape"))?;
-    let ck = unsafe { ck.transmute::<i32>(nk) }.ok_or_else(|| err("`seqlens_k`: buffer shorter than its shape"))?;
+    let cq = i32_view("seqlens_q", idx.seqlens_q.0, idx.seqlens_q.1)?;
+    let ck = i32_view("seqlens_k", idx.seqlens_k.0, idx.seqlens_k.1)?;
+    let (max_seqlen_q, max_seqlen_k) = idx.max_seqlen;
+    let varlen = Varlen { cu_seqlens_q: &cq, cu_seqlens_k: &ck, max_seqlen_q, max_seqlen_k, seqused_k: None };
+    let alibi = alibi_view(alibi)?;
+    let ext = extras(&alibi);
+    let q_t = Tensor::new(&qv, c.q);
+    if let Some((bt, bt_l, max_blocks_per_seq)) = idx.block_table {
+        same_device(dev, &[("block_table", bt)])?;
+        if c.v.strides != c.k.strides {
+            return Err(err(format_args!(
+                "`v`: strides {:?} differ from `k`'s {:?} (the paged kernels read k and v pages with one layout)",
+                c.v.strides, c.k.strides
+            )));
+        }
+        let table = i32_view("block_table", bt, bt_l)?;
+        let cache = PagedCache { k_pages: &kv, v_pages: &vv, layout: c.k, block_table: BlockTable { table: &table, max_blocks_per_seq } };
+        let out = fa.forward_varlen_paged(&stream, q_t, cache, &varlen, &c.params, &ext, DecodeOptions::default()).map_err(core_err)?;
+        return Ok((wrap(out.o, dev), wrap(out.lse, dev)));
+    }
     let [_, total_q, h, d] = c.q.shape;
     let o_layout = TensorLayout::varlen(total_q, h, d);
     // SAFETY: uninitialized; the kernels write every row of o and of the
     // LSE (rows outside every segment are zeroed / −inf by the API).
     let mut o = unsafe { stream.alloc::<T>(total_q * h * d) }.map_err(err)?;
     let mut lse = unsafe { stream.alloc::<f32>(h * total_q) }.map_err(err)?;
-    let varlen = Varlen { cu_seqlens_q: &cq, cu_seqlens_k: &ck, max_seqlen_q, max_seqlen_k, seqused_k: None };
-    let ext = Extras { alibi_slopes: alibi.map(|(s, shape)| AlibiSlopes::new(s, shape)) };
     fa.forward_varlen_into(
         &stream,
-        Tensor::new(&qv, c.q),
+        q_t,
         Tensor::new(&kv, c.k),
         Tensor::new(&vv, c.v),
         TensorMut::new(&mut o, o_layout),
@@ -182,5 +270,92 @@ fn run_varlen<T: AttnElem + CudaDType>(
         &ext,
     )
     .map_err(core_err)?;
-    Ok((CudaStorage::wrap_cuda_slice(o, dev.clone()), CudaStorage::wrap_cuda_slice(lse, dev.clone())))
+    Ok((wrap(o, dev), wrap(lse, dev)))
+}
+
+/// The index tensors of a KV-cache call on the GPU.
+pub(crate) struct KvIdx<'a> {
+    pub cache_seqlens: (&'a CudaStorage, &'a Layout),
+    pub cache_batch_idx: Option<(&'a CudaStorage, &'a Layout)>,
+    pub block_table: Option<(&'a CudaStorage, &'a Layout)>,
+}
+
+/// A KV-cache call on the GPU: the core's `forward_kvcache` over candle's
+/// buffers, which validates everything before it enqueues anything, then
+/// appends the new rows in place into both caches and attends (split-KV as
+/// the heuristic or `num_splits` says), all on candle's stream. O `(batch,
+/// seqlen_q, nheads, d)`, LSE `(batch, nheads, seqlen_q)`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn kvcache(
+    c: &KvChecked,
+    idx: &KvIdx<'_>,
+    num_splits: Option<usize>,
+    alibi: Option<Alibi<'_>>,
+    q: (&CudaStorage, &Layout),
+    k_cache: (&mut CudaStorage, &Layout),
+    v_cache: (&mut CudaStorage, &Layout),
+    new: Option<[(&CudaStorage, &Layout); 2]>,
+) -> Result<(CudaStorage, CudaStorage)> {
+    by_dtype!(q.0.dtype(), run_kv::<T>(c, idx, num_splits, alibi, q, k_cache, v_cache, new))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_kv<T: AttnElem + CudaDType>(
+    c: &KvChecked,
+    idx: &KvIdx<'_>,
+    num_splits: Option<usize>,
+    alibi: Option<Alibi<'_>>,
+    (q, q_l): (&CudaStorage, &Layout),
+    (k_st, k_l): (&mut CudaStorage, &Layout),
+    (v_st, v_l): (&mut CudaStorage, &Layout),
+    new: Option<[(&CudaStorage, &Layout); 2]>,
+) -> Result<(CudaStorage, CudaStorage)> {
+    let dev = q.device().clone();
+    same_device(&dev, &[("k_cache", k_st), ("v_cache", v_st), ("cache_seqlens", idx.cache_seqlens.0)])?;
+    for (argument, s) in [("cache_batch_idx", idx.cache_batch_idx), ("block_table", idx.block_table)] {
+        if let Some((s, _)) = s {
+            same_device(&dev, &[(argument, s)])?;
+        }
+    }
+    if let Some([(kn, _), (vn, _)]) = &new {
+        same_device(&dev, &[("k_new", kn), ("v_new", vn)])?;
+    }
+    if c.v_cache.strides != c.k_cache.strides {
+        return Err(err(format_args!(
+            "`v_cache`: strides {:?} differ from `k_cache`'s {:?} (the kernels read both caches with one layout)",
+            c.v_cache.strides, c.k_cache.strides
+        )));
+    }
+    let stream = dev.cuda_stream();
+    let fa = kernels(&stream)?;
+    let qv = view::<T>(q, q_l)?;
+    let lens = i32_view("cache_seqlens", idx.cache_seqlens.0, idx.cache_seqlens.1)?;
+    let batch_idx = idx.cache_batch_idx.map(|(s, l)| i32_view("cache_batch_idx", s, l)).transpose()?;
+    let table = idx.block_table.map(|(s, l)| i32_view("block_table", s, l)).transpose()?;
+    let new = match (new, &c.new) {
+        (Some([(kn, kn_l), (vn, vn_l)]), Some((lk, lv))) => Some(((view::<T>(kn, kn_l)?, *lk), (view::<T>(vn, vn_l)?, *lv))),
+        _ => None,
+    };
+    let alibi = alibi_view(alibi)?;
+    let kc = k_st.as_cuda_slice_mut::<T>()?;
+    let mut kc = kc.slice_mut(k_l.start_offset().min(kc.len())..);
+    let vc = v_st.as_cuda_slice_mut::<T>()?;
+    let mut vc = vc.slice_mut(v_l.start_offset().min(vc.len())..);
+    let cache = KvCache {
+        k_cache: &mut kc,
+        v_cache: &mut vc,
+        layout: c.k_cache,
+        cache_seqlens: &lens,
+        cache_batch_idx: batch_idx.as_ref().map(|b| b as &dyn DevicePtr<i32>),
+        block_table: table.as_ref().zip(c.max_blocks).map(|(t, m)| BlockTable { table: t, max_blocks_per_seq: m }),
+        k_new: new.as_ref().map(|(k, _)| as_new(k)),
+        v_new: new.as_ref().map(|(_, v)| as_new(v)),
+    };
+    let out = fa
+        .forward_kvcache(&stream, Tensor::new(&qv, c.q), cache, &c.params, &extras(&alibi), DecodeOptions { num_splits, scratch: None })
+        .map_err(core_err)?;
+    let RowStats::LogSumExp(lse) = out.stats else {
+        return Err(err("the KV-cache call returned no logsumexp"));
+    };
+    Ok((wrap(out.o, &dev), wrap(lse, &dev)))
 }

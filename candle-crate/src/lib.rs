@@ -28,23 +28,29 @@
 //!   device, shapes, head dim); nothing panics.
 //! * GQA/MQA (k/v with fewer heads), sliding windows, softcap, ALiBi and
 //!   varlen run on both paths (the core's `forward_ext`/`forward_varlen`
-//!   and `fa2_forward_ext`/`attention_varlen`). A paged KV cache and
-//!   per-sequence cache lengths (the core's `forward_kvcache`, not wired in
-//!   yet) are candle errors saying so, never a silent fallback.
+//!   and `fa2_forward_ext`/`attention_varlen`).
+//! * A paged KV cache in varlen prefill ([`flash_attn_varlen_paged_windowed`]:
+//!   the core's `forward_varlen_paged`, `attention_varlen_paged` on the
+//!   CPU) and decode against a KV cache with new keys appended in place
+//!   ([`flash_attn_with_kvcache`], [`FlashAttnKvCache`]: the core's
+//!   `forward_kvcache`, contiguous or paged, split-KV; the reference's
+//!   `kvcache_attention`/`paged_kvcache_attention` on the CPU).
 
 mod check;
 mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+mod kvcache;
 mod op;
 mod varlen;
 
+pub use kvcache::{FlashAttnKvCache, KvCacheArgs, flash_attn_with_kvcache};
 pub use op::FlashAttn;
 pub use varlen::*;
 
 use candle_core::{Result, Tensor};
 
-use crate::check::{Missing, err};
+use crate::check::err;
 
 /// q, k (and v) on one device, named in the error otherwise.
 fn check_devices(tensors: &[(&str, &Tensor)]) -> Result<()> {
@@ -66,7 +72,7 @@ fn apply(q: &Tensor, k: &Tensor, v: &Tensor, op: FlashAttn) -> Result<Tensor> {
     q.apply_op3(k, v, op)
 }
 
-fn causal_window(causal: bool) -> (Option<usize>, Option<usize>) {
+pub(crate) fn causal_window(causal: bool) -> (Option<usize>, Option<usize>) {
     (None, if causal { Some(0) } else { None })
 }
 
@@ -158,37 +164,4 @@ impl FlashAttn {
 pub fn flash_attn_with_lse(q: &Tensor, k: &Tensor, v: &Tensor, softmax_scale: f32, causal: bool) -> Result<(Tensor, Tensor)> {
     let (window_size_left, window_size_right) = causal_window(causal);
     FlashAttn { softmax_scale, alibi_slopes: None, window_size_left, window_size_right, softcap: None }.forward_with_lse(q, k, v)
-}
-
-/// Decode (or chunked prefill) against a KV cache: `q` `(batch, seq_len_q,
-/// num_heads_q, head_size)` attends to `k_cache`, `v_cache` `(batch,
-/// seq_len_cache, num_heads_kv, head_size)`; `causal` is bottom-right
-/// aligned, so a decode step (`seq_len_q = 1`) sees the whole cache.
-///
-/// * `cache_seqlens`: u32 `(batch)` on the device, each sequence's filled
-///   length (FlashAttention's `flash_attn_with_kvcache`); `None`: every
-///   sequence fills the whole cache (candle-transformers' caches, which grow
-///   by concatenation), which runs today.
-/// * `block_table`: u32 `(batch, max_blocks)` for a paged cache.
-///
-/// Per-sequence lengths and paged caches need the core's KV-cache API
-/// (`FlashAttention::forward_kvcache`), not wired in yet: errors until then.
-#[allow(clippy::too_many_arguments)]
-pub fn flash_attn_with_kvcache(
-    q: &Tensor,
-    k_cache: &Tensor,
-    v_cache: &Tensor,
-    cache_seqlens: Option<&Tensor>,
-    block_table: Option<&Tensor>,
-    softmax_scale: f32,
-    causal: bool,
-) -> Result<Tensor> {
-    check_devices(&[("q", q), ("k_cache", k_cache), ("v_cache", v_cache)])?;
-    if block_table.is_some() {
-        return Err(Missing::Paged.error("block_table"));
-    }
-    if cache_seqlens.is_some() {
-        return Err(Missing::KvCache.error("cache_seqlens"));
-    }
-    flash_attn(q, k_cache, v_cache, softmax_scale, causal)
 }

@@ -116,17 +116,7 @@ impl FlashAttn {
         v_l: &Layout,
     ) -> Result<(CpuStorage, CpuStorage, Shape)> {
         let c = self.check_cpu(q, q_l, k, k_l, v, v_l)?;
-        let alibi = match &self.alibi_slopes {
-            None => None,
-            Some(t) => {
-                let (shape, offset) = check::alibi_shape(t, c.q.batch(), c.q.nheads())?;
-                let (st, _) = t.storage_and_layout();
-                let Storage::Cpu(st) = &*st else {
-                    return Err(check::err(format_args!("device mismatch: `alibi_slopes` is on {:?} but `q` on the CPU", t.device().location())));
-                };
-                Some((st.as_slice::<f32>()?[offset..][..t.elem_count()].to_vec(), shape))
-            }
-        };
+        let alibi = self.alibi_slopes.as_ref().map(|t| cpu::host_alibi(t, c.q.batch(), c.q.nheads())).transpose()?;
         let (o, lse) = cpu::forward(&c, alibi.as_ref().map(|(s, sh)| (s.as_slice(), *sh)), q, q_l, k, k_l, v, v_l)?;
         Ok((o, lse, c.out_shape().into()))
     }
@@ -144,19 +134,9 @@ impl FlashAttn {
         v_l: &Layout,
     ) -> Result<(candle_core::CudaStorage, candle_core::CudaStorage, Shape)> {
         let c = self.check_cuda(q, q_l, k, k_l, v, v_l)?;
-        let (o, lse) = match &self.alibi_slopes {
-            None => crate::cuda::forward(&c, None, q, q_l, k, k_l, v, v_l)?,
-            Some(t) => {
-                let (shape, offset) = check::alibi_shape(t, c.q.batch(), c.q.nheads())?;
-                let (st, _) = t.storage_and_layout();
-                let Storage::Cuda(st) = &*st else {
-                    return Err(check::err(format_args!("device mismatch: `alibi_slopes` is on {:?} but `q` on the GPU", t.device().location())));
-                };
-                let slopes = st.as_cuda_slice::<f32>()?;
-                let view = slopes.slice(offset.min(slopes.len())..);
-                crate::cuda::forward(&c, Some((&view, shape)), q, q_l, k, k_l, v, v_l)?
-            }
-        };
+        let alibi = self.alibi_slopes.as_ref().map(|t| crate::cuda::alibi_storage(t, c.q.batch(), c.q.nheads())).transpose()?;
+        let alibi = alibi.as_ref().map(|(st, shape, offset)| (&**st, *shape, *offset));
+        let (o, lse) = crate::cuda::forward(&c, alibi, q, q_l, k, k_l, v, v_l)?;
         Ok((o, lse, c.out_shape().into()))
     }
 }

@@ -7,16 +7,24 @@
 //! prefix sums read in place as i32, on candle's stream), the reference's
 //! `attention_varlen` on the CPU (prefix sums copied to the host there).
 //! GQA, window, softcap and ALiBi (slopes `(nheads)` or `(batch, nheads)`)
-//! as in the fixed-length functions; `flash_attn_varlen_paged_windowed`
-//! needs the core's paged KV cache (`forward_kvcache`, not wired in yet)
-//! and is an error until then.
+//! as in the fixed-length functions. [`flash_attn_varlen_paged_windowed`]
+//! reads k and v from a paged cache: the core's `forward_varlen_paged`
+//! (split-KV included) on the GPU, `reference::attention_varlen_paged` on
+//! the CPU.
 
 use candle_core::backend::BackendStorage;
-use candle_core::{CpuStorage, CustomOp3, DType, Layout, Result, Shape, Storage, Tensor};
+use candle_core::{CpuStorage, CustomOp3, DType, Layout, Result, Shape, Tensor};
 use flash_attn::TensorLayout;
 
-use crate::check::{self, Checked, Missing, err};
+use crate::check::{self, Checked, err};
 use crate::cpu;
+
+/// The paged form of a varlen call: k and v are pages `(num_blocks,
+/// page_block_size, nheads_k, headdim)`, `block_table` `(batch, max_blocks)`.
+struct Paged {
+    block_table: Tensor,
+    page_block_size: usize,
+}
 
 struct FlashAttnVarLen {
     softmax_scale: f32,
@@ -28,6 +36,7 @@ struct FlashAttnVarLen {
     window_size_left: Option<usize>,
     window_size_right: Option<usize>,
     softcap: Option<f32>,
+    paged: Option<Paged>,
 }
 
 /// A packed `(total, nheads, headdim)` layout, head dim contiguous, as the
@@ -49,15 +58,9 @@ fn layout3(argument: &str, l: &Layout) -> Result<TensorLayout> {
     Ok(TensorLayout::new([1, t, h, d], [0, st[0], st[1]]))
 }
 
-/// Cumulative lengths: u32, rank 1, `batch + 1 ≥ 2` entries; the batch.
+/// Cumulative lengths: U32 (or I32), rank 1, `batch + 1 ≥ 2` entries; the batch.
 fn check_seqlens(argument: &str, t: &Tensor) -> Result<usize> {
-    if t.dtype() != DType::U32 {
-        return Err(err(format_args!("dtype mismatch: `{argument}` is {:?}, expected U32", t.dtype())));
-    }
-    if !t.is_contiguous() {
-        return Err(err(format_args!("`{argument}` must be contiguous, got strides {:?}", t.stride())));
-    }
-    match t.dims() {
+    match check::index_tensor(argument, t, "(batch + 1): cumulative lengths", 1)? {
         &[n] if n >= 2 => Ok(n - 1),
         dims => Err(err(format_args!(
             "`{argument}` must be the cumulative lengths, rank 1 with batch + 1 ≥ 2 entries, got shape {dims:?}"
@@ -65,26 +68,26 @@ fn check_seqlens(argument: &str, t: &Tensor) -> Result<usize> {
     }
 }
 
-/// A u32 prefix-sum tensor on the CPU as the core's i32.
-fn host_seqlens(argument: &str, t: &Tensor) -> Result<Vec<i32>> {
-    let (st, l) = t.storage_and_layout();
-    let Storage::Cpu(st) = &*st else {
-        return Err(err(format_args!("device mismatch: `{argument}` is on {:?} but `q` on the CPU", t.device().location())));
-    };
-    let v = &st.as_slice::<u32>()?[l.start_offset()..][..t.elem_count()];
-    v.iter()
-        .map(|&x| i32::try_from(x).map_err(|_| err(format_args!("`{argument}`: {x} exceeds i32::MAX"))))
-        .collect()
-}
-
 impl FlashAttnVarLen {
-    fn check(&self, q_l: &Layout, k_l: &Layout, v_l: &Layout) -> Result<(Checked, usize)> {
+    /// The layouts (k and v packed, or pages), the batch and, paged, the
+    /// block table's `max_blocks`.
+    fn check(&self, q_l: &Layout, k_l: &Layout, v_l: &Layout) -> Result<(Checked, usize, Option<usize>)> {
         let q = layout3("q", q_l)?;
-        let k = layout3("k", k_l)?;
-        let v = layout3("v", v_l)?;
+        let (k, v) = match &self.paged {
+            None => (layout3("k", k_l)?, layout3("v", v_l)?),
+            Some(_) => {
+                let axes = "(num_blocks, page_block_size, nheads_k, headdim) for a paged cache";
+                (check::layout4_of("k", k_l, axes)?, check::layout4_of("v", v_l, axes)?)
+            }
+        };
         let (h, d) = (q.nheads(), q.headdim());
         if v.shape != k.shape {
-            return Err(err(format_args!("shape mismatch: `v` is {:?} but `k` is {:?}: they must be equal", &v.shape[1..], &k.shape[1..])));
+            let axes = if self.paged.is_some() { 0 } else { 1 };
+            return Err(err(format_args!(
+                "shape mismatch: `v` is {:?} but `k` is {:?}: they must be equal",
+                &v.shape[axes..],
+                &k.shape[axes..]
+            )));
         }
         if k.headdim() != d {
             return Err(err(format_args!("shape mismatch: `k` has headdim {} but `q` has {d}", k.headdim())));
@@ -104,12 +107,35 @@ impl FlashAttnVarLen {
             softcap: self.softcap,
         };
         let params = check::forward_params(&opts, d, self.max_seqlen_k)?;
-        Ok((Checked { q, k, v, params }, bq))
+        let max_blocks = match &self.paged {
+            None => None,
+            Some(p) => Some(check_pages(p, &k, bq)?),
+        };
+        Ok((Checked { q, k, v, params }, bq, max_blocks))
     }
 
     fn out_shape(c: &Checked) -> Shape {
         let [_, t, h, d] = c.q.shape;
         (t, h, d).into()
+    }
+}
+
+/// A paged call's `page_block_size` (the pages' axis 1) and block table
+/// (`(batch, max_blocks ≥ 1)`); returns `max_blocks`.
+fn check_pages(p: &Paged, pages: &TensorLayout, batch: usize) -> Result<usize> {
+    let page = pages.shape[1];
+    if p.page_block_size != page || page == 0 {
+        return Err(err(format_args!(
+            "`page_block_size` is {} but the pages `k` are {:?} (num_blocks, page_block_size, nheads_k, headdim): \
+             it must equal their axis 1, ≥ 1",
+            p.page_block_size, pages.shape
+        )));
+    }
+    match check::index_tensor("block_table", &p.block_table, "(batch, max_blocks_per_seq)", 2)? {
+        &[b, m] if b == batch && m >= 1 => Ok(m),
+        dims => Err(err(format_args!(
+            "shape mismatch: `block_table` is {dims:?}, expected ({batch}, max_blocks_per_seq ≥ 1) (batch from `seqlens_q`)"
+        ))),
     }
 }
 
@@ -128,24 +154,19 @@ impl CustomOp3 for FlashAttnVarLen {
         v_l: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         check::check_dtypes(q.dtype(), k.dtype(), v.dtype(), cpu::DTYPES, "CPU")?;
-        let (c, batch) = self.check(q_l, k_l, v_l)?;
+        let (c, batch, max_blocks) = self.check(q_l, k_l, v_l)?;
+        let block_table = match (&self.paged, max_blocks) {
+            (Some(p), Some(m)) => Some((cpu::host_i32("block_table", &p.block_table)?, m)),
+            _ => None,
+        };
         let args = cpu::VarlenArgs {
-            cu_q: host_seqlens("seqlens_q", &self.seqlens_q)?,
-            cu_k: host_seqlens("seqlens_k", &self.seqlens_k)?,
+            cu_q: cpu::host_i32("seqlens_q", &self.seqlens_q)?,
+            cu_k: cpu::host_i32("seqlens_k", &self.seqlens_k)?,
             max_q: self.max_seqlen_q,
             max_k: self.max_seqlen_k,
+            block_table,
         };
-        let alibi = match &self.alibi_slopes {
-            None => None,
-            Some(t) => {
-                let (shape, offset) = check::alibi_shape(t, batch, c.q.nheads())?;
-                let (st, _) = t.storage_and_layout();
-                let Storage::Cpu(st) = &*st else {
-                    return Err(err(format_args!("device mismatch: `alibi_slopes` is on {:?} but `q` on the CPU", t.device().location())));
-                };
-                Some((st.as_slice::<f32>()?[offset..][..t.elem_count()].to_vec(), shape))
-            }
-        };
+        let alibi = self.alibi_slopes.as_ref().map(|t| cpu::host_alibi(t, batch, c.q.nheads())).transpose()?;
         let alibi = alibi.as_ref().map(|(s, sh)| (s.as_slice(), *sh));
         let (o, _lse) = cpu::forward_varlen(&c, &args, alibi, q, q_l, k, k_l, v, v_l)?;
         Ok((o, Self::out_shape(&c)))
@@ -162,26 +183,24 @@ impl CustomOp3 for FlashAttnVarLen {
         v_l: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
         check::check_dtypes(q.dtype(), k.dtype(), v.dtype(), crate::cuda::DTYPES, "GPU")?;
-        let (c, batch) = self.check(q_l, k_l, v_l)?;
+        let (c, batch, max_blocks) = self.check(q_l, k_l, v_l)?;
         let (sq, lq) = self.seqlens_q.storage_and_layout();
         let (sk, lk) = self.seqlens_k.storage_and_layout();
-        let (Storage::Cuda(sq), Storage::Cuda(sk)) = (&*sq, &*sk) else {
-            return Err(err("device mismatch: `seqlens_q` and `seqlens_k` must be on the GPU with `q`"));
+        let bt = self.paged.as_ref().map(|p| p.block_table.storage_and_layout());
+        use crate::cuda::cuda_storage as cuda;
+        let block_table = match (&bt, max_blocks) {
+            (Some((st, l)), Some(m)) => Some((cuda(st, "block_table")?, *l, m)),
+            _ => None,
         };
-        let max = (self.max_seqlen_q, self.max_seqlen_k);
-        let (o, _lse) = match &self.alibi_slopes {
-            None => crate::cuda::forward_varlen(&c, (sq, lq, sk, lk), max, None, q, q_l, k, k_l, v, v_l)?,
-            Some(t) => {
-                let (shape, offset) = check::alibi_shape(t, batch, c.q.nheads())?;
-                let (st, _) = t.storage_and_layout();
-                let Storage::Cuda(st) = &*st else {
-                    return Err(err(format_args!("device mismatch: `alibi_slopes` is on {:?} but `q` on the GPU", t.device().location())));
-                };
-                let slopes = st.as_cuda_slice::<f32>()?;
-                let view = slopes.slice(offset.min(slopes.len())..);
-                crate::cuda::forward_varlen(&c, (sq, lq, sk, lk), max, Some((&view, shape)), q, q_l, k, k_l, v, v_l)?
-            }
+        let idx = crate::cuda::VarlenIdx {
+            seqlens_q: (cuda(&sq, "seqlens_q")?, lq),
+            seqlens_k: (cuda(&sk, "seqlens_k")?, lk),
+            max_seqlen: (self.max_seqlen_q, self.max_seqlen_k),
+            block_table,
         };
+        let alibi = self.alibi_slopes.as_ref().map(|t| crate::cuda::alibi_storage(t, batch, c.q.nheads())).transpose()?;
+        let alibi = alibi.as_ref().map(|(st, shape, offset)| (&**st, *shape, *offset));
+        let (o, _lse) = crate::cuda::forward_varlen(&c, &idx, alibi, q, q_l, k, k_l, v, v_l)?;
         Ok((o, Self::out_shape(&c)))
     }
 }
@@ -201,6 +220,7 @@ fn apply_varlen(
 ) -> Result<Tensor> {
     crate::check_devices(&[("q", q), ("k", k), ("v", v), ("seqlens_q", seqlens_q), ("seqlens_k", seqlens_k)])?;
     let op = FlashAttnVarLen {
+        paged: None,
         softmax_scale,
         max_seqlen_q: max_seqlen.0,
         max_seqlen_k: max_seqlen.1,
@@ -212,10 +232,6 @@ fn apply_varlen(
         softcap,
     };
     q.apply_op3(k, v, op)
-}
-
-fn causal_window(causal: bool) -> (Option<usize>, Option<usize>) {
-    (None, if causal { Some(0) } else { None })
 }
 
 /// Variable-length [`crate::flash_attn`] (see the module docs).
@@ -231,7 +247,7 @@ pub fn flash_attn_varlen(
     softmax_scale: f32,
     causal: bool,
 ) -> Result<Tensor> {
-    apply_varlen(q, k, v, seqlens_q, seqlens_k, (max_seqlen_q, max_seqlen_k), softmax_scale, causal_window(causal), None, None)
+    apply_varlen(q, k, v, seqlens_q, seqlens_k, (max_seqlen_q, max_seqlen_k), softmax_scale, crate::causal_window(causal), None, None)
 }
 
 /// Variable-length [`crate::flash_attn_windowed`].
@@ -251,10 +267,28 @@ pub fn flash_attn_varlen_windowed(
     apply_varlen(q, k, v, seqlens_q, seqlens_k, (max_seqlen_q, max_seqlen_k), softmax_scale, (window_size_left, window_size_right), None, None)
 }
 
-/// Variable-length attention over a paged KV cache: `k`, `v` `(num_blocks,
-/// page_block_size, num_heads_kv, head_size)`, `block_table` u32 `(batch,
-/// max_blocks_per_seq)`. `mm_prefix_ranges` (bidirectional prefix ranges
-/// for multimodal prompts) is taken for signature compatibility.
+/// Variable-length attention over a paged KV cache (prefix caching, chunked
+/// prefill), candle-flash-attn 0.11.1's signature and meaning:
+///
+/// * `q` `(total_q, num_heads_q, head_size)` packed with `seqlens_q` (as in
+///   [`flash_attn_varlen`]);
+/// * `k`, `v`: the pages `(num_blocks, page_block_size, num_heads_kv,
+///   head_size)`; sequence `b`'s key `t` is row `t % page_block_size` of
+///   page `block_table[b][t / page_block_size]`;
+/// * `seqlens_k`: cumulative key lengths, `batch + 1` entries: sequence `b`
+///   attends to its first `seqlens_k[b+1] − seqlens_k[b]` keys (the keys
+///   live in the pages, the sums give lengths only);
+/// * `block_table` U32 or I32 `(batch, max_blocks_per_seq)`, contiguous;
+/// * `page_block_size`: the pages' axis 1. Any size ≥ 1 (candle-flash-attn
+///   needs a multiple of 32);
+/// * window (bottom-right per sequence, normalized with `max_seqlen_k`),
+///   causal = `(None, Some(0))`, `softcap` (`None`/0 off) as elsewhere.
+///
+/// `mm_prefix_ranges` (I32 `(batch, max_ranges, 2)`: key ranges `[start,
+/// end)` inside which a query sees every key, bypassing the causal/window
+/// mask, for multimodal prompts) has no counterpart in our kernels: with a
+/// causal or window mask it is an error naming it; without a mask it
+/// changes nothing (as in candle-flash-attn) and is only checked.
 #[allow(clippy::too_many_arguments)]
 pub fn flash_attn_varlen_paged_windowed(
     q: &Tensor,
@@ -272,13 +306,53 @@ pub fn flash_attn_varlen_paged_windowed(
     page_block_size: usize,
     softcap: Option<f32>,
 ) -> Result<Tensor> {
-    let _ = mm_prefix_ranges;
-    crate::check_devices(&[("q", q), ("k", k), ("v", v), ("block_table", block_table)])?;
-    // k and v are paged (rank 4), not packed: the op's rank-3 check does
-    // not apply; what is missing is the paged call itself.
-    let _ = (seqlens_q, seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, window_size_left, window_size_right);
-    let _ = (page_block_size, softcap);
-    Err(Missing::Paged.error("block_table"))
+    let mut tensors = vec![("q", q), ("k", k), ("v", v), ("seqlens_q", seqlens_q), ("seqlens_k", seqlens_k), ("block_table", block_table)];
+    if let Some(r) = mm_prefix_ranges {
+        tensors.push(("mm_prefix_ranges", r));
+    }
+    crate::check_devices(&tensors)?;
+    if let Some(ranges) = mm_prefix_ranges {
+        check_mm_prefix_ranges(ranges, seqlens_q, max_seqlen_k, (window_size_left, window_size_right))?;
+    }
+    let op = FlashAttnVarLen {
+        softmax_scale,
+        max_seqlen_q,
+        max_seqlen_k,
+        seqlens_q: seqlens_q.clone(),
+        seqlens_k: seqlens_k.clone(),
+        alibi_slopes: None,
+        window_size_left,
+        window_size_right,
+        softcap,
+        paged: Some(Paged { block_table: block_table.clone(), page_block_size }),
+    };
+    q.apply_op3(k, v, op)
+}
+
+/// `mm_prefix_ranges`: I32 `(batch, max_ranges, 2)`, last axis contiguous
+/// (candle-flash-attn's rules); an error if a mask applies, since the
+/// kernels cannot lift it inside the ranges.
+fn check_mm_prefix_ranges(r: &Tensor, seqlens_q: &Tensor, max_seqlen_k: usize, window: (Option<usize>, Option<usize>)) -> Result<()> {
+    // A side ≥ max_seqlen_k is unbounded (FlashAttention-2's rule).
+    let bounded = |w: Option<usize>| w.is_some_and(|w| w < max_seqlen_k);
+    if bounded(window.0) || bounded(window.1) {
+        return Err(err(format_args!(
+            "`mm_prefix_ranges`: bidirectional prefix ranges inside a causal or window mask \
+             (window {window:?}, max_seqlen_k {max_seqlen_k}) are not supported by flash-attn-candle: \
+             the kernels have no per-range exception to the mask; pass None (no silent fallback)"
+        )));
+    }
+    if r.dtype() != DType::I32 {
+        return Err(err(format_args!("dtype mismatch: `mm_prefix_ranges` is {:?}, expected I32", r.dtype())));
+    }
+    let batch = check_seqlens("seqlens_q", seqlens_q)?;
+    match r.dims() {
+        &[b, _, 2] if b == batch && r.stride()[2] == 1 => Ok(()),
+        dims => Err(err(format_args!(
+            "`mm_prefix_ranges` must be ({batch}, max_ranges, 2) with a contiguous last axis, got shape {dims:?}, strides {:?}",
+            r.stride()
+        ))),
+    }
 }
 
 /// Variable-length [`crate::flash_attn_alibi`].
@@ -295,7 +369,7 @@ pub fn flash_attn_varlen_alibi(
     softmax_scale: f32,
     causal: bool,
 ) -> Result<Tensor> {
-    apply_varlen(q, k, v, seqlens_q, seqlens_k, (max_seqlen_q, max_seqlen_k), softmax_scale, causal_window(causal), Some(alibi_slopes), None)
+    apply_varlen(q, k, v, seqlens_q, seqlens_k, (max_seqlen_q, max_seqlen_k), softmax_scale, crate::causal_window(causal), Some(alibi_slopes), None)
 }
 
 /// Variable-length [`crate::flash_attn_alibi_windowed`].

@@ -5,119 +5,11 @@
 //! GPU machine; without it the GPU cases are skipped with a printed reason,
 //! so no CUDA call is made on a machine without a driver).
 
-use candle_core::{D, DType, Device, IndexOp, Result, Tensor};
+mod common;
+
+use candle_core::{DType, Device, IndexOp, Result, Tensor};
+use common::*;
 use flash_attn_candle as fa;
-
-/// The devices to test on: the CPU, and the GPU when asked for.
-fn devices() -> Vec<Device> {
-    let mut devs = vec![Device::Cpu];
-    if std::env::var("FA_REQUIRE_GPU").is_ok_and(|v| v == "1") {
-        if !cfg!(feature = "cuda") {
-            panic!("FA_REQUIRE_GPU=1 needs the `cuda` feature");
-        }
-        devs.push(Device::new_cuda(0).expect("FA_REQUIRE_GPU=1 but no CUDA device"));
-    } else {
-        eprintln!("GPU cases skipped: set FA_REQUIRE_GPU=1 (with --features cuda) to run them");
-    }
-    devs
-}
-
-/// candle's attention on `(b, s, h, d)` tensors, in f32, causal mask
-/// bottom-right aligned; returns `(b, sq, h, d)` f32 and the logsumexp
-/// `(b, h, sq)`.
-fn candle_attention(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64, causal: bool) -> Result<(Tensor, Tensor)> {
-    let (q, k, v) = (q.to_dtype(DType::F32)?, k.to_dtype(DType::F32)?, v.to_dtype(DType::F32)?);
-    let (q, k, v) = (q.transpose(1, 2)?.contiguous()?, k.transpose(1, 2)?.contiguous()?, v.transpose(1, 2)?.contiguous()?);
-    let att = (q.matmul(&k.t()?)? * scale)?;
-    let (sq, sk) = (q.dim(2)?, k.dim(2)?);
-    let att = if causal {
-        let mask: Vec<u8> = (0..sq).flat_map(|i| (0..sk).map(move |j| u8::from(j + sq > i + sk))).collect();
-        let mask = Tensor::from_slice(&mask, (sq, sk), q.device())?.broadcast_as(att.shape())?;
-        let ninf = Tensor::new(f32::NEG_INFINITY, q.device())?.broadcast_as(att.shape())?;
-        mask.where_cond(&ninf, &att)?
-    } else {
-        att
-    };
-    let (p, lse) = softmax(&att)?;
-    Ok((p.matmul(&v)?.transpose(1, 2)?, lse))
-}
-
-/// Safe softmax over the last axis (what `candle_nn::ops::softmax_last_dim`
-/// computes, written with candle-core ops so it runs on every backend) and
-/// the logsumexp.
-fn softmax(att: &Tensor) -> Result<(Tensor, Tensor)> {
-    let m = att.max_keepdim(D::Minus1)?;
-    let e = att.broadcast_sub(&m)?.exp()?;
-    let sum = e.sum_keepdim(D::Minus1)?;
-    let lse = (sum.log()? + m)?.squeeze(D::Minus1)?;
-    Ok((e.broadcast_div(&sum)?, lse))
-}
-
-/// candle's attention with every option, in f32 on `(b, s, h, d)`: GQA by
-/// repeating k/v heads (head `h` reads k/v head `h / (nheads / nheads_k)`),
-/// softcap `cap·tanh(s/cap)`, ALiBi `−slope·|i + sk − sq − j|`, window
-/// `i + sk − sq − left ≤ j ≤ i + sk − sq + right` (bottom-right aligned).
-fn candle_attention_ext(
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
-    scale: f64,
-    window: (Option<usize>, Option<usize>),
-    softcap: Option<f64>,
-    alibi: Option<&[f32]>,
-) -> Result<Tensor> {
-    let (b, sq, h, _) = q.dims4()?;
-    let (_, sk, _, _) = k.dims4()?;
-    let rep = |x: &Tensor| -> Result<Tensor> {
-        let x = x.to_dtype(DType::F32)?.transpose(1, 2)?.contiguous()?; // (b, hk, s, d)
-        let (b, hk, s, d) = x.dims4()?;
-        Tensor::cat(&vec![&x; h / hk], 2)?.reshape((b, h, s, d))
-    };
-    let (k, v) = (rep(k)?, rep(v)?);
-    let q = q.to_dtype(DType::F32)?.transpose(1, 2)?.contiguous()?;
-    let mut att = (q.matmul(&k.t()?)? * scale)?;
-    if let Some(cap) = softcap {
-        att = ((att / cap)?.tanh()? * cap)?;
-    }
-    let shift = sk as i64 - sq as i64;
-    if let Some(slopes) = alibi {
-        let dist: Vec<f32> = (0..sq).flat_map(|i| (0..sk).map(move |j| (i as i64 + shift - j as i64).abs() as f32)).collect();
-        let dist = Tensor::from_slice(&dist, (1, 1, sq, sk), q.device())?;
-        let slopes = Tensor::from_slice(slopes, (1, h, 1, 1), q.device())?;
-        att = (att - dist.broadcast_mul(&slopes)?.broadcast_as((b, h, sq, sk))?)?;
-    }
-    let mask: Vec<u8> = (0..sq)
-        .flat_map(|i| {
-            (0..sk).map(move |j| {
-                let c = i as i64 + shift;
-                let j = j as i64;
-                u8::from(window.0.is_some_and(|l| j < c - l as i64) || window.1.is_some_and(|r| j > c + r as i64))
-            })
-        })
-        .collect();
-    let mask = Tensor::from_slice(&mask, (sq, sk), q.device())?.broadcast_as(att.shape())?;
-    let ninf = Tensor::new(f32::NEG_INFINITY, q.device())?.broadcast_as(att.shape())?;
-    let att = mask.where_cond(&ninf, &att)?;
-    let (p, _) = softmax(&att)?;
-    p.matmul(&v)?.transpose(1, 2)
-}
-
-fn max_diff(a: &Tensor, b: &Tensor) -> Result<f32> {
-    (a.to_dtype(DType::F32)? - b.to_dtype(DType::F32)?)?.abs()?.flatten_all()?.max(0)?.to_scalar::<f32>()
-}
-
-fn randn(shape: (usize, usize, usize, usize), dev: &Device) -> Result<Tensor> {
-    Tensor::randn(0f32, 1f32, shape, dev)
-}
-
-/// Tolerance of a dtype against candle's f32 attention.
-fn tol(dt: DType) -> f32 {
-    match dt {
-        DType::F64 | DType::F32 => 2e-5,
-        DType::F16 => 4e-3,
-        _ => 3e-2,
-    }
-}
 
 #[test]
 fn matches_candle_attention_in_every_dtype() -> Result<()> {
@@ -215,7 +107,7 @@ fn llama_call_sequence_prefill_and_decode() -> Result<()> {
             let (ck, cv) = cache.unwrap();
             let q = Tensor::randn(0f32, 1., (1, 1, heads, d), &dev)?.to_dtype(dt)?;
             let (k, v) = (repeat_kv(&ck)?.transpose(1, 2)?, repeat_kv(&cv)?.transpose(1, 2)?);
-            let a = fa::flash_attn_with_kvcache(&q, &k, &v, None, None, 0.1, true)?;
+            let a = fa::flash_attn_with_kvcache(&q, &k, &v, None, None, None, None, 0.1, true)?;
             let b = fa::flash_attn(&q, &k, &v, 0.1, true)?;
             assert_eq!(max_diff(&a, &b)?, 0.0);
         }

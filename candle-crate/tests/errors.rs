@@ -1,5 +1,5 @@
-//! Bad input is a candle error naming the argument; nothing panics. The
-//! options the core library does not run yet are errors saying so.
+//! Bad input is a candle error naming the argument; nothing panics (the
+//! KV-cache calls' errors: `tests/kvcache.rs`).
 
 use candle_core::{DType, Device, Result, Tensor};
 use flash_attn_candle as fa;
@@ -36,23 +36,6 @@ fn rank_dtype_stride_and_shape_errors_name_the_argument() {
     expect_err(fa::flash_attn(&q, &q, &q, f32::NAN, true), &["softmax_scale"]);
     let z = t(&[1, 0, 2, 64], DType::F32);
     expect_err(fa::flash_attn(&z, &q, &q, 0.1, true), &["`q`", "zero-sized"]);
-}
-
-#[test]
-fn missing_core_features_are_named_errors() {
-    let q = t(&[1, 8, 4, 64], DType::F32);
-    let miss = "not supported yet by flash-attn-candle";
-    let p = t(&[16, 4, 64], DType::F32);
-    let cu = Tensor::new(&[0u32, 8, 16], &Device::Cpu).unwrap();
-    let bt = Tensor::new(&[[0u32, 1]], &Device::Cpu).unwrap();
-    let pages = t(&[2, 16, 4, 64], DType::F32);
-    expect_err(
-        fa::flash_attn_varlen_paged_windowed(&p, &pages, &pages, &cu, &cu, &bt, None, 8, 32, 0.1, None, Some(0), 16, None),
-        &["block_table", "paged", miss],
-    );
-    let lens = Tensor::new(&[8u32], &Device::Cpu).unwrap();
-    expect_err(fa::flash_attn_with_kvcache(&q, &q, &q, Some(&lens), None, 0.1, true), &["cache_seqlens", miss]);
-    expect_err(fa::flash_attn_with_kvcache(&q, &q, &q, None, Some(&bt), 0.1, true), &["block_table", miss]);
 }
 
 #[test]

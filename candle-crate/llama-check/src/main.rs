@@ -7,10 +7,13 @@
 //! (candle's matmul/softmax attention, in f32) and `true` (ours). For f32
 //! and bf16: prefill, then 32 steps of KV-cache decode, logits compared.
 //! With `--bench` (GPU): prefill tokens/s at 512/2048/8192 tokens and
-//! decode ms/token at context 1k/8k/32k, both attentions.
+//! decode ms/token at context 1k/8k/32k, both attentions; one layer's
+//! decode attention alone, and its step with the cache update: llama.rs's
+//! concatenating cache vs `flash_attn_with_kvcache` on a preallocated one
+//! (output checked against `flash_attn` over the concatenation).
 //!
 //! `llama-check [--device cpu|cuda] [--small] [--bench]`; exits non-zero
-//! when a comparison fails.
+//! when a check fails.
 
 use std::collections::HashMap;
 use std::time::Instant;
@@ -139,18 +142,33 @@ fn mark(ok: bool) -> &'static str {
 }
 
 /// Mean seconds of `reps` calls of `f` after one warm-up, synchronized.
-fn time<T>(dev: &Device, reps: usize, mut f: impl FnMut() -> Result<T>) -> Result<f64> {
+fn time<T>(dev: &Device, reps: usize, f: impl FnMut() -> Result<T>) -> Result<f64> {
+    timed(dev, reps, f, true)
+}
+
+/// Mean host seconds to enqueue `reps` calls (the GPU drained before, not after).
+fn enqueue<T>(dev: &Device, reps: usize, f: impl FnMut() -> Result<T>) -> Result<f64> {
+    timed(dev, reps, f, false)
+}
+
+/// `reps` calls after one warm-up and a synchronization; the clock stops
+/// after a second synchronization (`until_done`) or when the last call returns.
+fn timed<T>(dev: &Device, reps: usize, mut f: impl FnMut() -> Result<T>, until_done: bool) -> Result<f64> {
     f()?;
     dev.synchronize()?;
     let t = Instant::now();
     for _ in 0..reps {
         f()?;
     }
+    if until_done {
+        dev.synchronize()?;
+    }
+    let s = t.elapsed().as_secs_f64() / reps as f64;
     dev.synchronize()?;
-    Ok(t.elapsed().as_secs_f64() / reps as f64)
+    Ok(s)
 }
 
-fn bench(weights: &VarMap, cfg: &Config, dev: &Device) -> Result<()> {
+fn bench(weights: &VarMap, cfg: &Config, dev: &Device) -> Result<bool> {
     let m = models(weights, cfg, DType::BF16, dev)?;
     println!("## Benchmark: bf16, batch 1, candle's attention vs ours (same model, same weights)\n");
     println!("| phase | tokens / context | candle attention | ours | speed-up |");
@@ -196,8 +214,14 @@ fn bench(weights: &VarMap, cfg: &Config, dev: &Device) -> Result<()> {
 
 /// One decode step's attention alone (one layer, bf16): candle's as llama.rs
 /// runs it (repeat_kv, f32 matmul/softmax/matmul), ours after repeat_kv (what
-/// the patched model runs), and ours on the unrepeated GQA cache.
-fn attention_only(cfg: &Config, dev: &Device) -> Result<()> {
+/// the patched model runs), and ours on the unrepeated GQA cache. Then the
+/// whole step with its cache update: llama.rs's (`Tensor::cat` of the cache
+/// and the new key, repeat_kv, attention) with candle's attention and with
+/// ours, against `flash_attn_with_kvcache` on a preallocated cache (the new
+/// key appended in place, attention over the GQA cache as it is), whose
+/// output is checked against ours over the concatenation. Returns false if
+/// that check fails.
+fn attention_only(cfg: &Config, dev: &Device) -> Result<bool> {
     let (h, hk) = (cfg.num_attention_heads, cfg.num_key_value_heads);
     let d = cfg.hidden_size / h;
     let scale = 1.0 / (d as f64).sqrt();
@@ -207,26 +231,159 @@ fn attention_only(cfg: &Config, dev: &Device) -> Result<()> {
         let (b, hk, s, d) = x.dims4()?;
         Tensor::cat(&vec![&x; h / hk], 2)?.reshape((b, h, s, d))?.transpose(1, 2)
     };
+    let candle_attn = |q: &Tensor, k: &Tensor, v: &Tensor| -> Result<Tensor> {
+        let (q, k, v) = (q.transpose(1, 2)?, repeat(k)?.transpose(1, 2)?, repeat(v)?.transpose(1, 2)?);
+        let (q, k, v) = (q.to_dtype(DType::F32)?, k.to_dtype(DType::F32)?, v.to_dtype(DType::F32)?);
+        let att = (q.matmul(&k.t()?)? * scale)?;
+        let att = candle_nn::ops::softmax_last_dim(&att)?;
+        att.matmul(&v.contiguous()?)?.to_dtype(DType::BF16)
+    };
     println!("## One decode step's attention, one layer (bf16, {h} q / {hk} kv heads, d = {d}), µs\n");
     println!("| context | candle (repeat_kv + f32 matmul/softmax) | ours after repeat_kv | ours, GQA cache as is |");
     println!("|---|---|---|---|");
+    let mut rows = vec![];
+    let mut breakdown = vec![];
+    let mut ok = true;
     for ctx in [1024usize, 8192, 32768] {
         let q = Tensor::randn(0f32, 1., (1, 1, h, d), dev)?.to_dtype(DType::BF16)?;
         let k = Tensor::randn(0f32, 1., (1, ctx, hk, d), dev)?.to_dtype(DType::BF16)?;
         let v = Tensor::randn(0f32, 1., (1, ctx, hk, d), dev)?.to_dtype(DType::BF16)?;
-        let candle = time(dev, 20, || {
-            let (q, k, v) = (q.transpose(1, 2)?, repeat(&k)?.transpose(1, 2)?, repeat(&v)?.transpose(1, 2)?);
-            let (q, k, v) = (q.to_dtype(DType::F32)?, k.to_dtype(DType::F32)?, v.to_dtype(DType::F32)?);
-            let att = (q.matmul(&k.t()?)? * scale)?;
-            let att = candle_nn::ops::softmax_last_dim(&att)?;
-            att.matmul(&v.contiguous()?)?.to_dtype(DType::BF16)
-        })?;
+        let candle = time(dev, 20, || candle_attn(&q, &k, &v))?;
         let ours_rep = time(dev, 20, || candle_flash_attn::flash_attn(&q, &repeat(&k)?, &repeat(&v)?, scale as f32, false))?;
         let ours_gqa = time(dev, 20, || candle_flash_attn::flash_attn(&q, &k, &v, scale as f32, false))?;
         println!("| {ctx} | {:.0} | {:.0} | {:.0} |", candle * 1e6, ours_rep * 1e6, ours_gqa * 1e6);
+
+        // The step with its cache update: the cache holds ctx − 1 keys,
+        // one new key and value arrive.
+        let (k_new, v_new) = (k.narrow(1, ctx - 1, 1)?.contiguous()?, v.narrow(1, ctx - 1, 1)?.contiguous()?);
+        let (k_old, v_old) = (k.narrow(1, 0, ctx - 1)?.contiguous()?, v.narrow(1, 0, ctx - 1)?.contiguous()?);
+        let cat_candle = time(dev, 20, || {
+            let (kc, vc) = (Tensor::cat(&[&k_old, &k_new], 1)?, Tensor::cat(&[&v_old, &v_new], 1)?);
+            candle_attn(&q, &kc, &vc)
+        })?;
+        let cat_ours = time(dev, 20, || {
+            let (kc, vc) = (Tensor::cat(&[&k_old, &k_new], 1)?, Tensor::cat(&[&v_old, &v_new], 1)?);
+            candle_flash_attn::flash_attn(&q, &repeat(&kc)?, &repeat(&vc)?, scale as f32, true)
+        })?;
+        // Preallocated for ctx + 64 keys; every timed call appends at row ctx − 1.
+        let cap = ctx + 64;
+        let k_cache = Tensor::zeros((1, cap, hk, d), DType::BF16, dev)?;
+        let v_cache = Tensor::zeros((1, cap, hk, d), DType::BF16, dev)?;
+        k_cache.slice_set(&k_old, 1, 0)?;
+        v_cache.slice_set(&v_old, 1, 0)?;
+        let lens = Tensor::new(&[(ctx - 1) as u32], dev)?;
+        let step = || {
+            flash_attn_candle::flash_attn_with_kvcache(&q, &k_cache, &v_cache, Some(&k_new), Some(&v_new), Some(&lens), None, scale as f32, true)
+        };
+        let kvcache = time(dev, 20, step)?;
+        let want = candle_flash_attn::flash_attn(&q, &k, &v, scale as f32, true)?;
+        let diff = (step()?.to_dtype(DType::F32)? - want.to_dtype(DType::F32)?)?.abs()?.max_all()?.to_scalar::<f32>()?;
+        let row_ok = diff <= 1e-2;
+        ok &= row_ok;
+        rows.push((ctx, cat_candle, cat_ours, kvcache, diff, row_ok));
+        // Where the step's time goes: host time to enqueue it, and attending
+        // alone (the cache holds ctx keys) through the adapter and through
+        // the core's own call on the same buffers.
+        let full = Tensor::new(&[ctx as u32], dev)?;
+        let attend = || {
+            let op = flash_attn_candle::FlashAttnKvCache {
+                softmax_scale: scale as f32,
+                alibi_slopes: None,
+                window_size_left: None,
+                window_size_right: Some(0),
+                softcap: None,
+                num_splits: None,
+            };
+            let args = flash_attn_candle::KvCacheArgs { k_new: None, v_new: None, cache_seqlens: &full, cache_batch_idx: None, block_table: None };
+            op.forward(&q, &k_cache, &v_cache, args).map(|(o, _)| o)
+        };
+        let core = core_attend(&q, &k_cache, &v_cache, ctx, scale as f32, true)?;
+        let core_nomask = core_attend(&q, &k_cache, &v_cache, ctx, scale as f32, false)?;
+        breakdown.push((
+            ctx,
+            enqueue(dev, 20, step)?,
+            time(dev, 20, attend)?,
+            time(dev, 20, || core.run())?,
+            time(dev, 20, || core_nomask.run())?,
+            enqueue(dev, 20, || core_nomask.run())?,
+        ));
     }
     println!();
-    Ok(())
+    println!("## One decode step with its cache update, one layer (bf16), µs\n");
+    println!("| context | candle: cat + repeat_kv + attention | ours: cat + repeat_kv + flash_attn | ours: flash_attn_with_kvcache (in-place append, GQA) | speed-up vs candle | max diff vs flash_attn over the concatenation |");
+    println!("|---|---|---|---|---|---|");
+    for (ctx, a, b, c, diff, row_ok) in rows {
+        println!("| {ctx} | {:.0} | {:.0} | {:.0} | {:.1}x | {diff:.1e} {} |", a * 1e6, b * 1e6, c * 1e6, a / c, mark(row_ok));
+    }
+    println!();
+    println!("## Where the KV-cache step's time goes (µs per call)\n");
+    println!("| context | step: host enqueue only | attend only (adapter, causal) | core `forward_kvcache_ref`, causal = true | core, no mask | core: host enqueue only |");
+    println!("|---|---|---|---|---|---|");
+    for (ctx, enq, attend, core, nomask, core_enq) in breakdown {
+        println!("| {ctx} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} |", enq * 1e6, attend * 1e6, core * 1e6, nomask * 1e6, core_enq * 1e6);
+    }
+    println!();
+    Ok(ok)
+}
+
+/// The core's `forward_kvcache_ref` on copies of candle's buffers (bf16,
+/// contiguous cache of batch 1, `ctx` keys), without the adapter. One query
+/// row: causal or not gives the same result; the core packs the GQA heads
+/// into one tile only without the mask.
+struct CoreAttend {
+    stream: std::sync::Arc<candle_core::cuda_backend::cudarc::driver::CudaStream>,
+    fa: std::sync::Arc<flash_attn::FlashAttention>,
+    q: candle_core::cuda_backend::cudarc::driver::CudaSlice<half::bf16>,
+    k: candle_core::cuda_backend::cudarc::driver::CudaSlice<half::bf16>,
+    v: candle_core::cuda_backend::cudarc::driver::CudaSlice<half::bf16>,
+    lens: candle_core::cuda_backend::cudarc::driver::CudaSlice<i32>,
+    q_layout: flash_attn::TensorLayout,
+    layout: flash_attn::TensorLayout,
+    params: flash_attn::ForwardParams,
+}
+
+fn core_attend(q: &Tensor, k_cache: &Tensor, v_cache: &Tensor, ctx: usize, scale: f32, causal: bool) -> Result<CoreAttend> {
+    let Device::Cuda(dev) = q.device() else { candle_core::bail!("core_attend: needs the GPU") };
+    let stream = dev.cuda_stream();
+    let fa = flash_attn_candle::cuda::kernels(&stream)?;
+    let copy = |t: &Tensor| -> Result<candle_core::cuda_backend::cudarc::driver::CudaSlice<half::bf16>> {
+        let (st, _) = t.storage_and_layout();
+        let candle_core::Storage::Cuda(st) = &*st else { candle_core::bail!("core_attend: needs the GPU") };
+        stream.clone_dtod(st.as_cuda_slice::<half::bf16>()?).map_err(candle_core::Error::wrap)
+    };
+    let lens = stream.clone_htod(&[ctx as i32]).map_err(candle_core::Error::wrap)?;
+    let (_, h, d) = (q.dim(0)?, q.dim(2)?, q.dim(3)?);
+    let (_, cap, hk, _) = k_cache.dims4()?;
+    Ok(CoreAttend {
+        q: copy(q)?,
+        k: copy(k_cache)?,
+        v: copy(v_cache)?,
+        lens,
+        q_layout: flash_attn::TensorLayout::contiguous([1, 1, h, d]),
+        layout: flash_attn::TensorLayout::contiguous([1, cap, hk, d]),
+        params: flash_attn::ForwardParams { softmax_scale: Some(scale), causal, ..Default::default() },
+        stream,
+        fa,
+    })
+}
+
+impl CoreAttend {
+    fn run(&self) -> Result<()> {
+        let cache = flash_attn::KvCacheRef {
+            k_cache: &self.k,
+            v_cache: &self.v,
+            layout: self.layout,
+            cache_seqlens: &self.lens,
+            cache_batch_idx: None,
+            block_table: None,
+            seqlen_new: 0,
+        };
+        let q = flash_attn::Tensor::new(&self.q, self.q_layout);
+        self.fa
+            .forward_kvcache_ref(&self.stream, q, cache, &self.params, &flash_attn::Extras::default(), flash_attn::DecodeOptions::default())
+            .map(|_| ())
+            .map_err(candle_core::Error::wrap)
+    }
 }
 
 fn main() -> Result<()> {
@@ -249,13 +406,13 @@ fn main() -> Result<()> {
     let weights = VarMap::new();
     Llama::load(VarBuilder::from_varmap(&weights, DType::F32, &dev), &cfg)?;
     let t = Instant::now();
-    let ok = compare(&weights, &cfg, &dev, if small { 64 } else { 256 })?;
+    let mut ok = compare(&weights, &cfg, &dev, if small { 64 } else { 256 })?;
     println!("comparison: {:.1} s", t.elapsed().as_secs_f64());
     if bench_on {
-        bench(&weights, &cfg, &dev)?;
+        ok &= bench(&weights, &cfg, &dev)?;
     }
     if !ok {
-        candle_core::bail!("llama-check: logits differ beyond the limits (see the table)");
+        candle_core::bail!("llama-check: a check failed (logits beyond the limits, or the KV-cache step; see the tables)");
     }
     println!("llama-check: ok");
     Ok(())
