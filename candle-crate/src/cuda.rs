@@ -352,7 +352,7 @@ fn run_kv<T: AttnElem + CudaDType>(
         v_new: new.as_ref().map(|(_, v)| as_new(v)),
     };
     let out = fa
-        .forward_kvcache(&stream, Tensor::new(&qv, c.q), cache, &c.params, &extras(&alibi), DecodeOptions { num_splits, scratch: None })
+        .forward_kvcache(&stream, Tensor::new(&qv, c.q), cache, &c.params, &extras(&alibi), DecodeOptions { num_splits, ..Default::default() })
         .map_err(core_err)?;
     let RowStats::LogSumExp(lse) = out.stats else {
         return Err(err("the KV-cache call returned no logsumexp"));
