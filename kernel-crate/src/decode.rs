@@ -4,7 +4,8 @@
 //!
 //! * `combine_splits_{f16,bf16}`: one warp per output row. The partials of
 //!   `num_splits` splits (each O already normalized, `LSE_i` natural) are
-//!   merged as seed 003 / FlashAttention-2's combine does:
+//!   merged as seed 003 / FlashAttention-2's combine does (the LSEs of up
+//!   to 128 splits read by the lanes at once):
 //!   `M = max LSE_i` (all −inf → O = 0, LSE = −inf), `LSE = M + ln Σ exp(LSE_i − M)`,
 //!   `O = Σ exp(LSE_i − LSE) · O_i`, rounded to the element type once.
 //! * `kv_append_u16`: copies `k_new`/`v_new` rows `(batch, s_new, nheads_k, d)`
@@ -13,6 +14,7 @@
 //!   the capacity are skipped (the host checks what it can see; device-side
 //!   `cache_seqlens` are clamped, never out of bounds).
 
+use crate::arch::shfl::{shfl_idx_f32, shfl_xor_f32};
 use crate::arch::sreg;
 use crate::tc::{Bf16, Elem16, F16, pack};
 use flash_attn_common::{AttnParams, Real};
@@ -41,52 +43,96 @@ fn o_offset(p: &AttnParams, idx: usize) -> usize {
 /// Warps per block of the combine kernel.
 pub const COMBINE_WARPS: u32 = 4;
 
-/// The combine (see the module docs).
+/// Four f32 at `p + i` (16-byte aligned), or zeros when `w` is 0 (not read).
+///
+/// # Safety
+/// For `w != 0`, `p + i .. p + i + 4` readable and 16-byte aligned.
+#[inline(always)]
+unsafe fn ld4(p: *const f32, i: usize, w: f32) -> [f32; 4] {
+    // SAFETY: caller.
+    if w != 0.0 { unsafe { *(p.add(i) as *const [f32; 4]) } } else { [0.0; 4] }
+}
+
+/// Max over the warp.
+#[inline(always)]
+fn warp_max(x: f32) -> f32 {
+    let x = x.max(shfl_xor_f32(x, 16));
+    let x = x.max(shfl_xor_f32(x, 8));
+    let x = x.max(shfl_xor_f32(x, 4));
+    let x = x.max(shfl_xor_f32(x, 2));
+    x.max(shfl_xor_f32(x, 1))
+}
+
+/// Sum over the warp.
+#[inline(always)]
+fn warp_sum(x: f32) -> f32 {
+    let x = x + shfl_xor_f32(x, 16);
+    let x = x + shfl_xor_f32(x, 8);
+    let x = x + shfl_xor_f32(x, 4);
+    let x = x + shfl_xor_f32(x, 2);
+    x + shfl_xor_f32(x, 1)
+}
+
+/// The combine (see the module docs). One warp per output row: lane `l`
+/// reads the LSE of splits `l, l + 32, l + 64, l + 96` (all at once, then
+/// two warp reductions: no loop of dependent loads), keeps their weights
+/// `exp(LSE_i − LSE)`, and sums the partial rows four columns per lane
+/// (16-byte loads), four splits per step so the loads overlap.
 ///
 /// # Safety
 /// `o_accum_ptr`/`lse_accum_ptr` hold `num_splits · lse_len` rows of
-/// `headdim` / 1 f32 written by the `fa2d` kernel; `o_ptr` (16-bit) and
-/// `lse_ptr` as for the attention launch; `32·COMBINE_WARPS` threads.
+/// `headdim` / 1 f32 written by the decode kernels; `o_ptr` (16-bit) and
+/// `lse_ptr` as for the attention launch; `32·COMBINE_WARPS` threads;
+/// `num_splits ≤ 128`, `headdim` a multiple of 8.
 #[inline(always)]
 unsafe fn combine<T: Elem16>(p: &AttnParams) {
     let (n, ns, d) = (lse_len(p), p.num_splits as usize, p.headdim as usize);
     let lane = sreg::lane_id() as usize;
     let mut idx = sreg::block_idx_x() as usize * COMBINE_WARPS as usize + sreg::warp_id() as usize;
     let lse_acc = p.lse_accum_ptr as *const f32;
+    let o_acc = p.o_accum_ptr as *const f32;
     while idx < n {
         // SAFETY: s < ns, idx < n: inside the accumulator.
-        let lse_i = |s: usize| unsafe { *lse_acc.add(s * n + idx) };
-        let mut m = f32::NEG_INFINITY;
-        for s in 0..ns {
-            m = m.max(lse_i(s));
-        }
-        let lse = if m == f32::NEG_INFINITY {
-            m
-        } else {
-            let mut sum = 0f32;
-            for s in 0..ns {
-                sum += (lse_i(s) - m).exp();
-            }
-            m + sum.ln()
+        let lse_of = |s: usize| if s < ns { unsafe { *lse_acc.add(s * n + idx) } } else { f32::NEG_INFINITY };
+        let (l0, l1, l2, l3) = (lse_of(lane), lse_of(lane + 32), lse_of(lane + 64), lse_of(lane + 96));
+        let m = warp_max(l0.max(l1).max(l2.max(l3)));
+        let ex = |x: f32, m: f32| if x == f32::NEG_INFINITY { 0.0 } else { (x - m).exp() };
+        let lse = if m == f32::NEG_INFINITY { m } else { m + warp_sum(ex(l0, m) + ex(l1, m) + ex(l2, m) + ex(l3, m)).ln() };
+        let (w0, w1, w2, w3) = if lse == f32::NEG_INFINITY { (0.0, 0.0, 0.0, 0.0) } else { (ex(l0, lse), ex(l1, lse), ex(l2, lse), ex(l3, lse)) };
+        let weight = |s: usize| -> f32 {
+            let x = match s >> 5 {
+                0 => w0,
+                1 => w1,
+                2 => w2,
+                _ => w3,
+            };
+            shfl_idx_f32(x, (s & 31) as u32)
         };
         let o = (p.o_ptr as *mut u16).wrapping_add(o_offset(p, idx));
-        let mut c = 2 * lane;
+        let mut c = 4 * lane;
         while c < d {
-            let mut acc = [0f32; 2];
-            if lse != f32::NEG_INFINITY {
-                for s in 0..ns {
-                    let w = (lse_i(s) - lse).exp();
-                    if w != 0.0 {
-                        // SAFETY: c + 1 < d (d even) inside row (s, idx).
-                        let x = unsafe { *((p.o_accum_ptr as *const f32).add((s * n + idx) * d + c) as *const [f32; 2]) };
-                        acc[0] += w * x[0];
-                        acc[1] += w * x[1];
-                    }
+            let mut acc = [0f32; 4];
+            let mut s = 0;
+            while s < ns {
+                // Four splits per step: the loads first, then the sums. A
+                // split past ns or with a zero weight is not read.
+                let (wa, wb, wc, wd) = (weight(s), weight(s + 1), weight(s + 2), weight(s + 3));
+                let (wa, wb, wc, wd) = (wa, if s + 1 < ns { wb } else { 0.0 }, if s + 2 < ns { wc } else { 0.0 }, if s + 3 < ns { wd } else { 0.0 });
+                // SAFETY: rows (s + u, idx) of the accumulator with a nonzero
+                // weight (s + u < ns), columns c..c + 4 < d: 16-byte aligned.
+                let (xa, xb, xc, xd) = unsafe { (ld4(o_acc, (s * n + idx) * d + c, wa), ld4(o_acc, ((s + 1) * n + idx) * d + c, wb), ld4(o_acc, ((s + 2) * n + idx) * d + c, wc), ld4(o_acc, ((s + 3) * n + idx) * d + c, wd)) };
+                for k in 0..4 {
+                    acc[k] += wa * xa[k] + wb * xb[k] + wc * xc[k] + wd * xd[k];
                 }
+                s += 4;
             }
-            // SAFETY: O's row idx, columns c, c+1 < d; 4-byte aligned (even c, host-checked strides).
-            unsafe { *(o.add(c) as *mut u32) = pack::<T>(acc[0], acc[1]) };
-            c += 64;
+            // SAFETY: O's row idx, columns c..c + 4 < d; 4-byte aligned pairs
+            // (even c, host-checked strides).
+            unsafe {
+                *(o.add(c) as *mut u32) = pack::<T>(acc[0], acc[1]);
+                *(o.add(c + 2) as *mut u32) = pack::<T>(acc[2], acc[3]);
+            }
+            c += 128;
         }
         if lane == 0 {
             // SAFETY: lse holds lse_len f32.
