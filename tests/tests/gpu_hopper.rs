@@ -13,6 +13,11 @@
 //!   poisoned with NaN first; fresh random inputs).
 //! * `gpu_hopper_small`: one small shape per kernel, the target of the
 //!   compute-sanitizer runs (memcheck, racecheck, synccheck).
+//! * `gpu_hopper_varlen*`, `gpu_hopper_dense_window`: the `_vw` kernels
+//!   (varlen, sliding windows) through the public API, per sequence against
+//!   the f64 reference of `flash_attn_tests::features` with
+//!   `gpu_features.rs`'s rule; `gpu_hopper_varlen_small` and the garbage
+//!   prefix-sum test are the sanitizers' targets.
 //!
 //! On other GPUs (or with no GPU) the tests print why and pass, except that
 //! `FA_REQUIRE_GPU=1` without any GPU fails (as every GPU test).
