@@ -749,15 +749,13 @@ impl FlashAttention {
             arch: self.compute_capability(),
             features: Features { varlen, mods: alibi || problem.opts.softcap > 0.0, decode: false },
         };
-        // The sm_90a kernels take dense MHA/GQA with causal or no mask
-        // (windows, varlen, softcap and ALiBi stay on the mma.sync kernels).
+        // The sm_90a kernels take MHA/GQA, dense or varlen, causal, windowed
+        // or no mask (softcap, ALiBi and decode stay on the mma.sync kernels;
+        // `hopper::plan` says no to them).
         let o = &problem.opts;
         let plain_mask = o.window_left < 0 && (o.window_right < 0 || (params.causal && o.window_right == 0));
-        let hopper_ok = key.features == Features::default() && plain_mask;
         let smem = self.limits().max_smem_per_block;
-        if hopper_ok
-            && let Some(plan) = crate::hopper::plan(self.has_hopper_kernels(), &key, &problem.dims, params.block, smem)?
-        {
+        if let Some(plan) = crate::hopper::plan(self.has_hopper_kernels(), &key, !plain_mask, &problem.dims, params.block, smem)? {
             return Ok(plan);
         }
         dispatch::plan(&key, &problem.dims, params.block, &self.limits())

@@ -9,8 +9,9 @@
 //! capability 9.0 unless [`KernelFamily::MmaSync`] is asked for.
 //!
 //! Dispatch: f16/bf16, `LoopOrder::Fa2`, no explicit `block`, a head dim of
-//! the table, on an sm_90a module → the Hopper kernel; everything else
-//! (FA1, explicit `(Br, Bc)` choices, other head dims, other GPUs) keeps the
+//! the table, on an sm_90a module → the Hopper kernel (varlen or sliding
+//! window: its `_vw` variant); everything else (FA1, explicit `(Br, Bc)`
+//! choices, softcap, ALiBi, decode, other head dims, other GPUs) keeps the
 //! `mma.sync` kernels.
 
 use std::sync::Arc;
@@ -54,13 +55,19 @@ pub struct HopperKernel {
     /// Persistent: launched with at most one block per SM, each looping
     /// over tiles.
     pub persistent: bool,
+    /// Varlen and sliding windows (`_vw`): packed batches (prefix sums on
+    /// the device) and window masks, dense or varlen. The dense kernels take
+    /// neither (a separate variant keeps their code unchanged).
+    pub vw: bool,
 }
 
 /// Every Hopper kernel compiled into the sm_90a PTX (mirrors
 /// `hopper_kernels!` in `kernel-crate/src/hopper/mod.rs`). The first entry
 /// of a (dtype, d) is the default ([`HopperKernel::find`]); the others are
 /// the candidates it was measured against (docs/perf-notes.md, Hopper
-/// section). Suffixes: `_ov` intra-warpgroup overlap, `_pp` pingpong.
+/// section). Suffixes: `_ov` intra-warpgroup overlap, `_pp` pingpong, `_w3`
+/// three consumer warpgroups, `_ps` persistent, `_vw` varlen and sliding
+/// windows (the dense default's tile; [`HopperKernel::find_vw`]).
 ///
 /// Defaults, from H100 runs of every candidate (perf notes, Hopper steps
 /// 4–5; TFLOP/s at N = 16384 non-causal, f16/bf16): d = 64: three consumer
@@ -71,30 +78,36 @@ pub struct HopperKernel {
 /// 578/581); d = 256: Bc = 64 with overlap 715/764 (no overlap 628/616,
 /// + pingpong 734/736).
 pub const HOPPER_KERNELS: &[HopperKernel] = &[
-    HopperKernel { name: "flash_fwd_hopper_f16_d64_bc128_ov_w3", bf16: false, d: 64, bc: 128, wgs: 3, persistent: false },
-    HopperKernel { name: "flash_fwd_hopper_bf16_d64_bc128_ov_w3", bf16: true, d: 64, bc: 128, wgs: 3, persistent: false },
-    HopperKernel { name: "flash_fwd_hopper_f16_d64_bc192_ov_pp", bf16: false, d: 64, bc: 192, wgs: 2, persistent: false },
-    HopperKernel { name: "flash_fwd_hopper_bf16_d64_bc192_ov_pp", bf16: true, d: 64, bc: 192, wgs: 2, persistent: false },
-    HopperKernel { name: "flash_fwd_hopper_f16_d64_bc128_ov", bf16: false, d: 64, bc: 128, wgs: 2, persistent: false },
-    HopperKernel { name: "flash_fwd_hopper_bf16_d64_bc128_ov", bf16: true, d: 64, bc: 128, wgs: 2, persistent: false },
-    HopperKernel { name: "flash_fwd_hopper_f16_d64_bc192_ov", bf16: false, d: 64, bc: 192, wgs: 2, persistent: false },
-    HopperKernel { name: "flash_fwd_hopper_bf16_d64_bc192_ov", bf16: true, d: 64, bc: 192, wgs: 2, persistent: false },
-    HopperKernel { name: "flash_fwd_hopper_f16_d128_bc128_ov", bf16: false, d: 128, bc: 128, wgs: 2, persistent: false },
-    HopperKernel { name: "flash_fwd_hopper_bf16_d128_bc128_ov", bf16: true, d: 128, bc: 128, wgs: 2, persistent: false },
-    HopperKernel { name: "flash_fwd_hopper_f16_d128_bc128", bf16: false, d: 128, bc: 128, wgs: 2, persistent: false },
-    HopperKernel { name: "flash_fwd_hopper_bf16_d128_bc128", bf16: true, d: 128, bc: 128, wgs: 2, persistent: false },
-    HopperKernel { name: "flash_fwd_hopper_f16_d128_bc128_ov_pp", bf16: false, d: 128, bc: 128, wgs: 2, persistent: false },
-    HopperKernel { name: "flash_fwd_hopper_bf16_d128_bc128_ov_pp", bf16: true, d: 128, bc: 128, wgs: 2, persistent: false },
-    HopperKernel { name: "flash_fwd_hopper_f16_d256_bc64_ov", bf16: false, d: 256, bc: 64, wgs: 2, persistent: false },
-    HopperKernel { name: "flash_fwd_hopper_bf16_d256_bc64_ov", bf16: true, d: 256, bc: 64, wgs: 2, persistent: false },
-    HopperKernel { name: "flash_fwd_hopper_f16_d256_bc64", bf16: false, d: 256, bc: 64, wgs: 2, persistent: false },
-    HopperKernel { name: "flash_fwd_hopper_bf16_d256_bc64", bf16: true, d: 256, bc: 64, wgs: 2, persistent: false },
-    HopperKernel { name: "flash_fwd_hopper_f16_d64_bc128_ov_w3_ps", bf16: false, d: 64, bc: 128, wgs: 3, persistent: true },
-    HopperKernel { name: "flash_fwd_hopper_bf16_d64_bc128_ov_w3_ps", bf16: true, d: 64, bc: 128, wgs: 3, persistent: true },
-    HopperKernel { name: "flash_fwd_hopper_f16_d128_bc128_ov_ps", bf16: false, d: 128, bc: 128, wgs: 2, persistent: true },
-    HopperKernel { name: "flash_fwd_hopper_bf16_d128_bc128_ov_ps", bf16: true, d: 128, bc: 128, wgs: 2, persistent: true },
-    HopperKernel { name: "flash_fwd_hopper_f16_d256_bc64_ov_ps", bf16: false, d: 256, bc: 64, wgs: 2, persistent: true },
-    HopperKernel { name: "flash_fwd_hopper_bf16_d256_bc64_ov_ps", bf16: true, d: 256, bc: 64, wgs: 2, persistent: true },
+    HopperKernel { name: "flash_fwd_hopper_f16_d64_bc128_ov_w3", bf16: false, d: 64, bc: 128, wgs: 3, persistent: false, vw: false },
+    HopperKernel { name: "flash_fwd_hopper_bf16_d64_bc128_ov_w3", bf16: true, d: 64, bc: 128, wgs: 3, persistent: false, vw: false },
+    HopperKernel { name: "flash_fwd_hopper_f16_d64_bc192_ov_pp", bf16: false, d: 64, bc: 192, wgs: 2, persistent: false, vw: false },
+    HopperKernel { name: "flash_fwd_hopper_bf16_d64_bc192_ov_pp", bf16: true, d: 64, bc: 192, wgs: 2, persistent: false, vw: false },
+    HopperKernel { name: "flash_fwd_hopper_f16_d64_bc128_ov", bf16: false, d: 64, bc: 128, wgs: 2, persistent: false, vw: false },
+    HopperKernel { name: "flash_fwd_hopper_bf16_d64_bc128_ov", bf16: true, d: 64, bc: 128, wgs: 2, persistent: false, vw: false },
+    HopperKernel { name: "flash_fwd_hopper_f16_d64_bc192_ov", bf16: false, d: 64, bc: 192, wgs: 2, persistent: false, vw: false },
+    HopperKernel { name: "flash_fwd_hopper_bf16_d64_bc192_ov", bf16: true, d: 64, bc: 192, wgs: 2, persistent: false, vw: false },
+    HopperKernel { name: "flash_fwd_hopper_f16_d128_bc128_ov", bf16: false, d: 128, bc: 128, wgs: 2, persistent: false, vw: false },
+    HopperKernel { name: "flash_fwd_hopper_bf16_d128_bc128_ov", bf16: true, d: 128, bc: 128, wgs: 2, persistent: false, vw: false },
+    HopperKernel { name: "flash_fwd_hopper_f16_d128_bc128", bf16: false, d: 128, bc: 128, wgs: 2, persistent: false, vw: false },
+    HopperKernel { name: "flash_fwd_hopper_bf16_d128_bc128", bf16: true, d: 128, bc: 128, wgs: 2, persistent: false, vw: false },
+    HopperKernel { name: "flash_fwd_hopper_f16_d128_bc128_ov_pp", bf16: false, d: 128, bc: 128, wgs: 2, persistent: false, vw: false },
+    HopperKernel { name: "flash_fwd_hopper_bf16_d128_bc128_ov_pp", bf16: true, d: 128, bc: 128, wgs: 2, persistent: false, vw: false },
+    HopperKernel { name: "flash_fwd_hopper_f16_d256_bc64_ov", bf16: false, d: 256, bc: 64, wgs: 2, persistent: false, vw: false },
+    HopperKernel { name: "flash_fwd_hopper_bf16_d256_bc64_ov", bf16: true, d: 256, bc: 64, wgs: 2, persistent: false, vw: false },
+    HopperKernel { name: "flash_fwd_hopper_f16_d256_bc64", bf16: false, d: 256, bc: 64, wgs: 2, persistent: false, vw: false },
+    HopperKernel { name: "flash_fwd_hopper_bf16_d256_bc64", bf16: true, d: 256, bc: 64, wgs: 2, persistent: false, vw: false },
+    HopperKernel { name: "flash_fwd_hopper_f16_d64_bc128_ov_w3_ps", bf16: false, d: 64, bc: 128, wgs: 3, persistent: true, vw: false },
+    HopperKernel { name: "flash_fwd_hopper_bf16_d64_bc128_ov_w3_ps", bf16: true, d: 64, bc: 128, wgs: 3, persistent: true, vw: false },
+    HopperKernel { name: "flash_fwd_hopper_f16_d128_bc128_ov_ps", bf16: false, d: 128, bc: 128, wgs: 2, persistent: true, vw: false },
+    HopperKernel { name: "flash_fwd_hopper_bf16_d128_bc128_ov_ps", bf16: true, d: 128, bc: 128, wgs: 2, persistent: true, vw: false },
+    HopperKernel { name: "flash_fwd_hopper_f16_d256_bc64_ov_ps", bf16: false, d: 256, bc: 64, wgs: 2, persistent: true, vw: false },
+    HopperKernel { name: "flash_fwd_hopper_bf16_d256_bc64_ov_ps", bf16: true, d: 256, bc: 64, wgs: 2, persistent: true, vw: false },
+    HopperKernel { name: "flash_fwd_hopper_f16_d64_bc128_ov_w3_vw", bf16: false, d: 64, bc: 128, wgs: 3, persistent: false, vw: true },
+    HopperKernel { name: "flash_fwd_hopper_bf16_d64_bc128_ov_w3_vw", bf16: true, d: 64, bc: 128, wgs: 3, persistent: false, vw: true },
+    HopperKernel { name: "flash_fwd_hopper_f16_d128_bc128_ov_vw", bf16: false, d: 128, bc: 128, wgs: 2, persistent: false, vw: true },
+    HopperKernel { name: "flash_fwd_hopper_bf16_d128_bc128_ov_vw", bf16: true, d: 128, bc: 128, wgs: 2, persistent: false, vw: true },
+    HopperKernel { name: "flash_fwd_hopper_f16_d256_bc64_ov_vw", bf16: false, d: 256, bc: 64, wgs: 2, persistent: false, vw: true },
+    HopperKernel { name: "flash_fwd_hopper_bf16_d256_bc64_ov_vw", bf16: true, d: 256, bc: 64, wgs: 2, persistent: false, vw: true },
 ];
 
 /// The probe kernels (one warpgroup, one 64 × 128 tile at d = 128; see
@@ -121,9 +134,15 @@ impl HopperKernel {
         let n = seqlen_q.div_ceil(self.br()).checked_mul(batch.checked_mul(nheads)?)?;
         u32::try_from(n).ok().filter(|&n| n <= i32::MAX as u32 && n > 0)
     }
-    /// The default kernel for a dtype and head dim, if one is compiled.
+    /// The default dense kernel for a dtype and head dim, if one is compiled.
     pub fn find(bf16: bool, d: usize) -> Option<&'static HopperKernel> {
-        HOPPER_KERNELS.iter().find(|k| k.bf16 == bf16 && k.d == d)
+        HOPPER_KERNELS.iter().find(|k| k.bf16 == bf16 && k.d == d && !k.vw)
+    }
+
+    /// The varlen/window kernel (`_vw`) for a dtype and head dim, if one is
+    /// compiled (the dense default's tile and warpgroups).
+    pub fn find_vw(bf16: bool, d: usize) -> Option<&'static HopperKernel> {
+        HOPPER_KERNELS.iter().find(|k| k.bf16 == bf16 && k.d == d && k.vw)
     }
 
     /// The kernel for a dtype and head dim whose name ends with
@@ -136,10 +155,14 @@ impl HopperKernel {
 
 /// The Hopper plan of a problem, or `None` when the rule in the module docs
 /// sends it to the other kernels. `sm90a` says whether the loaded module is
-/// the sm_90a build (it holds the Hopper kernels).
+/// the sm_90a build (it holds the Hopper kernels); `windowed`, whether the
+/// call has a sliding window (a bounded side other than causal's right 0).
+/// Varlen or windowed calls take the `_vw` kernel of the (dtype, d); score
+/// modifiers (softcap, ALiBi) and decode never come here.
 pub fn plan(
     sm90a: bool,
     key: &DispatchKey,
+    windowed: bool,
     dims: &Dims,
     block: Option<(usize, usize)>,
     max_smem_per_block: usize,
@@ -147,7 +170,12 @@ pub fn plan(
     if !sm90a || key.arch != (9, 0) || key.loop_order != LoopOrder::Fa2 || block.is_some() || key.dtype == DType::F32 {
         return Ok(None);
     }
-    let Some(kernel) = HopperKernel::find(key.dtype == DType::BF16, key.headdim) else { return Ok(None) };
+    if key.features.mods || key.features.decode {
+        return Ok(None);
+    }
+    let bf16 = key.dtype == DType::BF16;
+    let found = if key.features.varlen || windowed { HopperKernel::find_vw(bf16, key.headdim) } else { HopperKernel::find(bf16, key.headdim) };
+    let Some(kernel) = found else { return Ok(None) };
     if kernel.smem_bytes() > max_smem_per_block {
         return Ok(None);
     }
@@ -228,16 +256,24 @@ impl TensorMap {
 }
 
 /// The tensor maps of q, k and v of one launch (boxes `64 × Br` for Q and
-/// `64 × Bc` for K and V), in the kernel's parameter order.
+/// `64 × Bc` for K and V), in the kernel's parameter order. Varlen: the
+/// packed tensors as one batch of `total_q` / `total_k` rows (the kernels
+/// add each sequence's first row to the row coordinate; copies past a
+/// sequence's end read the next sequence's rows, never past the tensor).
 pub fn tensor_maps(k: &HopperKernel, p: &AttnParams) -> std::result::Result<[TensorMap; 3], DriverError> {
-    let (b, h, d) = (p.batch as usize, p.nheads as usize, p.headdim as usize);
+    let (h, d) = (p.nheads as usize, p.headdim as usize);
+    let (b, nq, nk) = if p.is_varlen() {
+        (1, p.total_q as usize, p.total_k as usize)
+    } else {
+        (p.batch as usize, p.seqlen_q as usize, p.seqlen_k as usize)
+    };
     // K and V have nheads_k heads (GQA/MQA; 0 in older parameter blocks = MHA).
     let hk = if p.nheads_k == 0 { h } else { p.nheads_k as usize };
     let st = |s: [u64; 3]| s.map(|x| x as usize);
     Ok([
-        TensorMap::encode_bshd(p.q_ptr, [b, p.seqlen_q as usize, h, d], st(p.q_stride), k.br() as u32, k.bf16)?,
-        TensorMap::encode_bshd(p.k_ptr, [b, p.seqlen_k as usize, hk, d], st(p.k_stride), k.bc as u32, k.bf16)?,
-        TensorMap::encode_bshd(p.v_ptr, [b, p.seqlen_k as usize, hk, d], st(p.v_stride), k.bc as u32, k.bf16)?,
+        TensorMap::encode_bshd(p.q_ptr, [b, nq, h, d], st(p.q_stride), k.br() as u32, k.bf16)?,
+        TensorMap::encode_bshd(p.k_ptr, [b, nk, hk, d], st(p.k_stride), k.bc as u32, k.bf16)?,
+        TensorMap::encode_bshd(p.v_ptr, [b, nk, hk, d], st(p.v_stride), k.bc as u32, k.bf16)?,
     ])
 }
 

@@ -204,3 +204,15 @@ pub fn naive<T: AttnElem>(q: ArrayView4<'_, T>, k: ArrayView4<'_, T>, v: ArrayVi
         (acc.into_iter().map(|a| T::from_f32(a / l)).collect(), lse)
     })
 }
+
+/// Packs sequences of random lengths into a varlen tensor `(total, heads,
+/// d)` (fresh nonzero random values) and their prefix sums from 0.
+pub fn pack<T: AttnElem>(rng: &mut crate::Rng, lens: &[usize], h: usize, d: usize) -> (Array3<T>, Vec<i32>) {
+    let total: usize = lens.iter().sum();
+    let a = Array3::from_shape_simple_fn((total, h, d), || T::from_f32(rng.nonzero(1.0)));
+    let mut cu = vec![0i32];
+    for &l in lens {
+        cu.push(cu.last().unwrap() + l as i32);
+    }
+    (a, cu)
+}

@@ -246,17 +246,6 @@ fn gpu_tc_fa1_gqa_window_and_typed_errors() {
     }
 }
 
-/// Packs sequences of random lengths into `(total, heads, d)`.
-fn pack<T: AttnElem>(rng: &mut Rng, lens: &[usize], h: usize, d: usize) -> (Array3<T>, Vec<i32>) {
-    let total: usize = lens.iter().sum();
-    let a = Array3::from_shape_simple_fn((total, h, d), || T::from_f32(rng.nonzero(1.0)));
-    let mut cu = vec![0i32];
-    for &l in lens {
-        cu.push(cu.last().unwrap() + l as i32);
-    }
-    (a, cu)
-}
-
 fn segment<T: AttnElem>(a: &Array3<T>, cu: &[i32], b: usize) -> Array4<T> {
     a.slice(s![cu[b] as usize..cu[b + 1] as usize, .., ..]).to_owned().insert_axis(Axis(0))
 }
@@ -268,9 +257,9 @@ fn varlen_case<T: AttnElem>(g: &Gpu, rng: &mut Rng, d: usize, max: usize, params
     let (h, hk, batch) = (6, 2, 4);
     let lens_q: Vec<usize> = (0..batch).map(|_| max - rng.below(21.min(max))).collect();
     let lens_k: Vec<usize> = (0..batch).map(|_| max - rng.below(21.min(max))).collect();
-    let (q, cu_q) = pack::<T>(rng, &lens_q, h, d);
-    let (k, cu_k) = pack::<T>(rng, &lens_k, hk, d);
-    let (v, _) = pack::<T>(rng, &lens_k, hk, d);
+    let (q, cu_q) = features::pack::<T>(rng, &lens_q, h, d);
+    let (k, cu_k) = features::pack::<T>(rng, &lens_k, hk, d);
+    let (v, _) = features::pack::<T>(rng, &lens_k, hk, d);
     let seqused: Vec<i32> = lens_k.iter().map(|&l| if used { rng.below(l + 1) as i32 } else { l as i32 }).collect();
     let alibi = with_alibi.then(|| ((0..batch * h).map(|_| rng.unit() as f32 * 0.3).collect::<Vec<f32>>(), AlibiShape::PerBatchHead));
     let (tq, tk) = (q.dim().0, k.dim().0);

@@ -13,6 +13,11 @@
 //!   poisoned with NaN first; fresh random inputs).
 //! * `gpu_hopper_small`: one small shape per kernel, the target of the
 //!   compute-sanitizer runs (memcheck, racecheck, synccheck).
+//! * `gpu_hopper_varlen*`, `gpu_hopper_dense_window`: the `_vw` kernels
+//!   (varlen, sliding windows) through the public API, per sequence against
+//!   the f64 reference of `flash_attn_tests::features` with
+//!   `gpu_features.rs`'s rule; `gpu_hopper_varlen_small` and the garbage
+//!   prefix-sum test are the sanitizers' targets.
 //!
 //! On other GPUs (or with no GPU) the tests print why and pass, except that
 //! `FA_REQUIRE_GPU=1` without any GPU fails (as every GPU test).
@@ -363,4 +368,316 @@ fn probe<T: AttnElem>(g: &Gpu, rng: &mut Rng, name: &str) {
         }
         panic!("{name}: probe failed: err(S) = {e_s:.2e}, err(O) = {e_o:.2e}, tail zero {tail_exact}, non-finite {nan}");
     }
+}
+
+// ---- varlen and sliding windows: the `_vw` kernels -------------------------
+//
+// The accuracy rule of `gpu_features.rs` (FlashAttention-2's): per sequence,
+// `max|out − ref| ≤ 2·max|naive − ref| + 1e-5` against the f64 reference
+// of [`features`], the logsumexp within `1e-4·max(1, |ref|)`, −inf exactly
+// (and O = 0) for rows that see no key. Outputs poisoned with NaN first.
+
+use flash_attn::{Extras, FlashAttnError, ForwardParams, StatsMut, Tensor, TensorMut, Varlen};
+use flash_attn_tests::features::{self, Spec};
+use ndarray::{Array2, Array3, Array4, Axis, s};
+
+fn max_abs_diff(a: impl IntoIterator<Item = f64>, b: impl IntoIterator<Item = f64>) -> f64 {
+    a.into_iter().zip(b).map(|(x, y)| if x.is_nan() { f64::INFINITY } else { (x - y).abs() }).fold(0.0, f64::max)
+}
+
+/// The 2×-naive rule on O and the LSE rule for one (sequence's) dense view.
+fn rule<T: AttnElem>(q: &Array4<T>, k: &Array4<T>, v: &Array4<T>, spec: &Spec, o: &Array4<T>, lse: &[f32]) -> Result<String, String> {
+    let r = features::reference(q.view(), k.view(), v.view(), spec);
+    let n = features::naive(q.view(), k.view(), v.view(), spec);
+    let err = max_abs_diff(o.iter().map(|x| x.to_f32() as f64), r.o.iter().copied());
+    let naive_err = max_abs_diff(n.o.iter().map(|x| x.to_f32() as f64), r.o.iter().copied());
+    if !(err <= 2.0 * naive_err + 1e-5) {
+        return Err(format!("max error {err:.3e} > 2 × naive {naive_err:.3e} + 1e-5"));
+    }
+    for (i, (&g, &w)) in lse.iter().zip(r.lse.iter()).enumerate() {
+        let g = g as f64;
+        let ok = if w == f64::NEG_INFINITY { g == w } else { (g - w).abs() <= 1e-4 * w.abs().max(1.0) };
+        if !ok {
+            return Err(format!("lse[{i}] = {g}, reference {w}"));
+        }
+    }
+    Ok(format!("max error {err:.2e} (naive {naive_err:.2e})"))
+}
+
+fn random4<T: AttnElem>(rng: &mut Rng, shape: (usize, usize, usize, usize)) -> Array4<T> {
+    Array4::from_shape_simple_fn(shape, || T::from_f32(rng.nonzero(1.0)))
+}
+
+/// One varlen problem: lengths per sequence (queries, keys), heads, and
+/// optionally the keys used per sequence (`seqused_k`).
+struct VarlenCase {
+    d: usize,
+    h: usize,
+    hk: usize,
+    lens_q: Vec<usize>,
+    lens_k: Vec<usize>,
+    used: Option<Vec<usize>>,
+    params: ForwardParams,
+}
+
+/// Runs a varlen case through `forward_varlen_into` on the Hopper `_vw`
+/// plan (asserted) and checks every sequence against the f64 reference of
+/// that sequence alone. Keys a sequence does not use (past `seqused_k`) are
+/// NaN in K and V: they must not reach any output.
+fn varlen_check<T: AttnElem>(g: &Gpu, rng: &mut Rng, c: &VarlenCase) -> Result<String, String> {
+    let s = &g.stream;
+    let e = |x: cudarc::driver::DriverError| x.to_string();
+    let (d, h, hk, batch) = (c.d, c.h, c.hk, c.lens_q.len());
+    let (max_q, max_k) = (*c.lens_q.iter().max().unwrap(), *c.lens_k.iter().max().unwrap());
+    let (q, cu_q) = features::pack::<T>(rng, &c.lens_q, h, d);
+    let (mut k, cu_k) = features::pack::<T>(rng, &c.lens_k, hk, d);
+    let (mut v, _) = features::pack::<T>(rng, &c.lens_k, hk, d);
+    let used: Vec<usize> = c.used.clone().unwrap_or_else(|| c.lens_k.clone());
+    for b in 0..batch {
+        for t in cu_k[b] as usize + used[b]..cu_k[b + 1] as usize {
+            k.slice_mut(s![t, .., ..]).fill(T::from_f32(f32::NAN));
+            v.slice_mut(s![t, .., ..]).fill(T::from_f32(f32::NAN));
+        }
+    }
+    let (tq, tk) = (q.dim().0, k.dim().0);
+    let label = format!(
+        "{} varlen d{d} h{h}/{hk} lens_q {:?} lens_k {:?} used {:?} {:?}",
+        T::DTYPE.name(),
+        c.lens_q,
+        c.lens_k,
+        c.used,
+        c.params
+    );
+    let (lq, lk) = (TensorLayout::varlen(tq, h, d), TensorLayout::varlen(tk, hk, d));
+    let used_i32: Vec<i32> = used.iter().map(|&u| u as i32).collect();
+    let problem = flash_attn::varlen_api::validate_varlen(
+        (&lq, q.len()),
+        (&lk, k.len()),
+        (&lk, v.len()),
+        (&lq, q.len()),
+        (cu_q.len(), cu_k.len(), c.used.as_ref().map(|u| u.len())),
+        (max_q, max_k),
+        &c.params,
+    )
+    .map_err(|x| format!("{label}: {x}"))?;
+    let plan = g.fa.plan::<T>(&problem, &c.params, false, true).map_err(|x| x.to_string())?;
+    let kernel = match plan {
+        Plan::Hopper { kernel, .. } if kernel.vw => kernel.name,
+        other => return Err(format!("{label}: plan is {other:?}, not the Hopper _vw kernel")),
+    };
+    let (qd, kd, vd) = (s.clone_htod(q.as_slice().unwrap()).map_err(e)?, s.clone_htod(k.as_slice().unwrap()).map_err(e)?, s.clone_htod(v.as_slice().unwrap()).map_err(e)?);
+    let (cqd, ckd, sud) = (s.clone_htod(&cu_q).map_err(e)?, s.clone_htod(&cu_k).map_err(e)?, s.clone_htod(&used_i32).map_err(e)?);
+    let varlen = Varlen { cu_seqlens_q: &cqd, cu_seqlens_k: &ckd, max_seqlen_q: max_q, max_seqlen_k: max_k, seqused_k: c.used.as_ref().map(|_| &sud as _) };
+    let mut od: CudaSlice<T> = s.clone_htod(&vec![T::from_f32(f32::NAN); q.len()]).map_err(e)?;
+    let mut lse: CudaSlice<f32> = s.clone_htod(&vec![f32::NAN; h * tq]).map_err(e)?;
+    g.fa
+        .forward_varlen_into(
+            s,
+            Tensor::new(&qd, lq),
+            Tensor::new(&kd, lk),
+            Tensor::new(&vd, lk),
+            TensorMut::new(&mut od, lq),
+            StatsMut::LogSumExp(lse.as_view_mut()),
+            &varlen,
+            &c.params,
+            &Extras::default(),
+        )
+        .map_err(|x| format!("{label}: {x}"))?;
+    s.synchronize().map_err(e)?;
+    let o = Array3::from_shape_vec((tq, h, d), s.clone_dtoh(&od).map_err(e)?).unwrap();
+    let lse = Array2::from_shape_vec((h, tq), s.clone_dtoh(&lse).map_err(e)?).unwrap();
+    let seg = |a: &Array3<T>, cu: &[i32], b: usize, n: usize| a.slice(s![cu[b] as usize..cu[b] as usize + n, .., ..]).to_owned().insert_axis(Axis(0));
+    let mut worst = String::new();
+    for b in 0..batch {
+        let (qb, kb, vb) = (seg(&q, &cu_q, b, c.lens_q[b]), seg(&k, &cu_k, b, used[b]), seg(&v, &cu_k, b, used[b]));
+        let ob = seg(&o, &cu_q, b, c.lens_q[b]);
+        let lseb: Vec<f32> = (0..h).flat_map(|hh| (cu_q[b]..cu_q[b + 1]).map(move |i| (hh, i as usize))).map(|(hh, i)| lse[[hh, i]]).collect();
+        let what = format!("{label}: {kernel} seq {b} ({} q, {} of {} k)", c.lens_q[b], used[b], c.lens_k[b]);
+        if used[b] == 0 {
+            if !(ob.iter().all(|x| x.to_f32() == 0.0) && lseb.iter().all(|&x| x == f32::NEG_INFINITY)) {
+                return Err(format!("{what}: no key → O = 0 and lse = −inf expected"));
+            }
+            continue;
+        }
+        let spec = Spec { params: c.params, alibi: None, norm_seqlen_k: Some(max_k) };
+        worst = rule(&qb, &kb, &vb, &spec, &ob, &lseb).map_err(|m| format!("{what}: {m}"))?;
+    }
+    Ok(format!("{label}: {kernel}: ok (last: {worst})"))
+}
+
+fn run_all(test: &str, f: impl FnOnce(&Gpu, &mut Rng, &mut Vec<String>)) {
+    let Some(g) = hopper(test) else { return };
+    let mut rng = Rng::fresh(test);
+    let mut failures = Vec::new();
+    f(g, &mut rng, &mut failures);
+    assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
+}
+
+fn report(res: Result<String, String>, failures: &mut Vec<String>) {
+    match res {
+        Ok(m) => println!("ok   {m}"),
+        Err(m) => {
+            println!("FAIL {m}");
+            failures.push(m);
+        }
+    }
+}
+
+/// Random lengths (with 1, tile multiples and one past them), Nq ≠ Nk per
+/// sequence, causal or not, GQA and MHA, seqused_k (unused keys NaN),
+/// windows: every head dim, both dtypes.
+#[test]
+fn gpu_hopper_varlen() {
+    run_all("gpu_hopper_varlen", |g, rng, failures| {
+        for (i, d) in head_dims().into_iter().enumerate() {
+            let rand_lens = |rng: &mut Rng, n: usize, max: usize| -> Vec<usize> { (0..n).map(|_| 1 + rng.below(max)).collect() };
+            let mut cases = Vec::new();
+            // Causal, Nq ≠ Nk per sequence, GQA 6/2; lengths 1 and random.
+            let mut lq = rand_lens(rng, 5, 300);
+            let mut lk = rand_lens(rng, 5, 300);
+            lq[1] = 1;
+            lk[3] = 1;
+            cases.push(VarlenCase { d, h: 6, hk: 2, lens_q: lq, lens_k: lk, used: None, params: ForwardParams { causal: true, ..Default::default() } });
+            // Not causal, MHA, tile multiples and one past, seqused_k.
+            let lens = vec![128, 129, 256, 64, 1, 257];
+            let used: Vec<usize> = lens.iter().map(|&l| if l > 1 { rng.below(l + 1) } else { 1 }).collect();
+            cases.push(VarlenCase { d, h: 4, hk: 4, lens_q: lens.clone(), lens_k: lens, used: Some(used), params: ForwardParams::default() });
+            // Causal + seqused_k + MQA, Nq ≠ Nk.
+            let lq = rand_lens(rng, 4, 260);
+            let lk = rand_lens(rng, 4, 260);
+            let used: Vec<usize> = lk.iter().map(|&l| rng.below(l + 1)).collect();
+            cases.push(VarlenCase { d, h: 4, hk: 1, lens_q: lq, lens_k: lk, used: Some(used), params: ForwardParams { causal: true, ..Default::default() } });
+            // Sliding windows: causal + left, and both sides (not causal).
+            let lq = rand_lens(rng, 4, 300);
+            let lk = rand_lens(rng, 4, 300);
+            let left = Some(rng.below(200));
+            cases.push(VarlenCase { d, h: 4, hk: 2, lens_q: lq.clone(), lens_k: lk.clone(), used: None, params: ForwardParams { causal: true, window_left: left, ..Default::default() } });
+            let (l, r) = (Some(rng.below(150)), Some(rng.below(60)));
+            cases.push(VarlenCase { d, h: 4, hk: 2, lens_q: lq, lens_k: lk, used: None, params: ForwardParams { window_left: l, window_right: r, ..Default::default() } });
+            for (j, c) in cases.iter().enumerate() {
+                let res = if (i + j) % 2 == 0 { varlen_check::<f16>(g, rng, c) } else { varlen_check::<bf16>(g, rng, c) };
+                report(res, failures);
+            }
+        }
+    });
+}
+
+/// Dense calls with a sliding window run the `_vw` kernels too: windows on
+/// both sides, causal + left, rows that see no key (Nq > Nk with a right
+/// side of 0); a window wider than the keys is no window (normalized away:
+/// the dense kernel).
+#[test]
+fn gpu_hopper_dense_window() {
+    run_all("gpu_hopper_dense_window", |g, rng, failures| {
+        for (i, d) in head_dims().into_iter().enumerate() {
+            let shapes = [
+                (2, 300, 333, 4, 2, false, Some(37), Some(11), true),
+                (1, 333, 300, 4, 4, true, Some(100), None, true),
+                (2, 200, 77, 2, 1, false, Some(5), Some(0), true),
+                (1, 129, 640, 2, 2, false, None, Some(3), true),
+                (1, 256, 256, 2, 2, true, Some(1000), None, false),
+            ];
+            for (j, &(b, sq, sk, h, hk, causal, wl, wr, vw)) in shapes.iter().enumerate() {
+                let params = ForwardParams { causal, window_left: wl, window_right: wr, ..Default::default() };
+                let res = if (i + j) % 2 == 0 {
+                    dense_window_check::<f16>(g, rng, (b, sq, sk, h, hk, d), &params, vw)
+                } else {
+                    dense_window_check::<bf16>(g, rng, (b, sq, sk, h, hk, d), &params, vw)
+                };
+                report(res, failures);
+            }
+        }
+    });
+}
+
+fn dense_window_check<T: AttnElem>(
+    g: &Gpu,
+    rng: &mut Rng,
+    (b, sq, sk, h, hk, d): (usize, usize, usize, usize, usize, usize),
+    params: &ForwardParams,
+    vw: bool,
+) -> Result<String, String> {
+    let s = &g.stream;
+    let e = |x: cudarc::driver::DriverError| x.to_string();
+    let (q, k, v) = (random4::<T>(rng, (b, sq, h, d)), random4::<T>(rng, (b, sk, hk, d)), random4::<T>(rng, (b, sk, hk, d)));
+    let label = format!("{} dense b{b} sq{sq} sk{sk} h{h}/{hk} d{d} {params:?}", T::DTYPE.name());
+    let (lq, lk) = (TensorLayout::contiguous([b, sq, h, d]), TensorLayout::contiguous([b, sk, hk, d]));
+    let problem = flash_attn::api::validate((&lq, q.len()), (&lk, k.len()), (&lk, v.len()), (&lq, q.len()), params).map_err(|x| format!("{label}: {x}"))?;
+    let kernel = match g.fa.plan::<T>(&problem, params, false, false).map_err(|x| x.to_string())? {
+        Plan::Hopper { kernel, .. } if kernel.vw == vw => kernel.name,
+        other => return Err(format!("{label}: plan is {other:?}, not the Hopper {} kernel", if vw { "_vw" } else { "dense" })),
+    };
+    let (qd, kd, vd) = (s.clone_htod(q.as_slice().unwrap()).map_err(e)?, s.clone_htod(k.as_slice().unwrap()).map_err(e)?, s.clone_htod(v.as_slice().unwrap()).map_err(e)?);
+    let mut od: CudaSlice<T> = s.clone_htod(&vec![T::from_f32(f32::NAN); q.len()]).map_err(e)?;
+    let mut lse: CudaSlice<f32> = s.clone_htod(&vec![f32::NAN; b * h * sq]).map_err(e)?;
+    g.fa
+        .forward_into_ext(s, Tensor::new(&qd, lq), Tensor::new(&kd, lk), Tensor::new(&vd, lk), TensorMut::new(&mut od, lq), StatsMut::LogSumExp(lse.as_view_mut()), params, &Extras::default())
+        .map_err(|x| format!("{label}: {x}"))?;
+    s.synchronize().map_err(e)?;
+    let o = Array4::from_shape_vec((b, sq, h, d), s.clone_dtoh(&od).map_err(e)?).unwrap();
+    let lse = s.clone_dtoh(&lse).map_err(e)?;
+    let spec = Spec { params: *params, alibi: None, norm_seqlen_k: None };
+    let m = rule(&q, &k, &v, &spec, &o, &lse).map_err(|m| format!("{label}: {kernel}: {m}"))?;
+    Ok(format!("{label}: {kernel}: {m}"))
+}
+
+/// Small varlen + window cases of every `_vw` kernel for compute-sanitizer
+/// (memcheck, racecheck, synccheck): a sequence of one row, tails, seqused_k
+/// with NaN beyond it (the shared-memory zeroing of V's tail rows).
+#[test]
+fn gpu_hopper_varlen_small() {
+    run_all("gpu_hopper_varlen_small", |g, rng, failures| {
+        for d in head_dims() {
+            let c = VarlenCase {
+                d,
+                h: 2,
+                hk: 1,
+                lens_q: vec![1, 70, 131],
+                lens_k: vec![90, 1, 150],
+                used: Some(vec![77, 1, 140]),
+                params: ForwardParams { causal: true, window_left: Some(50), ..Default::default() },
+            };
+            report(varlen_check::<f16>(g, rng, &c), failures);
+            let c = VarlenCase { params: ForwardParams::default(), used: None, ..c };
+            report(varlen_check::<bf16>(g, rng, &c), failures);
+        }
+    });
+}
+
+/// Device-side prefix sums the host cannot see are clamped in the kernel:
+/// garbage (negative, decreasing, past the buffer) never makes a Hopper
+/// kernel read or write out of bounds (the stage script runs this under
+/// compute-sanitizer memcheck), the launch succeeds and every output is
+/// finite.
+#[test]
+fn gpu_hopper_varlen_garbage_prefix_sums_stay_in_bounds() {
+    run_all("gpu_hopper_varlen_garbage_prefix_sums_stay_in_bounds", |g, _rng, failures| {
+        let s = &g.stream;
+        for d in head_dims() {
+            let (tq, tk, h) = (40, 50, 2);
+            let q = s.clone_htod(&vec![half::f16::from_f32(0.5); tq * h * d]).unwrap();
+            let k = s.clone_htod(&vec![half::f16::from_f32(0.25); tk * h * d]).unwrap();
+            let cu_q = s.clone_htod(&[0i32, 30, -7, 1 << 30]).unwrap();
+            let cu_k = s.clone_htod(&[5i32, 2, 1 << 30, -1]).unwrap();
+            let used = s.clone_htod(&[1000i32, -3, 7]).unwrap();
+            let params = ForwardParams { causal: true, ..Default::default() };
+            let (lq, lk) = (TensorLayout::varlen(tq, h, d), TensorLayout::varlen(tk, h, d));
+            let problem = flash_attn::varlen_api::validate_varlen((&lq, tq * h * d), (&lk, tk * h * d), (&lk, tk * h * d), (&lq, tq * h * d), (4, 4, Some(3)), (64, 64), &params).unwrap();
+            match g.fa.plan::<f16>(&problem, &params, false, true) {
+                Ok(Plan::Hopper { kernel, .. }) if kernel.vw => {}
+                other => failures.push(format!("d{d}: plan {other:?}, not the Hopper _vw kernel")),
+            }
+            let varlen = Varlen { cu_seqlens_q: &cu_q, cu_seqlens_k: &cu_k, max_seqlen_q: 64, max_seqlen_k: 64, seqused_k: Some(&used) };
+            let out: Result<_, FlashAttnError> = g.fa.forward_varlen::<half::f16, _, _, _>(s, Tensor::new(&q, lq), Tensor::new(&k, lk), Tensor::new(&k, lk), &varlen, &params, &Extras::default());
+            match out {
+                Ok(out) => {
+                    s.synchronize().unwrap();
+                    let o: Vec<half::f16> = s.clone_dtoh(&out.o).unwrap();
+                    let ok = o.iter().all(|x| x.to_f32().is_finite());
+                    report(if ok { Ok(format!("d{d}: garbage prefix sums: finite output")) } else { Err(format!("d{d}: non-finite output")) }, failures);
+                }
+                Err(x) => failures.push(format!("d{d}: {x}")),
+            }
+        }
+    });
 }

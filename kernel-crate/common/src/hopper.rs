@@ -6,7 +6,7 @@
 //! `wgs` (2 or 3) consumer warpgroups of 64 query rows each, so
 //! `Br = 64·wgs`. Shared memory (from a 1024-byte aligned base, 128B-swizzled
 //! tiles stored as 64-column panels of `rows × 128` bytes):
-//! `Q (Br × d) | K stage 0, 1 (Bc × d) | V stage 0, 1 (Bc × d) | 10 mbarriers`.
+//! `Q (Br × d) | K stage 0, 1 (Bc × d) | V stage 0, 1 (Bc × d) | 10 mbarriers | uniforms`.
 
 /// Query rows per block with `wgs` consumer warpgroups.
 pub const fn hopper_br(wgs: usize) -> usize {
@@ -31,6 +31,9 @@ pub const fn hopper_consumer_regs(wgs: usize) -> u32 {
     if wgs == 3 { 160 } else { 232 }
 }
 
+/// Bytes of the tile-uniform area ([`HopperSmem::uni`]).
+pub const HOPPER_UNI_BYTES: usize = 48;
+
 /// Byte offsets of the shared-memory carve-up of a `(d, bc)` kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HopperSmem {
@@ -40,6 +43,9 @@ pub struct HopperSmem {
     /// The mbarriers: Q full, K full ×2, V full ×2, K empty ×2, V empty ×2,
     /// Q empty (8 bytes each).
     pub bars: usize,
+    /// 48 bytes of tile uniforms (the varlen/window kernels: the tile's
+    /// sequence, key blocks and window bounds, written once by thread 0).
+    pub uni: usize,
     /// Bytes used from the aligned base.
     pub used: usize,
 }
@@ -51,7 +57,8 @@ impl HopperSmem {
         let k = [q_bytes, q_bytes + kv];
         let v = [q_bytes + 2 * kv, q_bytes + 3 * kv];
         let bars = q_bytes + 4 * kv;
-        Self { q: 0, k, v, bars, used: bars + 8 * 10 }
+        let uni = bars + 8 * 10;
+        Self { q: 0, k, v, bars, uni, used: uni + HOPPER_UNI_BYTES }
     }
 
     /// Dynamic shared memory to request: what is used plus 1 KB of slack to

@@ -4,7 +4,8 @@
 //! `setmaxnreg` (FlashAttention-3's structure; `../shared/HOPPER-KERNEL.md`).
 //!
 //! * [`fwd`]: the FA2-order forward kernel (Q blocks across the grid, K/V
-//!   blocks through a 2-stage full/empty mbarrier pipeline).
+//!   blocks through a 2-stage full/empty mbarrier pipeline), dense or, in
+//!   its `_vw` variant, varlen and/or with a sliding window.
 //! * [`probe`]: one warpgroup, one tile: `S = Q·Kᵀ` and `O = P·V` written out
 //!   in f32, to prove the descriptors, the swizzle, the fragment layouts and
 //!   the tensor-map parameter bit-exactly on the GPU.
@@ -119,12 +120,15 @@ pub fn acc_fence<const N8: usize>(d: &mut [[f32; 4]; N8]) {
     }
 }
 
-/// Kernel entry points: `flash_fwd_hopper_{dtype}_d{D}_bc{Bc}[_ov][_pp][_w3][_ps]`
+/// Kernel entry points: `flash_fwd_hopper_{dtype}_d{D}_bc{Bc}[_ov][_pp][_w3][_ps][_vw]`
 /// (`_ov`: intra-warpgroup overlap, `_pp`: pingpong between the consumer
 /// warpgroups, `_w3`: three consumer warpgroups (Br = 192) instead of two,
-/// `_ps`: persistent, a grid of at most one block per SM looping over tiles).
+/// `_ps`: persistent, a grid of at most one block per SM looping over tiles,
+/// `_vw`: varlen (packed batches, prefix sums on the device) and sliding
+/// windows, dense or varlen — a separate variant so that the dense kernels
+/// keep their code).
 macro_rules! hopper_kernels {
-    ($( $name:ident : $t:ty, d = $d:literal, bc = $bc:literal, ov = $ov:literal, pp = $pp:literal, wgs = $wgs:literal, ps = $ps:literal; )*) => {$(
+    ($( $name:ident : $t:ty, d = $d:literal, bc = $bc:literal, ov = $ov:literal, pp = $pp:literal, wgs = $wgs:literal, ps = $ps:literal $(, vw = $vw:literal)?; )*) => {$(
         /// Hopper forward kernel (see [`fwd`]).
         ///
         /// # Safety
@@ -145,7 +149,7 @@ macro_rules! hopper_kernels {
                 )
             };
             // SAFETY: forwarded to the host's launch.
-            unsafe { fwd::forward::<$t, $d, $bc, { $d / 8 }, { $bc / 8 }, { $bc / 16 }, $ov, $pp, $wgs, $ps>(tq, tk, tv, &p) }
+            unsafe { fwd::forward::<$t, $d, $bc, { $d / 8 }, { $bc / 8 }, { $bc / 16 }, $ov, $pp, $wgs, $ps, { false $(|| $vw)? }>(tq, tk, tv, &p) }
         }
     )*};
 }
@@ -179,6 +183,12 @@ hopper_kernels! {
     flash_fwd_hopper_bf16_d256_bc64: Bf16, d = 256, bc = 64, ov = false, pp = false, wgs = 2, ps = false;
     flash_fwd_hopper_f16_d256_bc64_ov: F16, d = 256, bc = 64, ov = true, pp = false, wgs = 2, ps = false;
     flash_fwd_hopper_bf16_d256_bc64_ov: Bf16, d = 256, bc = 64, ov = true, pp = false, wgs = 2, ps = false;
+    flash_fwd_hopper_f16_d64_bc128_ov_w3_vw: F16, d = 64, bc = 128, ov = true, pp = false, wgs = 3, ps = false, vw = true;
+    flash_fwd_hopper_bf16_d64_bc128_ov_w3_vw: Bf16, d = 64, bc = 128, ov = true, pp = false, wgs = 3, ps = false, vw = true;
+    flash_fwd_hopper_f16_d128_bc128_ov_vw: F16, d = 128, bc = 128, ov = true, pp = false, wgs = 2, ps = false, vw = true;
+    flash_fwd_hopper_bf16_d128_bc128_ov_vw: Bf16, d = 128, bc = 128, ov = true, pp = false, wgs = 2, ps = false, vw = true;
+    flash_fwd_hopper_f16_d256_bc64_ov_vw: F16, d = 256, bc = 64, ov = true, pp = false, wgs = 2, ps = false, vw = true;
+    flash_fwd_hopper_bf16_d256_bc64_ov_vw: Bf16, d = 256, bc = 64, ov = true, pp = false, wgs = 2, ps = false, vw = true;
 }
 
 /// The probe kernels (one warpgroup, d = 128, one 64 × 128 tile).

@@ -75,7 +75,14 @@ impl Gpu {
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream()?;
         let t = Instant::now();
-        let fa = FlashAttention::new(&ctx)?;
+        // FA_BENCH_FAMILY=mma-sync: the mma.sync kernels only (to compare
+        // with the Hopper kernels on the same GPU).
+        let family = if std::env::var("FA_BENCH_FAMILY").is_ok_and(|v| v == "mma-sync") {
+            flash_attn::KernelFamily::MmaSync
+        } else {
+            flash_attn::KernelFamily::Auto
+        };
+        let fa = FlashAttention::with_family(&ctx, family)?;
         eprintln!("fa-bench-infer: loaded the {} PTX in {:.1} s", fa.ptx_build().arch, t.elapsed().as_secs_f64());
         let (name, cc) = (ctx.name()?, ctx.compute_capability()?);
         Ok(Gpu { ctx, stream, fa, name, cc })
