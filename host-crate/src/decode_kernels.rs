@@ -39,14 +39,14 @@ dec_table! {
     flash_fwd_tc_dec_bf16_d64_w4_bc64_s3 true 64 4 64 3;
     flash_fwd_tc_dec_f16_d96_w4_bc64_s3 false 96 4 64 3;
     flash_fwd_tc_dec_bf16_d96_w4_bc64_s3 true 96 4 64 3;
-    flash_fwd_tc_dec_f16_d128_w4_bc64_s3 false 128 4 64 3;
-    flash_fwd_tc_dec_bf16_d128_w4_bc64_s3 true 128 4 64 3;
-    flash_fwd_tc_dec_f16_d128_w4_bc64_s2 false 128 4 64 2;
-    flash_fwd_tc_dec_bf16_d128_w4_bc64_s2 true 128 4 64 2;
-    flash_fwd_tc_dec_f16_d128_w4_bc128_s2 false 128 4 128 2;
-    flash_fwd_tc_dec_bf16_d128_w4_bc128_s2 true 128 4 128 2;
     flash_fwd_tc_dec_f16_d128_w8_bc128_s2 false 128 8 128 2;
     flash_fwd_tc_dec_bf16_d128_w8_bc128_s2 true 128 8 128 2;
+    flash_fwd_tc_dec_f16_d128_w4_bc64_s2 false 128 4 64 2;
+    flash_fwd_tc_dec_bf16_d128_w4_bc64_s2 true 128 4 64 2;
+    flash_fwd_tc_dec_f16_d128_w4_bc64_s3 false 128 4 64 3;
+    flash_fwd_tc_dec_bf16_d128_w4_bc64_s3 true 128 4 64 3;
+    flash_fwd_tc_dec_f16_d128_w4_bc128_s2 false 128 4 128 2;
+    flash_fwd_tc_dec_bf16_d128_w4_bc128_s2 true 128 4 128 2;
     flash_fwd_tc_dec_f16_d160_w4_bc64_s2 false 160 4 64 2;
     flash_fwd_tc_dec_bf16_d160_w4_bc64_s2 true 160 4 64 2;
     flash_fwd_tc_dec_f16_d192_w4_bc64_s2 false 192 4 64 2;
@@ -78,10 +78,19 @@ impl DecKernel {
         DEC_KERNELS.iter().find(|k| k.name == name)
     }
 
-    /// The default for a dtype and compiled head dim whose shared memory
-    /// fits `max_smem_bytes` (the first listed).
-    pub fn default_fitting(bf16: bool, d: usize, max_smem_bytes: usize) -> Option<&'static DecKernel> {
-        DEC_KERNELS.iter().find(|k| k.bf16 == bf16 && k.d == d && k.smem_bytes() <= max_smem_bytes)
+    /// The default for a dtype, compiled head dim and cache layout whose
+    /// shared memory fits `max_smem_bytes`. Measured on the H100 (bf16,
+    /// d = 128, `decode-tune`; docs/perf-notes.md): contiguous caches prefer
+    /// 8 warps × Bc = 128 (2.58 TB/s at 32k keys, MHA, batch 1; 4 warps ×
+    /// Bc = 64: 2.47), paged caches 4 warps × Bc = 64 (2.42 TB/s; 8 × 128:
+    /// 2.23 — twice the page lookups per thread and block).
+    pub fn default_fitting(bf16: bool, d: usize, paged: bool, max_smem_bytes: usize) -> Option<&'static DecKernel> {
+        let fits = |k: &&DecKernel| k.bf16 == bf16 && k.d == d && k.smem_bytes() <= max_smem_bytes;
+        let paged_pick = DEC_KERNELS.iter().filter(fits).find(|k| k.warps == 4 && k.bc == 64);
+        if paged && paged_pick.is_some() {
+            return paged_pick;
+        }
+        DEC_KERNELS.iter().find(fits)
     }
 }
 
@@ -92,8 +101,8 @@ mod tests {
     #[test]
     fn every_head_dim_has_a_default_that_fits_an_a100() {
         for &d in crate::tc::TC_HEAD_DIMS {
-            for bf16 in [false, true] {
-                let k = DecKernel::default_fitting(bf16, d, 163 * 1024).unwrap_or_else(|| panic!("d = {d}"));
+            for (bf16, paged) in [(false, false), (false, true), (true, false), (true, true)] {
+                let k = DecKernel::default_fitting(bf16, d, paged, 163 * 1024).unwrap_or_else(|| panic!("d = {d}"));
                 assert!(k.bc % (16 * k.warps) == 0 && k.stages >= 2, "{k:?}");
                 assert!(k.name.contains(if bf16 { "_bf16_" } else { "_f16_" }) && k.name.contains(&format!("_d{d}_")), "{k:?}");
             }

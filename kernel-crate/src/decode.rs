@@ -109,8 +109,12 @@ unsafe fn combine<T: Elem16>(p: &AttnParams) {
             shfl_idx_f32(x, (s & 31) as u32)
         };
         let o = (p.o_ptr as *mut u16).wrapping_add(o_offset(p, idx));
-        let mut c = 4 * lane;
-        while c < d {
+        // Every lane runs every step (the weights are shuffled); lanes past
+        // the head dim load and store nothing.
+        let mut c0 = 0;
+        while c0 < d {
+            let c = c0 + 4 * lane;
+            let on = c < d;
             let mut acc = [0f32; 4];
             let mut s = 0;
             while s < ns {
@@ -118,21 +122,24 @@ unsafe fn combine<T: Elem16>(p: &AttnParams) {
                 // split past ns or with a zero weight is not read.
                 let (wa, wb, wc, wd) = (weight(s), weight(s + 1), weight(s + 2), weight(s + 3));
                 let (wa, wb, wc, wd) = (wa, if s + 1 < ns { wb } else { 0.0 }, if s + 2 < ns { wc } else { 0.0 }, if s + 3 < ns { wd } else { 0.0 });
+                let z = |w: f32| if on { w } else { 0.0 };
                 // SAFETY: rows (s + u, idx) of the accumulator with a nonzero
                 // weight (s + u < ns), columns c..c + 4 < d: 16-byte aligned.
-                let (xa, xb, xc, xd) = unsafe { (ld4(o_acc, (s * n + idx) * d + c, wa), ld4(o_acc, ((s + 1) * n + idx) * d + c, wb), ld4(o_acc, ((s + 2) * n + idx) * d + c, wc), ld4(o_acc, ((s + 3) * n + idx) * d + c, wd)) };
+                let (xa, xb, xc, xd) = unsafe { (ld4(o_acc, (s * n + idx) * d + c, z(wa)), ld4(o_acc, ((s + 1) * n + idx) * d + c, z(wb)), ld4(o_acc, ((s + 2) * n + idx) * d + c, z(wc)), ld4(o_acc, ((s + 3) * n + idx) * d + c, z(wd))) };
                 for k in 0..4 {
                     acc[k] += wa * xa[k] + wb * xb[k] + wc * xc[k] + wd * xd[k];
                 }
                 s += 4;
             }
-            // SAFETY: O's row idx, columns c..c + 4 < d; 4-byte aligned pairs
-            // (even c, host-checked strides).
-            unsafe {
-                *(o.add(c) as *mut u32) = pack::<T>(acc[0], acc[1]);
-                *(o.add(c + 2) as *mut u32) = pack::<T>(acc[2], acc[3]);
+            if on {
+                // SAFETY: O's row idx, columns c..c + 4 < d; 4-byte aligned
+                // pairs (even c, host-checked strides).
+                unsafe {
+                    *(o.add(c) as *mut u32) = pack::<T>(acc[0], acc[1]);
+                    *(o.add(c + 2) as *mut u32) = pack::<T>(acc[2], acc[3]);
+                }
             }
-            c += 128;
+            c0 += 128;
         }
         if lane == 0 {
             // SAFETY: lse holds lse_len f32.
