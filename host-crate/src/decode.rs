@@ -619,7 +619,7 @@ impl FlashAttention {
         };
         // At most 16 rows per (sequence, head) as launched: the
         // flash-decoding kernel (warps split the keys), else the fa2d tile.
-        let dec = if rq <= DecKernel::BR { DecKernel::default_fitting(dtype == DType::BF16, kernel.d, geom.paged, self.limits().max_smem_per_block) } else { None };
+        let dec = if rq <= DecKernel::BR { DecKernel::default_fitting(dtype == DType::BF16, kernel.d, geom.paged.then_some(geom.rows_per), self.limits().max_smem_per_block) } else { None };
         let dec = match opts.kernel {
             None => dec,
             Some(name) if name == kernel.name => None,

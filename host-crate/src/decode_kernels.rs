@@ -78,19 +78,26 @@ impl DecKernel {
         DEC_KERNELS.iter().find(|k| k.name == name)
     }
 
-    /// The default for a dtype, compiled head dim and cache layout whose
-    /// shared memory fits `max_smem_bytes`. Measured on the H100 (bf16,
-    /// d = 128, `decode-tune`; docs/perf-notes.md): contiguous caches prefer
-    /// 8 warps × Bc = 128 (2.58 TB/s at 32k keys, MHA, batch 1; 4 warps ×
-    /// Bc = 64: 2.47), paged caches 4 warps × Bc = 64 (2.42 TB/s; 8 × 128:
-    /// 2.23 — twice the page lookups per thread and block).
-    pub fn default_fitting(bf16: bool, d: usize, paged: bool, max_smem_bytes: usize) -> Option<&'static DecKernel> {
-        let fits = |k: &&DecKernel| k.bf16 == bf16 && k.d == d && k.smem_bytes() <= max_smem_bytes;
-        let paged_pick = DEC_KERNELS.iter().filter(fits).find(|k| k.warps == 4 && k.bc == 64);
-        if paged && paged_pick.is_some() {
-            return paged_pick;
-        }
-        DEC_KERNELS.iter().find(fits)
+    /// The default for a dtype, compiled head dim and cache layout (`page`:
+    /// the page size of a paged cache) whose shared memory fits
+    /// `max_smem_bytes`. Measured on the H100 (bf16, d = 128, `decode-tune`,
+    /// docs/bench/decode/tune.md): contiguous caches prefer 8 warps × Bc =
+    /// 128 (2.57 TB/s at 32k keys, MHA, batch 1; 4 warps × Bc = 64: 2.47);
+    /// so do paged caches whose pages hold whole blocks (page size a
+    /// multiple of Bc: one page lookup per block; page 256: 2.57), while
+    /// smaller pages look a page up per 16-byte chunk and prefer 4 warps ×
+    /// Bc = 64 (page 16: 2.41 against 2.06 — three blocks per SM hide the
+    /// lookups, one cannot).
+    pub fn default_fitting(bf16: bool, d: usize, page: Option<usize>, max_smem_bytes: usize) -> Option<&'static DecKernel> {
+        let fits = move |k: &&'static DecKernel| k.bf16 == bf16 && k.d == d && k.smem_bytes() <= max_smem_bytes;
+        let first = DEC_KERNELS.iter().find(fits);
+        let Some(ps) = page else { return first };
+        DEC_KERNELS
+            .iter()
+            .filter(fits)
+            .find(|k| ps % k.bc == 0)
+            .or_else(|| DEC_KERNELS.iter().filter(fits).find(|k| k.warps == 4 && k.bc == 64))
+            .or(first)
     }
 }
 
@@ -99,10 +106,20 @@ mod tests {
     use super::*;
 
     #[test]
+    fn d128_defaults_follow_the_page_size() {
+        let pick = |page| DecKernel::default_fitting(true, 128, page, 227 * 1024).unwrap();
+        assert_eq!((pick(None).warps, pick(None).bc), (8, 128));
+        assert_eq!((pick(Some(256)).warps, pick(Some(256)).bc), (8, 128));
+        assert_eq!((pick(Some(64)).warps, pick(Some(64)).bc), (4, 64));
+        assert_eq!((pick(Some(16)).warps, pick(Some(16)).bc), (4, 64));
+        assert_eq!((pick(Some(48)).warps, pick(Some(48)).bc), (4, 64));
+    }
+
+    #[test]
     fn every_head_dim_has_a_default_that_fits_an_a100() {
         for &d in crate::tc::TC_HEAD_DIMS {
-            for (bf16, paged) in [(false, false), (false, true), (true, false), (true, true)] {
-                let k = DecKernel::default_fitting(bf16, d, paged, 163 * 1024).unwrap_or_else(|| panic!("d = {d}"));
+            for (bf16, page) in [(false, None), (false, Some(16)), (true, Some(256)), (true, Some(48))] {
+                let k = DecKernel::default_fitting(bf16, d, page, 163 * 1024).unwrap_or_else(|| panic!("d = {d}"));
                 assert!(k.bc % (16 * k.warps) == 0 && k.stages >= 2, "{k:?}");
                 assert!(k.name.contains(if bf16 { "_bf16_" } else { "_f16_" }) && k.name.contains(&format!("_d{d}_")), "{k:?}");
             }
