@@ -41,7 +41,8 @@ use flash_attn_common::tc::{DEC_BR as BR, dec_merge_stride as merge_stride};
 /// whole rows (coalesced; a thread per row instead made each copy touch 16
 /// rows and ran at 60–75% of the coalesced bandwidth). Paged caches look
 /// the page of each chunk's row up as they issue it (the block-table
-/// entries of a block are few and stay in L1).
+/// entries of a block are few and stay in L1), or once per block when the
+/// block lies in one page.
 struct KvCopy {
     k: *const u16,
     v: *const u16,
@@ -68,7 +69,20 @@ impl KvCopy {
     unsafe fn issue<const D: usize, const BC: usize>(&self, p: &AttnParams, sk: SmemTile<D>, sv: SmemTile<D>, j: usize, nk: usize, d: usize) {
         let cpr = D / 8;
         let j0 = j * BC;
-        let (kb, vb) = if self.paged { (self.k, self.v) } else { (self.k.wrapping_add(j0 * self.k_rs as usize), self.v.wrapping_add(j0 * self.v_rs as usize)) };
+        // Rows of a block inside one page (page size ≥ Bc, aligned): one
+        // lookup for the block, then strided rows as in a contiguous cache.
+        let one_page = self.paged && p.page_index(j0 as u32) == p.page_index((j0 + BC - 1) as u32);
+        let (kb, vb) = if one_page {
+            // SAFETY: j0 < nk (the caller issues blocks with keys).
+            let page = unsafe { p.page_of(self.b, j0 as u32) } as u64;
+            let r0 = p.page_row(j0 as u32) as u64;
+            (self.k.wrapping_add((page * self.k_ps + r0 * self.k_rs) as usize), self.v.wrapping_add((page * self.v_ps + r0 * self.v_rs) as usize))
+        } else if self.paged {
+            (self.k, self.v)
+        } else {
+            (self.k.wrapping_add(j0 * self.k_rs as usize), self.v.wrapping_add(j0 * self.v_rs as usize))
+        };
+        let per_row = self.paged && !one_page;
         let mut i = self.tid;
         while i < BC * cpr {
             let (r, c) = (i / cpr, i % cpr);
@@ -76,7 +90,7 @@ impl KvCopy {
             let ok = t < nk && c * 8 < d;
             let (ks, vs) = if !ok {
                 (self.k, self.v)
-            } else if self.paged {
+            } else if per_row {
                 // SAFETY: t < nk ≤ the sequence's clamped length (caller).
                 let page = unsafe { p.page_of(self.b, t as u32) } as u64;
                 let pr = p.page_row(t as u32) as u64;
