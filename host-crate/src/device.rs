@@ -1,7 +1,7 @@
 //! The loaded kernels of one device: [`FlashAttention`].
 
 use std::collections::HashMap;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute_enum};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, LaunchConfig};
@@ -26,6 +26,10 @@ pub struct FlashAttention {
     limits: DeviceLimits,
     num_sms: usize,
     kernels: HashMap<&'static str, CudaFunction>,
+    /// Resident blocks per SM of each launch shape asked so far (the
+    /// driver's occupancy calculator costs microseconds per call: decode
+    /// calls ask it on every step).
+    occupancy: Mutex<HashMap<(&'static str, u32, u32), usize>>,
 }
 
 impl FlashAttention {
@@ -66,7 +70,7 @@ impl FlashAttention {
             f.set_attribute(CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, max_smem)?;
             kernels.insert(name, f);
         }
-        Ok(Self { ctx: ctx.clone(), module, build, cc: (major, minor), device_name, limits, num_sms, kernels })
+        Ok(Self { ctx: ctx.clone(), module, build, cc: (major, minor), device_name, limits, num_sms, kernels, occupancy: Mutex::new(HashMap::new()) })
     }
 
     /// The context the kernels are loaded in.
@@ -116,9 +120,15 @@ impl FlashAttention {
     /// Resident blocks per SM of a launch (registers, threads and its
     /// shared memory), from the driver's occupancy calculator.
     pub(crate) fn blocks_per_sm(&self, l: &Launch) -> Option<usize> {
+        let key = (l.kernel, l.threads, l.smem_bytes);
+        if let Some(&n) = self.occupancy.lock().ok()?.get(&key) {
+            return Some(n);
+        }
         let f = self.kernels.get(l.kernel)?;
         let n = f.occupancy_max_active_blocks_per_multiprocessor(l.threads, l.smem_bytes as usize, None).ok()?;
-        (n > 0).then_some(n as usize)
+        let n = (n > 0).then_some(n as usize)?;
+        self.occupancy.lock().ok()?.insert(key, n);
+        Some(n)
     }
 
     pub(crate) fn prepare(&self, l: &Launch) -> Result<(&CudaFunction, LaunchConfig)> {
