@@ -35,6 +35,52 @@ use crate::device::{FlashAttention, default_flash_attention};
 use crate::error::Result;
 use crate::reference;
 
+/// A host array's elements in logical (row-major) order: what the device
+/// buffers of the ndarray API hold.
+pub(crate) fn host_vec<T: Copy, D: ndarray::Dimension>(a: &ndarray::ArrayView<'_, T, D>) -> Vec<T> {
+    a.iter().copied().collect()
+}
+
+/// ALiBi slopes copied to the device, with their shape.
+pub(crate) struct DeviceSlopes(Option<(cudarc::driver::CudaSlice<f32>, crate::params::AlibiShape)>);
+
+impl DeviceSlopes {
+    pub(crate) fn upload(stream: &Arc<CudaStream>, alibi: Option<&HostAlibi<'_>>) -> Result<Self> {
+        Ok(Self(alibi.map(|a| stream.clone_htod(a.slopes).map(|d| (d, a.shape))).transpose()?))
+    }
+
+    pub(crate) fn extras(&self) -> Extras<'_> {
+        Extras { alibi_slopes: self.0.as_ref().map(|(d, shape)| AlibiSlopes::new(d, *shape)) }
+    }
+}
+
+/// Host prefix sums (and `seqused_k`) copied to the device.
+pub(crate) struct DeviceVarlen {
+    cu_q: cudarc::driver::CudaSlice<i32>,
+    cu_k: cudarc::driver::CudaSlice<i32>,
+    used: Option<cudarc::driver::CudaSlice<i32>>,
+}
+
+impl DeviceVarlen {
+    pub(crate) fn upload(stream: &Arc<CudaStream>, cu_seqlens_q: &[i32], cu_seqlens_k: &[i32], seqused_k: Option<&[i32]>) -> Result<Self> {
+        Ok(Self {
+            cu_q: stream.clone_htod(cu_seqlens_q)?,
+            cu_k: stream.clone_htod(cu_seqlens_k)?,
+            used: seqused_k.map(|u| stream.clone_htod(u)).transpose()?,
+        })
+    }
+
+    pub(crate) fn varlen(&self, (max_seqlen_q, max_seqlen_k): (usize, usize)) -> Varlen<'_> {
+        Varlen {
+            cu_seqlens_q: &self.cu_q,
+            cu_seqlens_k: &self.cu_k,
+            max_seqlen_q,
+            max_seqlen_k,
+            seqused_k: self.used.as_ref().map(|u| u as &dyn DevicePtr<i32>),
+        }
+    }
+}
+
 /// Where [`flash_attn_func`] runs.
 #[derive(Clone, Debug)]
 pub enum Backend {
@@ -136,8 +182,7 @@ pub fn flash_attn_func_on_ext<T: AttnElem>(
     let mods = alibi.is_some() || problem.opts.softcap > 0.0;
     let (o, lse) = if runs_on_tensor_cores::<T>(params, problem.dims.headdim, mods) {
         // f16/bf16 as they are, on the tensor cores.
-        let to_host = |a: &ArrayView4<'_, T>| a.iter().copied().collect::<Vec<T>>();
-        forward_host::<T>(fa, stream, [to_host(&q), to_host(&k), to_host(&v)], [&q, &k, &v], params, alibi)?
+        forward_host::<T>(fa, stream, [host_vec(&q), host_vec(&k), host_vec(&v)], [&q, &k, &v], params, alibi)?
     } else {
         // f32, or 16-bit problems the tensor cores do not take (standard
         // attention, FA1 with softcap/ALiBi): through the f32 kernels.
@@ -164,8 +209,8 @@ fn forward_host<E: AttnElem>(
     let [qh, kh, vh] = host;
     let layout = |a: &dyn HasDim| TensorLayout::contiguous(a.shape4());
     let (qd, kd, vd) = (stream.clone_htod(&qh)?, stream.clone_htod(&kh)?, stream.clone_htod(&vh)?);
-    let slopes = alibi.as_ref().map(|a| stream.clone_htod(a.slopes)).transpose()?;
-    let ext = Extras { alibi_slopes: slopes.as_ref().zip(alibi.as_ref()).map(|(d, a)| AlibiSlopes::new(d, a.shape)) };
+    let slopes = DeviceSlopes::upload(stream, alibi.as_ref())?;
+    let ext = slopes.extras();
     let out = fa.forward_ext::<E, _, _, _>(
         stream,
         Tensor::new(&qd, layout(arrays[0])),
@@ -269,19 +314,10 @@ pub fn flash_attn_varlen_func<T: AttnElem>(
         let (t, h, d) = a.dim();
         TensorLayout::varlen(t, h, d)
     };
-    let host = |a: &ArrayView3<'_, T>| a.iter().copied().collect::<Vec<T>>();
-    let (qd, kd, vd) = (stream.clone_htod(&host(&q))?, stream.clone_htod(&host(&k))?, stream.clone_htod(&host(&v))?);
-    let (cqd, ckd) = (stream.clone_htod(cu_seqlens_q)?, stream.clone_htod(cu_seqlens_k)?);
-    let used = seqused_k.map(|u| stream.clone_htod(u)).transpose()?;
-    let slopes = alibi.as_ref().map(|a| stream.clone_htod(a.slopes)).transpose()?;
-    let ext = Extras { alibi_slopes: slopes.as_ref().zip(alibi.as_ref()).map(|(d, a)| AlibiSlopes::new(d, a.shape)) };
-    let varlen = Varlen {
-        cu_seqlens_q: &cqd,
-        cu_seqlens_k: &ckd,
-        max_seqlen_q: max_q,
-        max_seqlen_k: max_k,
-        seqused_k: used.as_ref().map(|u| u as &dyn DevicePtr<i32>),
-    };
+    let (qd, kd, vd) = (stream.clone_htod(&host_vec(&q))?, stream.clone_htod(&host_vec(&k))?, stream.clone_htod(&host_vec(&v))?);
+    let dv = DeviceVarlen::upload(&stream, cu_seqlens_q, cu_seqlens_k, seqused_k)?;
+    let slopes = DeviceSlopes::upload(&stream, alibi.as_ref())?;
+    let (ext, varlen) = (slopes.extras(), dv.varlen((max_q, max_k)));
     let out = fa.forward_varlen::<T, _, _, _>(&stream, Tensor::new(&qd, lay(&q)), Tensor::new(&kd, lay(&k)), Tensor::new(&vd, lay(&v)), &varlen, params, &ext)?;
     let o = Array3::from_shape_vec((tq, h, d), stream.clone_dtoh(&out.o)?)?;
     let lse = Array2::from_shape_vec((h, tq), stream.clone_dtoh(&out.lse)?)?;

@@ -15,15 +15,14 @@
 use cudarc::driver::DevicePtr;
 use ndarray::{Array2, Array3, Array4, ArrayView2, ArrayView3, ArrayView4};
 
-use crate::api::{AlibiSlopes, AttnElem, Extras, RowStats, Tensor, TensorLayout};
+use crate::api::{AttnElem, RowStats, Tensor, TensorLayout};
 use crate::decode::{BlockTable, DecodeOptions, KvCache, MAX_SPLITS, PagedCache};
 use crate::dispatch::DType;
 use crate::error::{FlashAttnError, Result};
-use crate::ndarray_api::{Backend, default_backend};
+use crate::ndarray_api::{Backend, DeviceSlopes, DeviceVarlen, default_backend, host_vec};
 use crate::params::ForwardParams;
 use crate::reference::decode::{CacheShape, check_kvcache_call, check_varlen_paged_call};
 use crate::reference::{self, HostAlibi, PagedKv, PagedKvMut};
-use crate::varlen_api::Varlen;
 
 /// The cache of [`flash_attn_with_kvcache`], updated in place.
 #[derive(Debug)]
@@ -54,10 +53,6 @@ fn check_splits(num_splits: Option<usize>) -> Result<()> {
 
 fn to_f32<T: AttnElem, D: ndarray::Dimension>(a: ndarray::ArrayView<'_, T, D>) -> ndarray::Array<f32, D> {
     a.mapv(|x| x.to_f32())
-}
-
-fn contiguous_vec<T: Copy, D: ndarray::Dimension>(a: &ndarray::ArrayView<'_, T, D>) -> Vec<T> {
-    a.iter().copied().collect()
 }
 
 /// Attention of `q` `(batch, seqlen_q, nheads, d)` against a KV cache,
@@ -96,22 +91,22 @@ pub fn flash_attn_with_kvcache<T: AttnElem>(
     };
     let stream = fa.context().default_stream();
     let (batch, sq, nheads, d) = q.dim();
-    let qd = stream.clone_htod(&contiguous_vec(&q))?;
-    let kn = k_new.as_ref().map(|a| stream.clone_htod(&contiguous_vec(a))).transpose()?;
-    let vn = v_new.as_ref().map(|a| stream.clone_htod(&contiguous_vec(a))).transpose()?;
+    let qd = stream.clone_htod(&host_vec(&q))?;
+    let kn = k_new.as_ref().map(|a| stream.clone_htod(&host_vec(a))).transpose()?;
+    let vn = v_new.as_ref().map(|a| stream.clone_htod(&host_vec(a))).transpose()?;
     let new_layout = k_new.as_ref().map(|a| TensorLayout::contiguous(dims(a)));
     let seqlens = stream.clone_htod(cache_seqlens)?;
-    let slopes = alibi.as_ref().map(|a| stream.clone_htod(a.slopes)).transpose()?;
-    let ext = Extras { alibi_slopes: slopes.as_ref().zip(alibi.as_ref()).map(|(s, a)| AlibiSlopes::new(s, a.shape)) };
+    let slopes = DeviceSlopes::upload(&stream, alibi.as_ref())?;
+    let ext = slopes.extras();
     let (k_host, v_host, idx, table) = match cache {
         HostKvCache::Contiguous { k_cache, v_cache, cache_batch_idx } => (k_cache, v_cache, cache_batch_idx, None),
         HostKvCache::Paged { k_pages, v_pages, block_table } => (k_pages, v_pages, None, Some(block_table)),
     };
     let layout = TensorLayout::contiguous(dims(&k_host.view()));
-    let mut kc = stream.clone_htod(&contiguous_vec(&k_host.view()))?;
-    let mut vc = stream.clone_htod(&contiguous_vec(&v_host.view()))?;
+    let mut kc = stream.clone_htod(&host_vec(&k_host.view()))?;
+    let mut vc = stream.clone_htod(&host_vec(&v_host.view()))?;
     let idx_d = idx.map(|i| stream.clone_htod(i)).transpose()?;
-    let table_d = table.as_ref().map(|t| stream.clone_htod(&contiguous_vec(t))).transpose()?;
+    let table_d = table.as_ref().map(|t| stream.clone_htod(&host_vec(t))).transpose()?;
     let out = fa.forward_kvcache::<T, _>(
         &stream,
         Tensor::new(&qd, TensorLayout::contiguous([batch, sq, nheads, d])),
@@ -210,20 +205,12 @@ pub fn flash_attn_varlen_paged_func<T: AttnElem>(
         }
     };
     let stream = fa.context().default_stream();
-    let qd = stream.clone_htod(&contiguous_vec(&q))?;
-    let (kd, vd) = (stream.clone_htod(&contiguous_vec(&k_pages))?, stream.clone_htod(&contiguous_vec(&v_pages))?);
-    let table = stream.clone_htod(&contiguous_vec(&block_table))?;
-    let (cqd, ckd) = (stream.clone_htod(cu_seqlens_q)?, stream.clone_htod(cu_seqlens_k)?);
-    let used = seqused_k.map(|u| stream.clone_htod(u)).transpose()?;
-    let slopes = alibi.as_ref().map(|a| stream.clone_htod(a.slopes)).transpose()?;
-    let ext = Extras { alibi_slopes: slopes.as_ref().zip(alibi.as_ref()).map(|(s, a)| AlibiSlopes::new(s, a.shape)) };
-    let varlen = Varlen {
-        cu_seqlens_q: &cqd,
-        cu_seqlens_k: &ckd,
-        max_seqlen_q: max_seqlen.0,
-        max_seqlen_k: max_seqlen.1,
-        seqused_k: used.as_ref().map(|u| u as &dyn DevicePtr<i32>),
-    };
+    let qd = stream.clone_htod(&host_vec(&q))?;
+    let (kd, vd) = (stream.clone_htod(&host_vec(&k_pages))?, stream.clone_htod(&host_vec(&v_pages))?);
+    let table = stream.clone_htod(&host_vec(&block_table))?;
+    let dv = DeviceVarlen::upload(&stream, cu_seqlens_q, cu_seqlens_k, seqused_k)?;
+    let slopes = DeviceSlopes::upload(&stream, alibi.as_ref())?;
+    let (ext, varlen) = (slopes.extras(), dv.varlen(max_seqlen));
     let cache = PagedCache {
         k_pages: &kd,
         v_pages: &vd,
