@@ -5,15 +5,17 @@
 //! f32). The logsumexp is f32 `(batch, nheads, seqlen_q)`.
 
 use candle_core::backend::BackendStorage;
-use candle_core::{CpuStorage, DType, Layout, Result, Storage, Tensor, WithDType};
+use candle_core::{CpuStorage, DType, Layout, Result, Tensor, WithDType};
 use flash_attn::common::Real;
 use flash_attn::reference::{self, HostAlibi, PagedKv, PagedKvMut};
 use flash_attn::{AlibiShape, TensorLayout};
 use half::{bf16, f16};
-use ndarray::{Array4, ArrayView2, ArrayView4, ShapeBuilder, s};
+use ndarray::{Array, Array4, ArrayView2, ArrayView4, Dimension, ShapeBuilder, s};
 
-use crate::check::{Checked, core_err, err, len_from};
-use crate::kvcache::KvChecked;
+use crate::check::{self, Checked, core_err, err, len_from};
+use crate::kvcache::{KvCacheArgs, KvChecked};
+use crate::storage::Held;
+use crate::varlen::VarlenIdx;
 
 /// The dtypes `cpu_fwd` takes.
 pub(crate) const DTYPES: &[DType] = &[DType::F32, DType::F64, DType::F16, DType::BF16];
@@ -55,20 +57,12 @@ elem!(f64, f64, F64, |x| x, |x| x);
 elem!(f16, f32, F16, f16::to_f32, f16::from_f32);
 elem!(bf16, f32, BF16, bf16::to_f32, bf16::from_f32);
 
-/// A CPU tensor's storage, or a device error naming the argument.
-pub(crate) fn cpu_storage<'a>(st: &'a Storage, argument: &str) -> Result<&'a CpuStorage> {
-    match st {
-        Storage::Cpu(s) => Ok(s),
-        _ => Err(err(format_args!("device mismatch: `{argument}` must be on the CPU with `q`"))),
-    }
-}
-
 /// An index tensor on the CPU (U32 or I32, checked by
 /// `check::index_tensor`) as the core's i32; a u32 value ≥ 2³¹ is an error
 /// naming the argument.
 pub(crate) fn host_i32(argument: &str, t: &Tensor) -> Result<Vec<i32>> {
-    let (st, l) = t.storage_and_layout();
-    let st = cpu_storage(&st, argument)?;
+    let held = Held::new(argument, t);
+    let (st, l) = held.cpu()?;
     let range = l.start_offset()..l.start_offset() + t.elem_count();
     let short = || err(format_args!("`{argument}`: buffer shorter than its shape"));
     match st {
@@ -84,17 +78,56 @@ pub(crate) fn host_i32(argument: &str, t: &Tensor) -> Result<Vec<i32>> {
 }
 
 /// ALiBi slopes on the CPU: a host copy and their shape.
-pub(crate) fn host_alibi(t: &Tensor, batch: usize, nheads: usize) -> Result<(Vec<f32>, AlibiShape)> {
-    let (shape, offset) = crate::check::alibi_shape(t, batch, nheads)?;
-    let (st, _) = t.storage_and_layout();
-    let slopes = cpu_storage(&st, "alibi_slopes")?.as_slice::<f32>()?.get(offset..offset + t.elem_count());
-    Ok((slopes.ok_or_else(|| err("`alibi_slopes`: buffer shorter than its shape"))?.to_vec(), shape))
+struct Slopes {
+    slopes: Vec<f32>,
+    shape: AlibiShape,
 }
 
+impl Slopes {
+    fn host(&self) -> HostAlibi<'_> {
+        HostAlibi { slopes: &self.slopes, shape: self.shape }
+    }
+}
+
+/// `alibi_slopes` (if given) checked against `(batch, nheads)` and copied to the host.
+fn host_alibi(t: Option<&Tensor>, batch: usize, nheads: usize) -> Result<Option<Slopes>> {
+    let Some(t) = t else { return Ok(None) };
+    let (shape, offset) = check::alibi_shape(t, batch, nheads)?;
+    let held = Held::new("alibi_slopes", t);
+    let slopes = held.cpu()?.0.as_slice::<f32>()?.get(offset..offset + t.elem_count());
+    Ok(Some(Slopes { slopes: slopes.ok_or_else(|| err("`alibi_slopes`: buffer shorter than its shape"))?.to_vec(), shape }))
+}
+
+/// The dtypes of q, k and v: one the CPU path takes, all equal.
+pub(crate) fn check_dtypes(q: &CpuStorage, k: &CpuStorage, v: &CpuStorage) -> Result<()> {
+    check::check_dtypes(q.dtype(), k.dtype(), v.dtype(), DTYPES, "CPU")
+}
+
+/// `$f::<T>(args)` with `T` the element type of the dtype `$dt`.
+macro_rules! by_dtype {
+    ($dt:expr, $f:ident :: <T> ($($arg:expr),* $(,)?)) => {
+        match $dt {
+            DType::F32 => $f::<f32>($($arg),*),
+            DType::F64 => $f::<f64>($($arg),*),
+            DType::F16 => $f::<f16>($($arg),*),
+            DType::BF16 => $f::<bf16>($($arg),*),
+            dt => Err(err(format_args!("`q`: dtype {dt:?} is not supported on the CPU"))),
+        }
+    };
+}
+
+/// The reference's output and logsumexp as candle storages: O in `T`, the LSE f32.
+fn storages<T: Elem, D: Dimension, E: Dimension>(o: &Array<T::F, D>, lse: &Array<T::F, E>) -> (CpuStorage, CpuStorage) {
+    let o: Vec<T> = o.iter().map(|&x| T::down(x)).collect();
+    let lse: Vec<f32> = lse.iter().map(|&x| x.to_f64() as f32).collect();
+    (T::to_cpu_storage_owned(o), CpuStorage::F32(lse))
+}
+
+/// The fixed-length call; `alibi`'s shape is checked against q's batch and heads.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn forward(
     c: &Checked,
-    alibi: Option<(&[f32], AlibiShape)>,
+    alibi: Option<&Tensor>,
     q: &CpuStorage,
     q_l: &Layout,
     k: &CpuStorage,
@@ -102,41 +135,33 @@ pub(crate) fn forward(
     v: &CpuStorage,
     v_l: &Layout,
 ) -> Result<(CpuStorage, CpuStorage)> {
-    match q {
-        CpuStorage::F32(_) => run::<f32>(c, alibi, [(q, q_l), (k, k_l), (v, v_l)]),
-        CpuStorage::F64(_) => run::<f64>(c, alibi, [(q, q_l), (k, k_l), (v, v_l)]),
-        CpuStorage::F16(_) => run::<f16>(c, alibi, [(q, q_l), (k, k_l), (v, v_l)]),
-        CpuStorage::BF16(_) => run::<bf16>(c, alibi, [(q, q_l), (k, k_l), (v, v_l)]),
-        other => Err(err(format_args!("`q`: dtype {:?} is not supported on the CPU", other.dtype()))),
-    }
+    let alibi = host_alibi(alibi, c.q.batch(), c.q.nheads())?;
+    by_dtype!(q.dtype(), run::<T>(c, alibi.as_ref(), [(q, q_l), (k, k_l), (v, v_l)]))
 }
 
-fn run<T: Elem>(c: &Checked, alibi: Option<(&[f32], AlibiShape)>, qkv: [(&CpuStorage, &Layout); 3]) -> Result<(CpuStorage, CpuStorage)> {
+fn run<T: Elem>(c: &Checked, alibi: Option<&Slopes>, qkv: [(&CpuStorage, &Layout); 3]) -> Result<(CpuStorage, CpuStorage)> {
     let [(q, q_l), (k, k_l), (v, v_l)] = qkv;
-    let (q, k, v) = (q.as_slice::<T>()?, k.as_slice::<T>()?, v.as_slice::<T>()?);
     // The core's own validation, so both paths report the same typed errors.
     let o_layout = TensorLayout::contiguous(c.q.shape);
     let problem = flash_attn::api::validate(
-        (&c.q, len_from(q.len(), q_l)),
-        (&c.k, len_from(k.len(), k_l)),
-        (&c.v, len_from(v.len(), v_l)),
+        (&c.q, len_from(q.as_slice::<T>()?.len(), q_l)),
+        (&c.k, len_from(k.as_slice::<T>()?.len(), k_l)),
+        (&c.v, len_from(v.as_slice::<T>()?.len(), v_l)),
         (&o_layout, o_layout.num_elements().unwrap_or(usize::MAX)),
         &c.params,
     )
     .map_err(core_err)?;
     let (q, k, v) = (widen::<T>(q, q_l, &c.q)?, widen::<T>(k, k_l, &c.k)?, widen::<T>(v, v_l, &c.v)?);
     let _ = problem;
-    let alibi = alibi.map(|(slopes, shape)| reference::HostAlibi { slopes, shape });
-    let out = reference::fa2_forward_ext::<T::F>(q.view(), k.view(), v.view(), &c.params, alibi, BLOCK.0, BLOCK.1)
+    let out = reference::fa2_forward_ext::<T::F>(q.view(), k.view(), v.view(), &c.params, alibi.map(Slopes::host), BLOCK.0, BLOCK.1)
         .map_err(core_err)?;
-    let o: Vec<T> = out.o.iter().map(|&x| T::down(x)).collect();
-    let lse: Vec<f32> = out.lse.iter().map(|&x| x.to_f64() as f32).collect();
-    Ok((T::to_cpu_storage_owned(o), CpuStorage::F32(lse)))
+    Ok(storages::<T, _, _>(&out.o, &out.lse))
 }
 
 /// candle's strided buffer as an array in the reference's precision: a view
 /// of the buffer as it is (offset, strides), widened in one pass.
-pub(crate) fn widen<T: Elem>(data: &[T], l: &Layout, tl: &TensorLayout) -> Result<Array4<T::F>> {
+fn widen<T: Elem>(storage: &CpuStorage, l: &Layout, tl: &TensorLayout) -> Result<Array4<T::F>> {
+    let data = storage.as_slice::<T>()?;
     let [b, s, h, d] = tl.shape;
     let [sb, ss, sh] = tl.strides;
     let data = &data[l.start_offset().min(data.len())..];
@@ -155,16 +180,16 @@ pub(crate) fn widen<T: Elem>(data: &[T], l: &Layout, tl: &TensorLayout) -> Resul
     }
 }
 
-/// The device-independent part of a varlen call on the CPU: host copies of
-/// the prefix sums (i32, as the core takes them) and the maxima.
-pub(crate) struct VarlenArgs {
-    pub cu_q: Vec<i32>,
-    pub cu_k: Vec<i32>,
-    pub max_q: usize,
-    pub max_k: usize,
-    /// A paged cache's block table `(batch, max_blocks)`, row-major, and
-    /// `max_blocks` (then k and v are the pages, `c.k` their layout).
-    pub block_table: Option<(Vec<i32>, usize)>,
+/// The host copies of a varlen call's index tensors: the prefix sums (i32,
+/// as the core takes them) and, paged, the block table `(batch,
+/// max_blocks)`, row-major, and `max_blocks` (then k and v are the pages,
+/// `c.k` their layout).
+struct VarlenArgs {
+    cu_q: Vec<i32>,
+    cu_k: Vec<i32>,
+    max_q: usize,
+    max_k: usize,
+    block_table: Option<(Vec<i32>, usize)>,
 }
 
 /// Varlen on the CPU: `reference::attention_varlen` (FA2's blocked loop per
@@ -175,8 +200,8 @@ pub(crate) struct VarlenArgs {
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn forward_varlen(
     c: &Checked,
-    args: &VarlenArgs,
-    alibi: Option<(&[f32], AlibiShape)>,
+    idx: &VarlenIdx<'_>,
+    alibi: Option<&Tensor>,
     q: &CpuStorage,
     q_l: &Layout,
     k: &CpuStorage,
@@ -184,28 +209,28 @@ pub(crate) fn forward_varlen(
     v: &CpuStorage,
     v_l: &Layout,
 ) -> Result<(CpuStorage, CpuStorage)> {
-    let qkv = [(q, q_l), (k, k_l), (v, v_l)];
-    match q {
-        CpuStorage::F32(_) => run_varlen::<f32>(c, args, alibi, qkv),
-        CpuStorage::F64(_) => run_varlen::<f64>(c, args, alibi, qkv),
-        CpuStorage::F16(_) => run_varlen::<f16>(c, args, alibi, qkv),
-        CpuStorage::BF16(_) => run_varlen::<bf16>(c, args, alibi, qkv),
-        other => Err(err(format_args!("`q`: dtype {:?} is not supported on the CPU", other.dtype()))),
-    }
+    let block_table = match idx.block_table {
+        Some((t, max_blocks)) => Some((host_i32("block_table", t)?, max_blocks)),
+        None => None,
+    };
+    let (max_q, max_k) = idx.max_seqlen;
+    let cu_q = host_i32("seqlens_q", idx.seqlens_q)?;
+    let args = VarlenArgs { cu_q, cu_k: host_i32("seqlens_k", idx.seqlens_k)?, max_q, max_k, block_table };
+    let alibi = host_alibi(alibi, idx.batch, c.q.nheads())?;
+    by_dtype!(q.dtype(), run_varlen::<T>(c, &args, alibi.as_ref(), [(q, q_l), (k, k_l), (v, v_l)]))
 }
 
 fn run_varlen<T: Elem>(
     c: &Checked,
     args: &VarlenArgs,
-    alibi: Option<(&[f32], AlibiShape)>,
+    alibi: Option<&Slopes>,
     qkv: [(&CpuStorage, &Layout); 3],
 ) -> Result<(CpuStorage, CpuStorage)> {
     let [(q, q_l), (k, k_l), (v, v_l)] = qkv;
-    let (q, k, v) = (q.as_slice::<T>()?, k.as_slice::<T>()?, v.as_slice::<T>()?);
     let (q, k, v) = (widen::<T>(q, q_l, &c.q)?, widen::<T>(k, k_l, &c.k)?, widen::<T>(v, v_l, &c.v)?);
     let sub = |a: &Array4<T::F>| a.index_axis(ndarray::Axis(0), 0).to_owned();
     let q = sub(&q);
-    let alibi = alibi.map(|(slopes, shape)| HostAlibi { slopes, shape });
+    let alibi = alibi.map(Slopes::host);
     let (cu_q, cu_k, max_q, max_k) = (&args.cu_q, &args.cu_k, args.max_q, args.max_k);
     let out = match &args.block_table {
         None => {
@@ -221,17 +246,15 @@ fn run_varlen<T: Elem>(
         }
     }
     .map_err(core_err)?;
-    let o: Vec<T> = out.o.iter().map(|&x| T::down(x)).collect();
-    let lse: Vec<f32> = out.lse.iter().map(|&x| x.to_f64() as f32).collect();
-    Ok((T::to_cpu_storage_owned(o), CpuStorage::F32(lse)))
+    Ok(storages::<T, _, _>(&out.o, &out.lse))
 }
 
 /// The host copies of a KV-cache call's index tensors.
-pub(crate) struct KvArgs {
-    pub cache_seqlens: Vec<i32>,
-    pub cache_batch_idx: Option<Vec<i32>>,
+struct KvArgs {
+    cache_seqlens: Vec<i32>,
+    cache_batch_idx: Option<Vec<i32>>,
     /// Row-major `(batch, max_blocks)` (the max in `KvChecked::max_blocks`).
-    pub block_table: Option<Vec<i32>>,
+    block_table: Option<Vec<i32>>,
 }
 
 /// A KV-cache call on the CPU: the reference's `kvcache_attention` /
@@ -240,46 +263,49 @@ pub(crate) struct KvArgs {
 /// before they write), then the appended rows written back into candle's
 /// cache buffers in place (exact: the widening is lossless). Returns O
 /// `(batch, seqlen_q, nheads, d)` and the LSE `(batch, nheads, seqlen_q)`.
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn kvcache(
     c: &KvChecked,
-    args: &KvArgs,
-    alibi: Option<(&[f32], AlibiShape)>,
-    q: (&CpuStorage, &Layout),
+    a: &KvCacheArgs<'_>,
+    alibi: Option<&Tensor>,
+    q: &Tensor,
     k_cache: (&mut CpuStorage, &Layout),
     v_cache: (&mut CpuStorage, &Layout),
-    new: Option<[(&CpuStorage, &Layout); 2]>,
 ) -> Result<(CpuStorage, CpuStorage)> {
-    match q.0 {
-        CpuStorage::F32(_) => run_kv::<f32>(c, args, alibi, q, k_cache, v_cache, new),
-        CpuStorage::F64(_) => run_kv::<f64>(c, args, alibi, q, k_cache, v_cache, new),
-        CpuStorage::F16(_) => run_kv::<f16>(c, args, alibi, q, k_cache, v_cache, new),
-        CpuStorage::BF16(_) => run_kv::<bf16>(c, args, alibi, q, k_cache, v_cache, new),
-        other => Err(err(format_args!("`q`: dtype {:?} is not supported on the CPU", other.dtype()))),
-    }
+    let args = KvArgs {
+        cache_seqlens: host_i32("cache_seqlens", a.cache_seqlens)?,
+        cache_batch_idx: a.cache_batch_idx.map(|t| host_i32("cache_batch_idx", t)).transpose()?,
+        block_table: a.block_table.map(|t| host_i32("block_table", t)).transpose()?,
+    };
+    let alibi = host_alibi(alibi, c.batch, c.q.nheads())?;
+    let q = Held::new("q", q);
+    let new = a.held_new();
+    let new = match &new {
+        Some([kn, vn]) => Some([kn.cpu()?, vn.cpu()?]),
+        None => None,
+    };
+    let q = q.cpu()?;
+    by_dtype!(q.0.dtype(), run_kv::<T>(c, &args, alibi.as_ref(), q, k_cache, v_cache, new))
 }
 
 #[allow(clippy::too_many_arguments)]
 fn run_kv<T: Elem>(
     c: &KvChecked,
     args: &KvArgs,
-    alibi: Option<(&[f32], AlibiShape)>,
+    alibi: Option<&Slopes>,
     (q, q_l): (&CpuStorage, &Layout),
     (k_st, k_l): (&mut CpuStorage, &Layout),
     (v_st, v_l): (&mut CpuStorage, &Layout),
     new: Option<[(&CpuStorage, &Layout); 2]>,
 ) -> Result<(CpuStorage, CpuStorage)> {
-    let q = widen::<T>(q.as_slice::<T>()?, q_l, &c.q)?;
-    let mut kc = widen::<T>(k_st.as_slice::<T>()?, k_l, &c.k_cache)?;
-    let mut vc = widen::<T>(v_st.as_slice::<T>()?, v_l, &c.v_cache)?;
+    let q = widen::<T>(q, q_l, &c.q)?;
+    let mut kc = widen::<T>(k_st, k_l, &c.k_cache)?;
+    let mut vc = widen::<T>(v_st, v_l, &c.v_cache)?;
     let new = match (new, &c.new) {
-        (Some([(kn, kn_l), (vn, vn_l)]), Some((lk, lv))) => {
-            Some((widen::<T>(kn.as_slice::<T>()?, kn_l, lk)?, widen::<T>(vn.as_slice::<T>()?, vn_l, lv)?))
-        }
+        (Some([(kn, kn_l), (vn, vn_l)]), Some((lk, lv))) => Some((widen::<T>(kn, kn_l, lk)?, widen::<T>(vn, vn_l, lv)?)),
         _ => None,
     };
     let (kn, vn) = (new.as_ref().map(|n| n.0.view()), new.as_ref().map(|n| n.1.view()));
-    let alibi = alibi.map(|(slopes, shape)| HostAlibi { slopes, shape });
+    let alibi = alibi.map(Slopes::host);
     let lens = &args.cache_seqlens;
     let out = match (&args.block_table, c.max_blocks) {
         (Some(table), Some(max_blocks)) => {
@@ -316,9 +342,7 @@ fn run_kv<T: Elem>(
             }
         }
     }
-    let o: Vec<T> = out.o.iter().map(|&x| T::down(x)).collect();
-    let lse: Vec<f32> = out.lse.iter().map(|&x| x.to_f64() as f32).collect();
-    Ok((T::to_cpu_storage_owned(o), CpuStorage::F32(lse)))
+    Ok(storages::<T, _, _>(&out.o, &out.lse))
 }
 
 /// Writes row `(outer, row)` (all heads) of `a` into candle's buffer at

@@ -9,13 +9,12 @@
 //!   kernel writes every element), the output wrapped with
 //!   `CudaStorage::wrap_cuda_slice`. Nothing synchronizes the host.
 
-use std::ops::Deref;
 use std::sync::{Arc, Mutex};
 
 use candle_core::backend::{BackendDevice, BackendStorage};
 use candle_core::cuda_backend::CudaDType;
 use candle_core::cuda_backend::cudarc::driver::{CudaStream, CudaView, DevicePtr, DeviceRepr};
-use candle_core::{CudaStorage, DType, Layout, Result, Storage};
+use candle_core::{CudaStorage, DType, Layout, Result};
 use flash_attn::{
     AlibiShape, AlibiSlopes, AttnElem, BlockTable, DecodeOptions, Extras, FlashAttention, KvCache, PagedCache, RowStats,
     StatsMut, Tensor, TensorLayout, TensorMut, Varlen,
@@ -23,7 +22,9 @@ use flash_attn::{
 use half::{bf16, f16};
 
 use crate::check::{self, Checked, core_err, err};
-use crate::kvcache::KvChecked;
+use crate::kvcache::{KvCacheArgs, KvChecked};
+use crate::storage::Held;
+use crate::varlen::VarlenIdx;
 
 /// The dtypes `cuda_fwd` takes.
 pub(crate) const DTYPES: &[DType] = &[DType::F32, DType::F16, DType::BF16];
@@ -43,31 +44,33 @@ pub fn kernels(stream: &Arc<CudaStream>) -> Result<Arc<FlashAttention>> {
     Ok(fa)
 }
 
-/// ALiBi slopes on the GPU: the storage (held for reading), the shape as
-/// the core names it, and the start offset.
-pub(crate) type Alibi<'a> = (&'a Storage, AlibiShape, usize);
-
-/// [`Alibi`] of a slopes tensor: f32 `(nheads)` or `(batch, nheads)`, contiguous, on the GPU.
-pub(crate) fn alibi_storage(t: &candle_core::Tensor, batch: usize, nheads: usize) -> Result<(impl Deref<Target = Storage> + '_, AlibiShape, usize)> {
-    let (shape, offset) = check::alibi_shape(t, batch, nheads)?;
-    let (st, _) = t.storage_and_layout();
-    cuda_storage(&st, "alibi_slopes")?;
-    Ok((st, shape, offset))
+/// The dtypes of q, k and v: one the CUDA path takes, all equal.
+pub(crate) fn check_dtypes(q: &CudaStorage, k: &CudaStorage, v: &CudaStorage) -> Result<()> {
+    check::check_dtypes(q.dtype(), k.dtype(), v.dtype(), DTYPES, "GPU")
 }
 
-/// A GPU tensor's storage, or a device error naming the argument.
-pub(crate) fn cuda_storage<'a>(st: &'a Storage, argument: &str) -> Result<&'a CudaStorage> {
-    match st {
-        Storage::Cuda(s) => Ok(s),
-        _ => Err(err(format_args!("device mismatch: `{argument}` must be on the GPU with `q`"))),
-    }
+/// ALiBi slopes on the GPU: the storage (held for reading), the shape as
+/// the core names it, and the start offset.
+struct Alibi<'t> {
+    held: Held<'t>,
+    shape: AlibiShape,
+    offset: usize,
+}
+
+/// `alibi_slopes` (if given): f32 `(nheads)` or `(batch, nheads)`, contiguous, on the GPU.
+fn alibi_storage(t: Option<&candle_core::Tensor>, batch: usize, nheads: usize) -> Result<Option<Alibi<'_>>> {
+    let Some(t) = t else { return Ok(None) };
+    let (shape, offset) = check::alibi_shape(t, batch, nheads)?;
+    let held = Held::new("alibi_slopes", t);
+    held.cuda()?;
+    Ok(Some(Alibi { held, shape, offset }))
 }
 
 /// The slopes as the core's [`Extras`] (a view of candle's buffer).
-fn alibi_view<'a>(alibi: Option<Alibi<'a>>) -> Result<Option<(CudaView<'a, f32>, AlibiShape)>> {
-    let Some((st, shape, offset)) = alibi else { return Ok(None) };
-    let slopes = cuda_storage(st, "alibi_slopes")?.as_cuda_slice::<f32>()?;
-    Ok(Some((slopes.slice(offset.min(slopes.len())..), shape)))
+fn alibi_view<'a>(alibi: Option<&'a Alibi<'_>>) -> Result<Option<(CudaView<'a, f32>, AlibiShape)>> {
+    let Some(a) = alibi else { return Ok(None) };
+    let slopes = a.held.cuda()?.0.as_cuda_slice::<f32>()?;
+    Ok(Some((slopes.slice(a.offset.min(slopes.len())..), a.shape)))
 }
 
 fn extras<'a>(alibi: &'a Option<(CudaView<'_, f32>, AlibiShape)>) -> Extras<'a> {
@@ -84,7 +87,7 @@ fn view<'a, T: CudaDType + DeviceRepr>(s: &'a CudaStorage, l: &Layout) -> Result
 /// An index tensor (U32 or I32, contiguous: `check::index_tensor`) read in
 /// place as the kernels' i32: u32 and i32 have one size and the same bits
 /// below 2³¹, and the kernels clamp every value they read to the buffers.
-pub(crate) fn i32_view<'a>(argument: &str, s: &'a CudaStorage, l: &Layout) -> Result<CudaView<'a, i32>> {
+fn i32_view<'a>(argument: &str, s: &'a CudaStorage, l: &Layout) -> Result<CudaView<'a, i32>> {
     let n = l.shape().elem_count();
     let short = || err(format_args!("`{argument}`: buffer shorter than its shape"));
     match s.dtype() {
@@ -134,10 +137,11 @@ macro_rules! by_dtype {
     };
 }
 
+/// The fixed-length call; `alibi`'s shape is checked against q's batch and heads.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn forward(
     c: &Checked,
-    alibi: Option<Alibi<'_>>,
+    alibi: Option<&candle_core::Tensor>,
     q: &CudaStorage,
     q_l: &Layout,
     k: &CudaStorage,
@@ -145,13 +149,14 @@ pub(crate) fn forward(
     v: &CudaStorage,
     v_l: &Layout,
 ) -> Result<(CudaStorage, CudaStorage)> {
-    by_dtype!(q.dtype(), run::<T>(c, alibi, q, q_l, k, k_l, v, v_l))
+    let alibi = alibi_storage(alibi, c.q.batch(), c.q.nheads())?;
+    by_dtype!(q.dtype(), run::<T>(c, alibi.as_ref(), q, q_l, k, k_l, v, v_l))
 }
 
 #[allow(clippy::too_many_arguments)]
 fn run<T: AttnElem + CudaDType>(
     c: &Checked,
-    alibi: Option<Alibi<'_>>,
+    alibi: Option<&Alibi<'_>>,
     q: &CudaStorage,
     q_l: &Layout,
     k: &CudaStorage,
@@ -187,13 +192,13 @@ fn run<T: AttnElem + CudaDType>(
     Ok((wrap(o, dev), wrap(lse, dev)))
 }
 
-/// The index tensors of a varlen call on the GPU: the prefix sums and,
-/// paged, the block table and its `max_blocks` (then k and v are pages).
-pub(crate) struct VarlenIdx<'a> {
-    pub seqlens_q: (&'a CudaStorage, &'a Layout),
-    pub seqlens_k: (&'a CudaStorage, &'a Layout),
-    pub max_seqlen: (usize, usize),
-    pub block_table: Option<(&'a CudaStorage, &'a Layout, usize)>,
+/// The index tensors of a varlen call as GPU storages: the prefix sums
+/// and, paged, the block table and its `max_blocks` (then k and v are pages).
+struct VarlenBufs<'a> {
+    seqlens_q: (&'a CudaStorage, &'a Layout),
+    seqlens_k: (&'a CudaStorage, &'a Layout),
+    max_seqlen: (usize, usize),
+    block_table: Option<(&'a CudaStorage, &'a Layout, usize)>,
 }
 
 /// Varlen on the GPU over candle's buffers: `forward_varlen_into` (packed
@@ -204,7 +209,7 @@ pub(crate) struct VarlenIdx<'a> {
 pub(crate) fn forward_varlen(
     c: &Checked,
     idx: &VarlenIdx<'_>,
-    alibi: Option<Alibi<'_>>,
+    alibi: Option<&candle_core::Tensor>,
     q: &CudaStorage,
     q_l: &Layout,
     k: &CudaStorage,
@@ -212,14 +217,25 @@ pub(crate) fn forward_varlen(
     v: &CudaStorage,
     v_l: &Layout,
 ) -> Result<(CudaStorage, CudaStorage)> {
-    by_dtype!(q.dtype(), run_varlen::<T>(c, idx, alibi, q, q_l, k, k_l, v, v_l))
+    let (sq, sk) = (Held::new("seqlens_q", idx.seqlens_q), Held::new("seqlens_k", idx.seqlens_k));
+    let bt = idx.block_table.map(|(t, max_blocks)| (Held::new("block_table", t), max_blocks));
+    let block_table = match &bt {
+        Some((held, max_blocks)) => {
+            let (s, l) = held.cuda()?;
+            Some((s, l, *max_blocks))
+        }
+        None => None,
+    };
+    let bufs = VarlenBufs { seqlens_q: sq.cuda()?, seqlens_k: sk.cuda()?, max_seqlen: idx.max_seqlen, block_table };
+    let alibi = alibi_storage(alibi, idx.batch, c.q.nheads())?;
+    by_dtype!(q.dtype(), run_varlen::<T>(c, &bufs, alibi.as_ref(), q, q_l, k, k_l, v, v_l))
 }
 
 #[allow(clippy::too_many_arguments)]
 fn run_varlen<T: AttnElem + CudaDType>(
     c: &Checked,
-    idx: &VarlenIdx<'_>,
-    alibi: Option<Alibi<'_>>,
+    idx: &VarlenBufs<'_>,
+    alibi: Option<&Alibi<'_>>,
     q: &CudaStorage,
     q_l: &Layout,
     k: &CudaStorage,
@@ -273,11 +289,11 @@ fn run_varlen<T: AttnElem + CudaDType>(
     Ok((wrap(o, dev), wrap(lse, dev)))
 }
 
-/// The index tensors of a KV-cache call on the GPU.
-pub(crate) struct KvIdx<'a> {
-    pub cache_seqlens: (&'a CudaStorage, &'a Layout),
-    pub cache_batch_idx: Option<(&'a CudaStorage, &'a Layout)>,
-    pub block_table: Option<(&'a CudaStorage, &'a Layout)>,
+/// The index tensors of a KV-cache call as GPU storages.
+struct KvBufs<'a> {
+    cache_seqlens: (&'a CudaStorage, &'a Layout),
+    cache_batch_idx: Option<(&'a CudaStorage, &'a Layout)>,
+    block_table: Option<(&'a CudaStorage, &'a Layout)>,
 }
 
 /// A KV-cache call on the GPU: the core's `forward_kvcache` over candle's
@@ -288,23 +304,38 @@ pub(crate) struct KvIdx<'a> {
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn kvcache(
     c: &KvChecked,
-    idx: &KvIdx<'_>,
+    a: &KvCacheArgs<'_>,
     num_splits: Option<usize>,
-    alibi: Option<Alibi<'_>>,
-    q: (&CudaStorage, &Layout),
+    alibi: Option<&candle_core::Tensor>,
+    q: &candle_core::Tensor,
     k_cache: (&mut CudaStorage, &Layout),
     v_cache: (&mut CudaStorage, &Layout),
-    new: Option<[(&CudaStorage, &Layout); 2]>,
 ) -> Result<(CudaStorage, CudaStorage)> {
-    by_dtype!(q.0.dtype(), run_kv::<T>(c, idx, num_splits, alibi, q, k_cache, v_cache, new))
+    let q = Held::new("q", q);
+    let lens = Held::new("cache_seqlens", a.cache_seqlens);
+    let batch_idx = a.cache_batch_idx.map(|t| Held::new("cache_batch_idx", t));
+    let table = a.block_table.map(|t| Held::new("block_table", t));
+    let new = a.held_new();
+    let bufs = KvBufs {
+        cache_seqlens: lens.cuda()?,
+        cache_batch_idx: batch_idx.as_ref().map(Held::cuda).transpose()?,
+        block_table: table.as_ref().map(Held::cuda).transpose()?,
+    };
+    let new = match &new {
+        Some([kn, vn]) => Some([kn.cuda()?, vn.cuda()?]),
+        None => None,
+    };
+    let alibi = alibi_storage(alibi, c.batch, c.q.nheads())?;
+    let q = q.cuda()?;
+    by_dtype!(q.0.dtype(), run_kv::<T>(c, &bufs, num_splits, alibi.as_ref(), q, k_cache, v_cache, new))
 }
 
 #[allow(clippy::too_many_arguments)]
 fn run_kv<T: AttnElem + CudaDType>(
     c: &KvChecked,
-    idx: &KvIdx<'_>,
+    idx: &KvBufs<'_>,
     num_splits: Option<usize>,
-    alibi: Option<Alibi<'_>>,
+    alibi: Option<&Alibi<'_>>,
     (q, q_l): (&CudaStorage, &Layout),
     (k_st, k_l): (&mut CudaStorage, &Layout),
     (v_st, v_l): (&mut CudaStorage, &Layout),

@@ -28,6 +28,7 @@ use flash_attn::{ForwardParams, TensorLayout};
 
 use crate::check::{self, err, layout4, layout4_of};
 use crate::cpu;
+use crate::storage::Held;
 
 /// FlashAttention-2's `flash_attn_with_kvcache` options, as
 /// [`crate::FlashAttn`]'s fields plus the split-KV count.
@@ -58,6 +59,14 @@ pub struct KvCacheArgs<'a> {
     pub cache_seqlens: &'a Tensor,
     pub cache_batch_idx: Option<&'a Tensor>,
     pub block_table: Option<&'a Tensor>,
+}
+
+impl<'a> KvCacheArgs<'a> {
+    /// `k_new` and `v_new`, held for reading, if both are given (the check
+    /// makes one without the other an error).
+    pub(crate) fn held_new(&self) -> Option<[Held<'a>; 2]> {
+        Some([Held::new("k_new", self.k_new?), Held::new("v_new", self.v_new?)])
+    }
 }
 
 /// A validated KV-cache call (host-side checks; the core and the reference
@@ -270,20 +279,7 @@ impl InplaceOp1 for OnVCache<'_, '_> {
             return Err(err("device mismatch: `k_cache` and `v_cache` must be on one device"));
         };
         let OnKCache { op, c, q, a, .. } = self.outer;
-        let args = cpu::KvArgs {
-            cache_seqlens: cpu::host_i32("cache_seqlens", a.cache_seqlens)?,
-            cache_batch_idx: a.cache_batch_idx.map(|t| cpu::host_i32("cache_batch_idx", t)).transpose()?,
-            block_table: a.block_table.map(|t| cpu::host_i32("block_table", t)).transpose()?,
-        };
-        let alibi = op.alibi_slopes.as_ref().map(|t| cpu::host_alibi(t, c.batch, c.q.nheads())).transpose()?;
-        let alibi = alibi.as_ref().map(|(s, sh)| (s.as_slice(), *sh));
-        let (qs, q_l) = q.storage_and_layout();
-        let new = [a.k_new, a.v_new].map(|t| t.map(|t| t.storage_and_layout()));
-        let new = match &new {
-            [Some((ks, kl)), Some((vs, vl))] => Some([(cpu::cpu_storage(ks, "k_new")?, *kl), (cpu::cpu_storage(vs, "v_new")?, *vl)]),
-            _ => None,
-        };
-        let (o, lse) = cpu::kvcache(c, &args, alibi, (cpu::cpu_storage(&qs, "q")?, q_l), (k, k_l), (v, v_l), new)?;
+        let (o, lse) = cpu::kvcache(c, a, op.alibi_slopes.as_ref(), q, (k, k_l), (v, v_l))?;
         *self.outer.out.borrow_mut() = Some((Storage::Cpu(o), Storage::Cpu(lse)));
         Ok(())
     }
@@ -294,23 +290,7 @@ impl InplaceOp1 for OnVCache<'_, '_> {
             return Err(err("device mismatch: `k_cache` and `v_cache` must be on one device"));
         };
         let OnKCache { op, c, q, a, .. } = self.outer;
-        let (qs, q_l) = q.storage_and_layout();
-        let (ls, l_l) = a.cache_seqlens.storage_and_layout();
-        let bi = a.cache_batch_idx.map(|t| t.storage_and_layout());
-        let bt = a.block_table.map(|t| t.storage_and_layout());
-        let new = [a.k_new, a.v_new].map(|t| t.map(|t| t.storage_and_layout()));
-        let idx = crate::cuda::KvIdx {
-            cache_seqlens: (crate::cuda::cuda_storage(&ls, "cache_seqlens")?, l_l),
-            cache_batch_idx: bi.as_ref().map(|(s, l)| Ok::<_, candle_core::Error>((crate::cuda::cuda_storage(s, "cache_batch_idx")?, *l))).transpose()?,
-            block_table: bt.as_ref().map(|(s, l)| Ok::<_, candle_core::Error>((crate::cuda::cuda_storage(s, "block_table")?, *l))).transpose()?,
-        };
-        let new = match &new {
-            [Some((ks, kl)), Some((vs, vl))] => Some([(crate::cuda::cuda_storage(ks, "k_new")?, *kl), (crate::cuda::cuda_storage(vs, "v_new")?, *vl)]),
-            _ => None,
-        };
-        let alibi = op.alibi_slopes.as_ref().map(|t| crate::cuda::alibi_storage(t, c.batch, c.q.nheads())).transpose()?;
-        let alibi = alibi.as_ref().map(|(st, shape, offset)| (&**st, *shape, *offset));
-        let (o, lse) = crate::cuda::kvcache(c, &idx, op.num_splits, alibi, (crate::cuda::cuda_storage(&qs, "q")?, q_l), (k, k_l), (v, v_l), new)?;
+        let (o, lse) = crate::cuda::kvcache(c, a, op.num_splits, op.alibi_slopes.as_ref(), q, (k, k_l), (v, v_l))?;
         *self.outer.out.borrow_mut() = Some((Storage::Cuda(o), Storage::Cuda(lse)));
         Ok(())
     }

@@ -42,6 +42,7 @@ mod cpu;
 pub mod cuda;
 mod kvcache;
 mod op;
+mod storage;
 mod varlen;
 
 pub use kvcache::{FlashAttnKvCache, KvCacheArgs, flash_attn_with_kvcache};

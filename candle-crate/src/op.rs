@@ -72,35 +72,6 @@ impl FlashAttn {
             ))),
         }
     }
-
-    fn check_cpu(
-        &self,
-        q: &CpuStorage,
-        q_l: &Layout,
-        k: &CpuStorage,
-        k_l: &Layout,
-        v: &CpuStorage,
-        v_l: &Layout,
-    ) -> Result<Checked> {
-        use candle_core::backend::BackendStorage;
-        check::check_dtypes(q.dtype(), k.dtype(), v.dtype(), cpu::DTYPES, "CPU")?;
-        self.check(q_l, k_l, v_l)
-    }
-
-    #[cfg(feature = "cuda")]
-    fn check_cuda(
-        &self,
-        q: &candle_core::CudaStorage,
-        q_l: &Layout,
-        k: &candle_core::CudaStorage,
-        k_l: &Layout,
-        v: &candle_core::CudaStorage,
-        v_l: &Layout,
-    ) -> Result<Checked> {
-        use candle_core::backend::BackendStorage;
-        check::check_dtypes(q.dtype(), k.dtype(), v.dtype(), crate::cuda::DTYPES, "GPU")?;
-        self.check(q_l, k_l, v_l)
-    }
 }
 
 impl FlashAttn {
@@ -115,9 +86,9 @@ impl FlashAttn {
         v: &CpuStorage,
         v_l: &Layout,
     ) -> Result<(CpuStorage, CpuStorage, Shape)> {
-        let c = self.check_cpu(q, q_l, k, k_l, v, v_l)?;
-        let alibi = self.alibi_slopes.as_ref().map(|t| cpu::host_alibi(t, c.q.batch(), c.q.nheads())).transpose()?;
-        let (o, lse) = cpu::forward(&c, alibi.as_ref().map(|(s, sh)| (s.as_slice(), *sh)), q, q_l, k, k_l, v, v_l)?;
+        cpu::check_dtypes(q, k, v)?;
+        let c = self.check(q_l, k_l, v_l)?;
+        let (o, lse) = cpu::forward(&c, self.alibi_slopes.as_ref(), q, q_l, k, k_l, v, v_l)?;
         Ok((o, lse, c.out_shape().into()))
     }
 
@@ -133,10 +104,9 @@ impl FlashAttn {
         v: &candle_core::CudaStorage,
         v_l: &Layout,
     ) -> Result<(candle_core::CudaStorage, candle_core::CudaStorage, Shape)> {
-        let c = self.check_cuda(q, q_l, k, k_l, v, v_l)?;
-        let alibi = self.alibi_slopes.as_ref().map(|t| crate::cuda::alibi_storage(t, c.q.batch(), c.q.nheads())).transpose()?;
-        let alibi = alibi.as_ref().map(|(st, shape, offset)| (&**st, *shape, *offset));
-        let (o, lse) = crate::cuda::forward(&c, alibi, q, q_l, k, k_l, v, v_l)?;
+        crate::cuda::check_dtypes(q, k, v)?;
+        let c = self.check(q_l, k_l, v_l)?;
+        let (o, lse) = crate::cuda::forward(&c, self.alibi_slopes.as_ref(), q, q_l, k, k_l, v, v_l)?;
         Ok((o, lse, c.out_shape().into()))
     }
 }

@@ -12,7 +12,6 @@
 //! (split-KV included) on the GPU, `reference::attention_varlen_paged` on
 //! the CPU.
 
-use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp3, DType, Layout, Result, Shape, Tensor};
 use flash_attn::TensorLayout;
 
@@ -27,16 +26,24 @@ struct Paged {
 }
 
 struct FlashAttnVarLen {
-    softmax_scale: f32,
+    opts: check::Options,
     max_seqlen_q: usize,
     max_seqlen_k: usize,
     seqlens_q: Tensor,
     seqlens_k: Tensor,
     alibi_slopes: Option<Tensor>,
-    window_size_left: Option<usize>,
-    window_size_right: Option<usize>,
-    softcap: Option<f32>,
     paged: Option<Paged>,
+}
+
+/// A checked varlen call's index tensors, as both backends take them: the
+/// prefix sums, the batch they give, the maxima and, paged, the block table
+/// and its `max_blocks` (then k and v are pages).
+pub(crate) struct VarlenIdx<'a> {
+    pub seqlens_q: &'a Tensor,
+    pub seqlens_k: &'a Tensor,
+    pub batch: usize,
+    pub max_seqlen: (usize, usize),
+    pub block_table: Option<(&'a Tensor, usize)>,
 }
 
 /// A packed `(total, nheads, headdim)` layout, head dim contiguous, as the
@@ -69,9 +76,8 @@ fn check_seqlens(argument: &str, t: &Tensor) -> Result<usize> {
 }
 
 impl FlashAttnVarLen {
-    /// The layouts (k and v packed, or pages), the batch and, paged, the
-    /// block table's `max_blocks`.
-    fn check(&self, q_l: &Layout, k_l: &Layout, v_l: &Layout) -> Result<(Checked, usize, Option<usize>)> {
+    /// The layouts (k and v packed, or pages) and the index tensors.
+    fn check(&self, q_l: &Layout, k_l: &Layout, v_l: &Layout) -> Result<(Checked, VarlenIdx<'_>)> {
         let q = layout3("q", q_l)?;
         let (k, v) = match &self.paged {
             None => (layout3("k", k_l)?, layout3("v", v_l)?),
@@ -100,18 +106,19 @@ impl FlashAttnVarLen {
         if k.nheads() == 0 || h % k.nheads() != 0 {
             return Err(err(format_args!("`k`: number of k/v heads {} must divide the number of heads in `q` {h}", k.nheads())));
         }
-        let opts = check::Options {
-            softmax_scale: self.softmax_scale,
-            window_size_left: self.window_size_left,
-            window_size_right: self.window_size_right,
-            softcap: self.softcap,
-        };
-        let params = check::forward_params(&opts, d, self.max_seqlen_k)?;
-        let max_blocks = match &self.paged {
+        let params = check::forward_params(&self.opts, d, self.max_seqlen_k)?;
+        let block_table = match &self.paged {
             None => None,
-            Some(p) => Some(check_pages(p, &k, bq)?),
+            Some(p) => Some((&p.block_table, check_pages(p, &k, bq)?)),
         };
-        Ok((Checked { q, k, v, params }, bq, max_blocks))
+        let idx = VarlenIdx {
+            seqlens_q: &self.seqlens_q,
+            seqlens_k: &self.seqlens_k,
+            batch: bq,
+            max_seqlen: (self.max_seqlen_q, self.max_seqlen_k),
+            block_table,
+        };
+        Ok((Checked { q, k, v, params }, idx))
     }
 
     fn out_shape(c: &Checked) -> Shape {
@@ -153,22 +160,9 @@ impl CustomOp3 for FlashAttnVarLen {
         v: &CpuStorage,
         v_l: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        check::check_dtypes(q.dtype(), k.dtype(), v.dtype(), cpu::DTYPES, "CPU")?;
-        let (c, batch, max_blocks) = self.check(q_l, k_l, v_l)?;
-        let block_table = match (&self.paged, max_blocks) {
-            (Some(p), Some(m)) => Some((cpu::host_i32("block_table", &p.block_table)?, m)),
-            _ => None,
-        };
-        let args = cpu::VarlenArgs {
-            cu_q: cpu::host_i32("seqlens_q", &self.seqlens_q)?,
-            cu_k: cpu::host_i32("seqlens_k", &self.seqlens_k)?,
-            max_q: self.max_seqlen_q,
-            max_k: self.max_seqlen_k,
-            block_table,
-        };
-        let alibi = self.alibi_slopes.as_ref().map(|t| cpu::host_alibi(t, batch, c.q.nheads())).transpose()?;
-        let alibi = alibi.as_ref().map(|(s, sh)| (s.as_slice(), *sh));
-        let (o, _lse) = cpu::forward_varlen(&c, &args, alibi, q, q_l, k, k_l, v, v_l)?;
+        cpu::check_dtypes(q, k, v)?;
+        let (c, idx) = self.check(q_l, k_l, v_l)?;
+        let (o, _lse) = cpu::forward_varlen(&c, &idx, self.alibi_slopes.as_ref(), q, q_l, k, k_l, v, v_l)?;
         Ok((o, Self::out_shape(&c)))
     }
 
@@ -182,25 +176,9 @@ impl CustomOp3 for FlashAttnVarLen {
         v: &candle_core::CudaStorage,
         v_l: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        check::check_dtypes(q.dtype(), k.dtype(), v.dtype(), crate::cuda::DTYPES, "GPU")?;
-        let (c, batch, max_blocks) = self.check(q_l, k_l, v_l)?;
-        let (sq, lq) = self.seqlens_q.storage_and_layout();
-        let (sk, lk) = self.seqlens_k.storage_and_layout();
-        let bt = self.paged.as_ref().map(|p| p.block_table.storage_and_layout());
-        use crate::cuda::cuda_storage as cuda;
-        let block_table = match (&bt, max_blocks) {
-            (Some((st, l)), Some(m)) => Some((cuda(st, "block_table")?, *l, m)),
-            _ => None,
-        };
-        let idx = crate::cuda::VarlenIdx {
-            seqlens_q: (cuda(&sq, "seqlens_q")?, lq),
-            seqlens_k: (cuda(&sk, "seqlens_k")?, lk),
-            max_seqlen: (self.max_seqlen_q, self.max_seqlen_k),
-            block_table,
-        };
-        let alibi = self.alibi_slopes.as_ref().map(|t| crate::cuda::alibi_storage(t, batch, c.q.nheads())).transpose()?;
-        let alibi = alibi.as_ref().map(|(st, shape, offset)| (&**st, *shape, *offset));
-        let (o, _lse) = crate::cuda::forward_varlen(&c, &idx, alibi, q, q_l, k, k_l, v, v_l)?;
+        crate::cuda::check_dtypes(q, k, v)?;
+        let (c, idx) = self.check(q_l, k_l, v_l)?;
+        let (o, _lse) = crate::cuda::forward_varlen(&c, &idx, self.alibi_slopes.as_ref(), q, q_l, k, k_l, v, v_l)?;
         Ok((o, Self::out_shape(&c)))
     }
 }
@@ -221,15 +199,12 @@ fn apply_varlen(
     crate::check_devices(&[("q", q), ("k", k), ("v", v), ("seqlens_q", seqlens_q), ("seqlens_k", seqlens_k)])?;
     let op = FlashAttnVarLen {
         paged: None,
-        softmax_scale,
+        opts: check::Options { softmax_scale, window_size_left: window.0, window_size_right: window.1, softcap },
         max_seqlen_q: max_seqlen.0,
         max_seqlen_k: max_seqlen.1,
         seqlens_q: seqlens_q.clone(),
         seqlens_k: seqlens_k.clone(),
         alibi_slopes: alibi_slopes.cloned(),
-        window_size_left: window.0,
-        window_size_right: window.1,
-        softcap,
     };
     q.apply_op3(k, v, op)
 }
@@ -315,15 +290,12 @@ pub fn flash_attn_varlen_paged_windowed(
         check_mm_prefix_ranges(ranges, seqlens_q, max_seqlen_k, (window_size_left, window_size_right))?;
     }
     let op = FlashAttnVarLen {
-        softmax_scale,
+        opts: check::Options { softmax_scale, window_size_left, window_size_right, softcap },
         max_seqlen_q,
         max_seqlen_k,
         seqlens_q: seqlens_q.clone(),
         seqlens_k: seqlens_k.clone(),
         alibi_slopes: None,
-        window_size_left,
-        window_size_right,
-        softcap,
         paged: Some(Paged { block_table: block_table.clone(), page_block_size }),
     };
     q.apply_op3(k, v, op)

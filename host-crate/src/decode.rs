@@ -74,10 +74,20 @@ pub struct KvCache<'a, T> {
 /// Caller-owned split-KV scratch (fixed size: usable under CUDA-graph
 /// capture): `o_accum` ≥ `max_splits · batch · nheads · seqlen_q · d` f32,
 /// `lse_accum` ≥ `max_splits · batch · nheads · seqlen_q` f32.
+///
+/// `counters` (optional): u32 tile counters for the fused combine of the
+/// flash-decoding kernels (the last split of each tile merges the partials:
+/// no combine launch), at least `batch · nheads · ⌈seqlen_q / 16⌉` of them
+/// (one per tile of 16 query rows of a (sequence, head); varlen: the
+/// longest sequence's `seqlen_q`), **zeroed once** by the caller before the first call and
+/// put back to 0 by every launch (keep them to one stream at a time).
+/// Without them the combine runs as a second launch. Calls without a
+/// caller scratch use the library's own per-stream counters.
 pub struct SplitScratch<'a> {
     pub o_accum: &'a mut dyn DevicePtrMut<f32>,
     pub lse_accum: &'a mut dyn DevicePtrMut<f32>,
     pub max_splits: usize,
+    pub counters: Option<&'a mut dyn DevicePtrMut<u32>>,
 }
 
 /// Options of a decode call.
@@ -250,6 +260,9 @@ struct AttendPlan {
     lse_len: usize,
     /// Varlen q: `total_q`.
     varlen: Option<usize>,
+    /// The flash-decoding kernel runs (split-KV: its fused combine can
+    /// replace the combine launch).
+    dec: bool,
     params: AttnParams,
 }
 
@@ -662,6 +675,13 @@ impl FlashAttention {
                 "too small for num_splits · batch · nheads · seqlen_q (· d)",
             ));
         }
+        if let Some(SplitScratch { counters: Some(c), .. }) = &opts.scratch
+            && dec.is_some()
+            && ns > 1
+            && c.len() < main.grid as usize
+        {
+            return Err(invalid("scratch.counters", format!("{} u32", c.len()), "too small: one u32 per tile, batch · nheads · ⌈seqlen_q / 16⌉"));
+        }
         let u = |x: usize| x as u64;
         let mut q_stride = pack_strides(q_layout.strides).map(u);
         let mut o_stride = pack_strides(o_layout.strides).map(u);
@@ -704,6 +724,7 @@ impl FlashAttention {
             o_layout,
             lse_len,
             varlen: varlen.map(|_| q_rows),
+            dec: dec.is_some(),
             params,
         })
     }
@@ -726,8 +747,18 @@ impl FlashAttention {
         opts: DecodeOptions<'_>,
     ) -> Result<(CudaSlice<T>, CudaSlice<f32>)> {
         let (ns, lse_len, d) = (plan.ns, plan.lse_len, plan.params.headdim as usize);
-        let mut o = stream.alloc_zeros::<T>(plan.o_layout.required_len().unwrap_or(0))?;
-        let mut lse = stream.alloc_zeros::<f32>(lse_len)?;
+        let o_len = plan.o_layout.required_len().unwrap_or(0);
+        let (mut o, mut lse) = if plan.varlen.is_some() {
+            // Packed q rows outside every sequence are written by no block: zeros.
+            (stream.alloc_zeros::<T>(o_len)?, stream.alloc_zeros::<f32>(lse_len)?)
+        } else {
+            // SAFETY: dense q: every (sequence, row < seqlen_q, head) has a
+            // block (or a combine row) that writes its d columns of O and
+            // its LSE (an empty key range writes O = 0, LSE = −inf), so no
+            // element is read before it is written; two memsets less on the
+            // stream of every decode step.
+            unsafe { (stream.alloc::<T>(o_len)?, stream.alloc::<f32>(lse_len)?) }
+        };
         let mut own: Option<(CudaSlice<f32>, CudaSlice<f32>)> = None;
         let mut opts = opts;
         if ns > 1 && opts.scratch.is_none() {
@@ -769,15 +800,26 @@ impl FlashAttention {
                 None => p.cache_seqlens_ptr = sp,
             }
             crate::api::check_tc_alignment(&p)?;
-            let scratch_ptrs = if ns > 1 {
-                Some(match (&mut own, &mut opts.scratch) {
-                    (Some((oa, la)), _) => (oa.device_ptr_mut(stream), la.device_ptr_mut(stream)),
-                    (None, Some(sc)) => (sc.o_accum.device_ptr_mut(stream), sc.lse_accum.device_ptr_mut(stream)),
-                    (None, None) => unreachable!("scratch allocated above"),
-                })
-            } else {
-                None
+            let caller_scratch = opts.scratch.is_some();
+            let (scratch_ptrs, caller_counters) = match (ns > 1, &mut own, &mut opts.scratch) {
+                (false, _, _) => (None, None),
+                (true, Some((oa, la)), _) => (Some((oa.device_ptr_mut(stream), la.device_ptr_mut(stream))), None),
+                (true, None, Some(sc)) => (Some((sc.o_accum.device_ptr_mut(stream), sc.lse_accum.device_ptr_mut(stream))), sc.counters.as_mut().map(|c| c.device_ptr_mut(stream))),
+                (true, None, None) => unreachable!("scratch allocated above"),
             };
+            // Fused combine (flash-decoding kernels, split): the caller's
+            // counters, or the library's for this stream when the scratch
+            // is the library's; a caller scratch without counters keeps the
+            // combine launch.
+            let counters = match (ns > 1 && plan.dec, &caller_counters, caller_scratch) {
+                (false, _, _) => None,
+                (true, Some((c, _)), _) => Some(*c),
+                (true, None, false) => Some(self.split_counters(stream, plan.main.grid as usize)?),
+                (true, None, true) => None,
+            };
+            if let Some(ptr) = counters {
+                p.split_counter_ptr = ptr;
+            }
             if let Some(((oa, _), (la, _))) = &scratch_ptrs {
                 p.o_accum_ptr = *oa;
                 p.lse_accum_ptr = *la;
@@ -800,7 +842,7 @@ impl FlashAttention {
             // the kernel's threads and shared memory, num_m·ns·batch·heads blocks.
             unsafe { stream.launch_builder(f).arg(&arg).launch(cfg) }?;
 
-            if ns > 1 {
+            if ns > 1 && counters.is_none() {
                 let name = if T::DTYPE == DType::BF16 { "combine_splits_bf16" } else { "combine_splits_f16" };
                 let (f, _) = self.prepare(&Launch { kernel: name, grid: 1, threads: 32 * COMBINE_WARPS, smem_bytes: 0 })?;
                 let cfg = LaunchConfig {
@@ -821,6 +863,7 @@ impl FlashAttention {
                 unsafe { stream.launch_builder(f).arg(&arg).launch(cfg) }?;
             }
             drop(scratch_ptrs);
+            drop(caller_counters);
         }
         Ok((o, lse))
     }

@@ -41,6 +41,8 @@ dec_table! {
     flash_fwd_tc_dec_bf16_d96_w4_bc64_s3 true 96 4 64 3;
     flash_fwd_tc_dec_f16_d128_w8_bc128_s2 false 128 8 128 2;
     flash_fwd_tc_dec_bf16_d128_w8_bc128_s2 true 128 8 128 2;
+    flash_fwd_tc_dec_f16_d128_w8_bc128_s3 false 128 8 128 3;
+    flash_fwd_tc_dec_bf16_d128_w8_bc128_s3 true 128 8 128 3;
     flash_fwd_tc_dec_f16_d128_w4_bc64_s2 false 128 4 64 2;
     flash_fwd_tc_dec_bf16_d128_w4_bc64_s2 true 128 4 64 2;
     flash_fwd_tc_dec_f16_d128_w4_bc64_s3 false 128 4 64 3;
@@ -86,8 +88,10 @@ impl DecKernel {
     /// so do paged caches whose pages hold whole blocks (page size a
     /// multiple of Bc: one page lookup per block; page 256: 2.57), while
     /// smaller pages look a page up per 16-byte chunk and prefer 4 warps ×
-    /// Bc = 64 (page 16: 2.41 against 2.06 — three blocks per SM hide the
-    /// lookups, one cannot).
+    /// Bc = 64 with three stages (two blocks per SM: page 16, 131k keys,
+    /// MHA: 2.79 TB/s; two stages 2.49, 8 warps × Bc 128 2.19 — more warps
+    /// issuing, more blocks in flight hide the lookups; one block per SM
+    /// with four stages: 1.59).
     pub fn default_fitting(bf16: bool, d: usize, page: Option<usize>, max_smem_bytes: usize) -> Option<&'static DecKernel> {
         let fits = move |k: &&'static DecKernel| k.bf16 == bf16 && k.d == d && k.smem_bytes() <= max_smem_bytes;
         let first = DEC_KERNELS.iter().find(fits);
@@ -96,6 +100,7 @@ impl DecKernel {
             .iter()
             .filter(fits)
             .find(|k| ps % k.bc == 0)
+            .or_else(|| DEC_KERNELS.iter().filter(fits).find(|k| k.warps == 4 && k.bc == 64 && k.stages == 3))
             .or_else(|| DEC_KERNELS.iter().filter(fits).find(|k| k.warps == 4 && k.bc == 64))
             .or(first)
     }
@@ -111,7 +116,7 @@ mod tests {
         assert_eq!((pick(None).warps, pick(None).bc), (8, 128));
         assert_eq!((pick(Some(256)).warps, pick(Some(256)).bc), (8, 128));
         assert_eq!((pick(Some(64)).warps, pick(Some(64)).bc), (4, 64));
-        assert_eq!((pick(Some(16)).warps, pick(Some(16)).bc), (4, 64));
+        assert_eq!((pick(Some(16)).warps, pick(Some(16)).bc, pick(Some(16)).stages), (4, 64, 3));
         assert_eq!((pick(Some(48)).warps, pick(Some(48)).bc), (4, 64));
     }
 

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute_enum};
-use cudarc::driver::{CudaContext, CudaFunction, CudaModule, LaunchConfig};
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, LaunchConfig};
 use cudarc::nvrtc::Ptx;
 
 use crate::dispatch::{self, DeviceLimits, Launch};
@@ -30,6 +30,10 @@ pub struct FlashAttention {
     /// driver's occupancy calculator costs microseconds per call: decode
     /// calls ask it on every step).
     occupancy: Mutex<HashMap<(&'static str, u32, u32), usize>>,
+    /// Split-KV tile counters of the flash-decoding kernels' fused combine,
+    /// one buffer per stream (launches on one stream are ordered; every
+    /// launch returns its counts to 0), keyed by the stream handle.
+    split_counters: Mutex<HashMap<usize, CudaSlice<u32>>>,
 }
 
 impl FlashAttention {
@@ -70,7 +74,7 @@ impl FlashAttention {
             f.set_attribute(CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, max_smem)?;
             kernels.insert(name, f);
         }
-        Ok(Self { ctx: ctx.clone(), module, build, cc: (major, minor), device_name, limits, num_sms, kernels, occupancy: Mutex::new(HashMap::new()) })
+        Ok(Self { ctx: ctx.clone(), module, build, cc: (major, minor), device_name, limits, num_sms, kernels, occupancy: Mutex::new(HashMap::new()), split_counters: Mutex::new(HashMap::new()) })
     }
 
     /// The context the kernels are loaded in.
@@ -129,6 +133,33 @@ impl FlashAttention {
         let n = (n > 0).then_some(n as usize)?;
         self.occupancy.lock().ok()?.insert(key, n);
         Some(n)
+    }
+
+    /// The split-KV tile counters of `stream` (at least `n` u32, zero
+    /// between launches), allocated zeroed on first use and grown as
+    /// needed. Buffers of streams nobody else holds any more are freed when
+    /// a new stream asks (the map keeps each buffer's stream alive).
+    pub(crate) fn split_counters(&self, stream: &Arc<CudaStream>, n: usize) -> Result<u64> {
+        let mut map = self.split_counters.lock().unwrap_or_else(|e| e.into_inner());
+        let key = stream.cu_stream() as usize;
+        if !map.contains_key(&key) {
+            map.retain(|_, b| Arc::strong_count(b.stream()) > 1);
+        }
+        let buf = match map.entry(key) {
+            std::collections::hash_map::Entry::Occupied(e) if e.get().len() >= n => e.into_mut(),
+            e => {
+                let fresh = stream.alloc_zeros::<u32>(n.next_power_of_two().max(1024))?;
+                match e {
+                    std::collections::hash_map::Entry::Occupied(mut o) => {
+                        o.insert(fresh);
+                        o.into_mut()
+                    }
+                    std::collections::hash_map::Entry::Vacant(v) => v.insert(fresh),
+                }
+            }
+        };
+        let (ptr, _sync) = buf.device_ptr(stream);
+        Ok(ptr)
     }
 
     pub(crate) fn prepare(&self, l: &Launch) -> Result<(&CudaFunction, LaunchConfig)> {

@@ -14,6 +14,7 @@
 //!   the capacity are skipped (the host checks what it can see; device-side
 //!   `cache_seqlens` are clamped, never out of bounds).
 
+use crate::arch::global::{ld_cg_f32, ld_cg_f32x4};
 use crate::arch::shfl::{shfl_idx_f32, shfl_xor_f32};
 use crate::arch::sreg;
 use crate::tc::{Bf16, Elem16, F16, pack};
@@ -22,7 +23,7 @@ use flash_attn_common::{AttnParams, Real};
 /// Rows of the lse space of a launch: `batch·nheads·seqlen_q` (dense) or
 /// `nheads·total_q` (varlen q).
 #[inline(always)]
-fn lse_len(p: &AttnParams) -> usize {
+pub(crate) fn lse_len(p: &AttnParams) -> usize {
     if p.is_varlen() { p.nheads as usize * p.total_q as usize } else { p.batch as usize * p.nheads as usize * p.seqlen_q as usize }
 }
 
@@ -50,7 +51,7 @@ pub const COMBINE_WARPS: u32 = 4;
 #[inline(always)]
 unsafe fn ld4(p: *const f32, i: usize, w: f32) -> [f32; 4] {
     // SAFETY: caller.
-    if w != 0.0 { unsafe { *(p.add(i) as *const [f32; 4]) } } else { [0.0; 4] }
+    if w != 0.0 { unsafe { ld_cg_f32x4(p.add(i)) } } else { [0.0; 4] }
 }
 
 /// Max over the warp.
@@ -73,78 +74,95 @@ fn warp_sum(x: f32) -> f32 {
     x + shfl_xor_f32(x, 1)
 }
 
-/// The combine (see the module docs). One warp per output row: lane `l`
-/// reads the LSE of splits `l, l + 32, l + 64, l + 96` (all at once, then
-/// two warp reductions: no loop of dependent loads), keeps their weights
-/// `exp(LSE_i − LSE)`, and sums the partial rows four columns per lane
-/// (16-byte loads), four splits per step so the loads overlap.
+/// Merges row `idx` of the lse space (see [`lse_len`]: `n` rows) over the
+/// `num_splits` partials (see the module docs) and writes O's row at `o`
+/// (16-bit) and, if `lse_out` is not null, the LSE. One warp, every lane
+/// calling: lane `l` reads the LSE of splits `l, l + 32, l + 64, l + 96`
+/// (all at once, then two warp reductions: no loop of dependent loads),
+/// keeps their weights `exp(LSE_i − LSE)`, and sums the partial rows four
+/// columns per lane (16-byte loads), four splits per step so the loads
+/// overlap. The partials are read from the L2 (`ld.global.cg`): the
+/// fused combine of the flash-decoding kernels reads rows other blocks of
+/// the same launch wrote.
 ///
 /// # Safety
-/// `o_accum_ptr`/`lse_accum_ptr` hold `num_splits · lse_len` rows of
-/// `headdim` / 1 f32 written by the decode kernels; `o_ptr` (16-bit) and
-/// `lse_ptr` as for the attention launch; `32·COMBINE_WARPS` threads;
+/// `o_accum_ptr`/`lse_accum_ptr` hold `num_splits · n` rows of `headdim` /
+/// 1 f32, written (and, within a launch, released) by the decode kernels;
+/// `o` holds `headdim` elements, `lse_out` one f32 (or is null);
 /// `num_splits ≤ 128`, `headdim` a multiple of 8.
 #[inline(always)]
-unsafe fn combine<T: Elem16>(p: &AttnParams) {
-    let (n, ns, d) = (lse_len(p), p.num_splits as usize, p.headdim as usize);
-    let lane = sreg::lane_id() as usize;
-    let mut idx = sreg::block_idx_x() as usize * COMBINE_WARPS as usize + sreg::warp_id() as usize;
+pub(crate) unsafe fn combine_row<T: Elem16>(p: &AttnParams, n: usize, idx: usize, lane: usize, o: *mut u16, lse_out: *mut f32) {
+    let (ns, d) = (p.num_splits as usize, p.headdim as usize);
     let lse_acc = p.lse_accum_ptr as *const f32;
     let o_acc = p.o_accum_ptr as *const f32;
-    while idx < n {
-        // SAFETY: s < ns, idx < n: inside the accumulator.
-        let lse_of = |s: usize| if s < ns { unsafe { *lse_acc.add(s * n + idx) } } else { f32::NEG_INFINITY };
-        let (l0, l1, l2, l3) = (lse_of(lane), lse_of(lane + 32), lse_of(lane + 64), lse_of(lane + 96));
-        let m = warp_max(l0.max(l1).max(l2.max(l3)));
-        let ex = |x: f32, m: f32| if x == f32::NEG_INFINITY { 0.0 } else { (x - m).exp() };
-        let lse = if m == f32::NEG_INFINITY { m } else { m + warp_sum(ex(l0, m) + ex(l1, m) + ex(l2, m) + ex(l3, m)).ln() };
-        let (w0, w1, w2, w3) = if lse == f32::NEG_INFINITY { (0.0, 0.0, 0.0, 0.0) } else { (ex(l0, lse), ex(l1, lse), ex(l2, lse), ex(l3, lse)) };
-        let weight = |s: usize| -> f32 {
-            let x = match s >> 5 {
-                0 => w0,
-                1 => w1,
-                2 => w2,
-                _ => w3,
-            };
-            shfl_idx_f32(x, (s & 31) as u32)
+    // SAFETY: s < ns, idx < n: inside the accumulator.
+    let lse_of = |s: usize| if s < ns { unsafe { ld_cg_f32(lse_acc.add(s * n + idx)) } } else { f32::NEG_INFINITY };
+    let (l0, l1, l2, l3) = (lse_of(lane), lse_of(lane + 32), lse_of(lane + 64), lse_of(lane + 96));
+    let m = warp_max(l0.max(l1).max(l2.max(l3)));
+    let ex = |x: f32, m: f32| if x == f32::NEG_INFINITY { 0.0 } else { (x - m).exp() };
+    let lse = if m == f32::NEG_INFINITY { m } else { m + warp_sum(ex(l0, m) + ex(l1, m) + ex(l2, m) + ex(l3, m)).ln() };
+    let (w0, w1, w2, w3) = if lse == f32::NEG_INFINITY { (0.0, 0.0, 0.0, 0.0) } else { (ex(l0, lse), ex(l1, lse), ex(l2, lse), ex(l3, lse)) };
+    let weight = |s: usize| -> f32 {
+        let x = match s >> 5 {
+            0 => w0,
+            1 => w1,
+            2 => w2,
+            _ => w3,
         };
+        shfl_idx_f32(x, (s & 31) as u32)
+    };
+    // Every lane runs every step (the weights are shuffled); lanes past
+    // the head dim load and store nothing.
+    let mut c0 = 0;
+    while c0 < d {
+        let c = c0 + 4 * lane;
+        let on = c < d;
+        let mut acc = [0f32; 4];
+        let mut s = 0;
+        while s < ns {
+            // Four splits per step: the loads first, then the sums. A
+            // split past ns or with a zero weight is not read.
+            let (wa, wb, wc, wd) = (weight(s), weight(s + 1), weight(s + 2), weight(s + 3));
+            let (wa, wb, wc, wd) = (wa, if s + 1 < ns { wb } else { 0.0 }, if s + 2 < ns { wc } else { 0.0 }, if s + 3 < ns { wd } else { 0.0 });
+            let z = |w: f32| if on { w } else { 0.0 };
+            // SAFETY: rows (s + u, idx) of the accumulator with a nonzero
+            // weight (s + u < ns), columns c..c + 4 < d: 16-byte aligned.
+            let (xa, xb, xc, xd) = unsafe { (ld4(o_acc, (s * n + idx) * d + c, z(wa)), ld4(o_acc, ((s + 1) * n + idx) * d + c, z(wb)), ld4(o_acc, ((s + 2) * n + idx) * d + c, z(wc)), ld4(o_acc, ((s + 3) * n + idx) * d + c, z(wd))) };
+            for k in 0..4 {
+                acc[k] += wa * xa[k] + wb * xb[k] + wc * xc[k] + wd * xd[k];
+            }
+            s += 4;
+        }
+        if on {
+            // SAFETY: O's row, columns c..c + 4 < d; 4-byte aligned pairs
+            // (even c, host-checked strides).
+            unsafe {
+                *(o.add(c) as *mut u32) = pack::<T>(acc[0], acc[1]);
+                *(o.add(c + 2) as *mut u32) = pack::<T>(acc[2], acc[3]);
+            }
+        }
+        c0 += 128;
+    }
+    if lane == 0 && !lse_out.is_null() {
+        // SAFETY: caller.
+        unsafe { *lse_out = lse };
+    }
+}
+
+/// The combine kernel (see the module docs): one warp per output row.
+///
+/// # Safety
+/// As [`combine_row`] for every row; `o_ptr` (16-bit) and `lse_ptr` as for
+/// the attention launch; `32·COMBINE_WARPS` threads.
+#[inline(always)]
+unsafe fn combine<T: Elem16>(p: &AttnParams) {
+    let n = lse_len(p);
+    let lane = sreg::lane_id() as usize;
+    let mut idx = sreg::block_idx_x() as usize * COMBINE_WARPS as usize + sreg::warp_id() as usize;
+    while idx < n {
         let o = (p.o_ptr as *mut u16).wrapping_add(o_offset(p, idx));
-        // Every lane runs every step (the weights are shuffled); lanes past
-        // the head dim load and store nothing.
-        let mut c0 = 0;
-        while c0 < d {
-            let c = c0 + 4 * lane;
-            let on = c < d;
-            let mut acc = [0f32; 4];
-            let mut s = 0;
-            while s < ns {
-                // Four splits per step: the loads first, then the sums. A
-                // split past ns or with a zero weight is not read.
-                let (wa, wb, wc, wd) = (weight(s), weight(s + 1), weight(s + 2), weight(s + 3));
-                let (wa, wb, wc, wd) = (wa, if s + 1 < ns { wb } else { 0.0 }, if s + 2 < ns { wc } else { 0.0 }, if s + 3 < ns { wd } else { 0.0 });
-                let z = |w: f32| if on { w } else { 0.0 };
-                // SAFETY: rows (s + u, idx) of the accumulator with a nonzero
-                // weight (s + u < ns), columns c..c + 4 < d: 16-byte aligned.
-                let (xa, xb, xc, xd) = unsafe { (ld4(o_acc, (s * n + idx) * d + c, z(wa)), ld4(o_acc, ((s + 1) * n + idx) * d + c, z(wb)), ld4(o_acc, ((s + 2) * n + idx) * d + c, z(wc)), ld4(o_acc, ((s + 3) * n + idx) * d + c, z(wd))) };
-                for k in 0..4 {
-                    acc[k] += wa * xa[k] + wb * xb[k] + wc * xc[k] + wd * xd[k];
-                }
-                s += 4;
-            }
-            if on {
-                // SAFETY: O's row idx, columns c..c + 4 < d; 4-byte aligned
-                // pairs (even c, host-checked strides).
-                unsafe {
-                    *(o.add(c) as *mut u32) = pack::<T>(acc[0], acc[1]);
-                    *(o.add(c + 2) as *mut u32) = pack::<T>(acc[2], acc[3]);
-                }
-            }
-            c0 += 128;
-        }
-        if lane == 0 {
-            // SAFETY: lse holds lse_len f32.
-            unsafe { *(p.lse_ptr as *mut f32).add(idx) = lse };
-        }
+        // SAFETY: caller; lse holds lse_len f32.
+        unsafe { combine_row::<T>(p, n, idx, lane, o, (p.lse_ptr as *mut f32).add(idx)) };
         idx += sreg::grid_dim_x() as usize * COMBINE_WARPS as usize;
     }
 }

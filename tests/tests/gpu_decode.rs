@@ -8,7 +8,7 @@
 
 use cudarc::driver::{CudaSlice, DevicePtr};
 use flash_attn::{
-    AttnElem, BlockTable, DecodeOptions, Extras, FlashAttnError, ForwardParams, KvCache, KvCacheRef, PagedCache, RowStats, Tensor, TensorLayout, Varlen,
+    AttnElem, BlockTable, DecodeOptions, Extras, FlashAttnError, ForwardParams, KvCache, KvCacheRef, PagedCache, RowStats, SplitScratch, Tensor, TensorLayout, Varlen,
 };
 use flash_attn_tests::features::{self, Spec};
 use flash_attn_tests::{Gpu, Rng, gpu};
@@ -187,7 +187,9 @@ fn gpu_kvcache_matrix() {
     for (sq, sk) in [(1, 339), (3, 799), (16, 20000)] {
         for (h, hk) in [(8, 2), (6, 1), (4, 4)] {
             for (i, splits) in [Some(1), Some(2), Some(7), Some(64), None].into_iter().enumerate() {
-                let page = [None, Some(16), Some(256), None, Some(64)][(i + h) % 5];
+                // Pages: a block in one page (256, 64 with Bc 64), over several
+                // (16, 48: unaligned for 48), tiny (3).
+                let page = [None, Some(16), Some(256), Some(3), Some(64), Some(48)][(i + h + sq) % 6];
                 let d = [64, 128, 80][(i + sq) % 3];
                 let c = Dec { batch: 3, sq, max_cached: sk - sq, s_new: sq, h, hk, d, page, causal: (i + hk) % 2 == 0, num_splits: splits, two_step: (i + sq + h) % 4 == 1, fa2d: (i + h) % 3 == 2 };
                 if i % 2 == 0 {
@@ -207,7 +209,7 @@ fn gpu_kvcache_matrix() {
 fn gpu_kvcache_long() {
     let Some(g) = gpu("gpu_kvcache_long") else { return };
     let mut rng = Rng::fresh("gpu_kvcache_long");
-    for (sq, sk, page) in [(16, 100_000, None), (1, 131_072, Some(256))] {
+    for (sq, sk, page) in [(16, 100_000, None), (1, 131_072, Some(256)), (1, 131_072, Some(16))] {
         let c = Dec { batch: 1, sq, max_cached: sk - sq, s_new: sq, h: 32, hk: 8, d: 128, page, causal: true, num_splits: None, two_step: false, fa2d: false };
         run::<half::bf16>(g, &mut rng, &c).unwrap_or_else(|e| panic!("{c:?}: {e}"));
     }
@@ -315,6 +317,48 @@ fn gpu_decode_bad_input() {
     };
     let e = g.fa.forward_kvcache::<half::f16, _>(s, Tensor::new(&q, ql), cache, &ForwardParams::default(), &Extras::default(), DecodeOptions::default()).unwrap_err();
     assert!(matches!(e, FlashAttnError::InvalidArgument { argument: "k_new", .. }), "{e}");
+}
+
+/// Split-KV scratch kinds give the same bits: the library's (fused
+/// combine with its per-stream counters), a caller's without counters
+/// (combine launch), a caller's with counters (fused; called twice: every
+/// launch puts the counts back to 0); counters too small: a typed error.
+#[test]
+fn gpu_split_scratch_kinds() {
+    let Some(g) = gpu("gpu_split_scratch_kinds") else { return };
+    let mut rng = Rng::fresh("gpu_split_scratch_kinds");
+    let s = &g.stream;
+    let (b, cap, hk, h, d, ns) = (3, 5000, 8, 32, 128, 7);
+    let rnd = |rng: &mut Rng, n: usize| -> Vec<half::bf16> { (0..n).map(|_| half::bf16::from_f32(rng.nonzero(1.0))).collect() };
+    let q: CudaSlice<half::bf16> = s.clone_htod(&rnd(&mut rng, b * h * d)).unwrap();
+    let mut kc: CudaSlice<half::bf16> = s.clone_htod(&rnd(&mut rng, b * cap * hk * d)).unwrap();
+    let mut vc: CudaSlice<half::bf16> = s.clone_htod(&rnd(&mut rng, b * cap * hk * d)).unwrap();
+    let seqlens = s.clone_htod(&[4999i32, 0, 1234]).unwrap();
+    let mut o_acc: CudaSlice<f32> = s.alloc_zeros(ns * b * h * d).unwrap();
+    let mut l_acc: CudaSlice<f32> = s.alloc_zeros(ns * b * h).unwrap();
+    let mut counters: CudaSlice<u32> = s.alloc_zeros(b * h).unwrap();
+    let mut few: CudaSlice<u32> = s.alloc_zeros(b * hk - 1).unwrap();
+    let (lay, ql) = (TensorLayout::contiguous([b, cap, hk, d]), TensorLayout::contiguous([b, 1, h, d]));
+    let mut call = |scratch: Option<SplitScratch<'_>>| -> Result<(Vec<u16>, Vec<f32>), FlashAttnError> {
+        let cache = KvCache { k_cache: &mut kc, v_cache: &mut vc, layout: lay, cache_seqlens: &seqlens, cache_batch_idx: None, block_table: None, k_new: None, v_new: None };
+        let out = g.fa.forward_kvcache::<half::bf16, _>(s, Tensor::new(&q, ql), cache, &ForwardParams::default(), &Extras::default(), DecodeOptions { num_splits: Some(ns), scratch, kernel: None })?;
+        s.synchronize().unwrap();
+        let RowStats::LogSumExp(lse) = &out.stats else { unreachable!("FA2 gives the LSE") };
+        Ok((s.clone_dtoh(&out.o).unwrap().iter().map(|x| x.to_bits()).collect(), s.clone_dtoh(lse).unwrap()))
+    };
+    let library = call(None).unwrap();
+    let launch = call(Some(SplitScratch { o_accum: &mut o_acc, lse_accum: &mut l_acc, max_splits: ns, counters: None })).unwrap();
+    assert!(library == launch, "fused combine (library counters) and the combine launch differ");
+    for round in 0..2 {
+        let fused = call(Some(SplitScratch { o_accum: &mut o_acc, lse_accum: &mut l_acc, max_splits: ns, counters: Some(&mut counters) })).unwrap();
+        assert!(library == fused, "caller counters, call {round}: differs from the library's");
+    }
+    let left: Vec<u32> = s.clone_dtoh(&counters).unwrap();
+    assert!(left.iter().all(|&c| c == 0), "every launch puts its counts back to 0: {left:?}");
+    // Sequence 1 has no key: O = 0, LSE = −inf through the fused merge too.
+    assert!(library.0[h * d..2 * h * d].iter().all(|&x| x == 0) && library.1[h..2 * h].iter().all(|&x| x == f32::NEG_INFINITY));
+    let e = call(Some(SplitScratch { o_accum: &mut o_acc, lse_accum: &mut l_acc, max_splits: ns, counters: Some(&mut few) })).unwrap_err();
+    assert!(matches!(e, FlashAttnError::InvalidArgument { argument: "scratch.counters", .. }), "{e}");
 }
 
 /// Varlen prefill over a paged cache (prefix caching).

@@ -106,6 +106,12 @@ pub struct AttnParams {
     /// `lse_accum_ptr`) for the combine kernel. 0 or 1 = no split.
     pub num_splits: u32,
     pub lse_accum_ptr: u64,
+    /// Split-KV in the flash-decoding kernels: one u32 per (Q block, head)
+    /// tile (`grid / num_splits` of them), zero at launch. The last split
+    /// of a tile to finish merges the tile's partials itself (no combine
+    /// launch) and puts the count back to 0 for the next launch. 0: the
+    /// combine kernel runs after the launch.
+    pub split_counter_ptr: u64,
 }
 
 impl Default for AttnParams {
@@ -155,6 +161,7 @@ impl Default for AttnParams {
             num_pages: 0,
             num_splits: 0,
             lse_accum_ptr: 0,
+            split_counter_ptr: 0,
         }
     }
 }

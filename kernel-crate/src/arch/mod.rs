@@ -6,6 +6,7 @@ pub mod shfl;
 pub mod smem;
 pub mod sync;
 pub mod cp_async;
+pub mod global;
 pub mod cvt;
 pub mod ldmatrix;
 pub mod mma;

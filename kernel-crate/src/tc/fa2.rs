@@ -356,6 +356,28 @@ pub unsafe fn seq_of<const VARLEN: bool, const DECODE: bool>(p: &AttnParams, b: 
     }
 }
 
+/// The K/V blocks of the query rows `q0..q_end` of a sequence with `nk`
+/// keys under `win`: blocks `j_first..j_end` of `Bc` keys that some row
+/// sees — with `split` and more than one split, this split's share of them
+/// (maybe none) — and the key range every row sees (no mask), clamped to
+/// `0..=nk`: `(j_first, j_end, full_start, full_end)`.
+#[inline(always)]
+pub fn key_blocks<const BC: usize>(p: &AttnParams, win: &flash_attn_common::KeyWindow, q0: usize, q_end: usize, nk: usize, split: Option<u32>) -> (usize, usize, u32, u32) {
+    let (kv_start, kv_end) = win.block_range(q0 as i64, q_end as i64);
+    let (full_start, full_end) = win.unmasked_range(q0 as i64, q_end as i64);
+    let (full_start, full_end) = (full_start.clamp(0, nk as i64) as u32, full_end.clamp(0, nk as i64) as u32);
+    let j_first = kv_start as usize / BC;
+    let j_end = if kv_start < kv_end { (kv_end as usize).div_ceil(BC) } else { j_first };
+    match split {
+        Some(s) if p.num_splits > 1 => {
+            let per = (j_end - j_first).div_ceil(p.num_splits as usize);
+            let first = (j_first + s as usize * per).min(j_end);
+            (first, (first + per).min(j_end), full_start, full_end)
+        }
+        _ => (j_first, j_end, full_start, full_end),
+    }
+}
+
 /// Split-KV: `blockIdx.x = ((bh · splits) + split) · num_m + m`. Returns the
 /// block index without the split (as [`BlockPos::new`] reads it) and the
 /// split; `(idx, 0)` unless `DECODE` with more than one split.
@@ -482,20 +504,7 @@ pub unsafe fn forward<
     // ([`fresh_window`]): at d = 128, Bc = 64 those registers decide
     // between a spill and none.
     let win = p.key_window(seq.seqlen_q, seq.seqlen_k);
-    let q_end = (q0 + br).min(nq) as i64;
-    let (kv_start, kv_end) = win.block_range(q0 as i64, q_end);
-    let (full_start, full_end) = win.unmasked_range(q0 as i64, q_end);
-    let (full_start, full_end) = (full_start.clamp(0, nk as i64) as u32, full_end.clamp(0, nk as i64) as u32);
-    let j_first = kv_start as usize / BC;
-    let j_end = if kv_start < kv_end { (kv_end as usize).div_ceil(BC) } else { j_first };
-    // Split-KV: this block takes its share of the key blocks (maybe none).
-    let (j_first, j_end) = if DECODE && p.num_splits > 1 {
-        let per = (j_end - j_first).div_ceil(p.num_splits as usize);
-        let first = (j_first + split as usize * per).min(j_end);
-        (first, (first + per).min(j_end))
-    } else {
-        (j_first, j_end)
-    };
+    let (j_first, j_end, full_start, full_end) = key_blocks::<BC>(p, &win, q0, (q0 + br).min(nq), nk, DECODE.then_some(split));
 
     let kvh = p.kv_head(h as u32) as u64;
     let [qs0, qs1, qs2] = p.q_stride;
@@ -647,7 +656,7 @@ pub unsafe fn forward<
     if DECODE && p.num_splits > 1 {
         // Split-KV partial: normalized O and LSE in f32 for the combine.
         let d = p.headdim as usize;
-        let lse_len = if p.is_varlen() { p.nheads as usize * p.total_q as usize } else { (p.batch * p.nheads * p.seqlen_q) as usize };
+        let lse_len = crate::decode::lse_len(p);
         let base = split as usize * lse_len + seq.lse_base as usize;
         let row_base = mb * br + warp * 16 * MT + g;
         for mt in 0..MT {

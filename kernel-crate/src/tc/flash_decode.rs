@@ -17,18 +17,25 @@
 //! 4. at the end the warps' states merge through shared memory
 //!    (`M = max m_w`, `L = Σ 2^(m_w − M)·l_w`, `O = Σ 2^(m_w − M)·O_w / L`),
 //!    and the block stores O and the logsumexp, or (split-KV) the
-//!    normalized partial and its LSE for `combine_splits_*`.
+//!    normalized partial and its LSE;
+//! 5. split-KV with counters from the host (`split_counter_ptr`): the last
+//!    split of a tile to finish (an atomic count per tile, release/acquire
+//!    fences) merges the tile's partials itself with the combine kernel's
+//!    row merge (`decode::combine_row`) — no second launch, whose launch
+//!    and ramp cost 4–7 µs of a 20–70 µs decode step; without counters
+//!    `combine_splits_*` runs after the launch.
 //!
 //! Same parameters, grid and semantics as the `fa2d` kernels (KV cache
 //! contiguous or paged, `cache_batch_idx`, varlen q, causal/window
 //! bottom-right, softcap/ALiBi, GQA, zero-padded head dims, split-KV), for
 //! `Br = 16` rows per (sequence, head).
 
-use super::fa2::{BlockPos, Mods, mask, pv, qk, quad_sum, scale_sign, seq_of, softmax_step, split_of};
+use super::fa2::{BlockPos, Mods, key_blocks, mask, pv, qk, quad_sum, scale_sign, seq_of, softmax_step, split_of};
 use super::tile::{SmemTile, tile_bytes};
 use super::{Elem16, pack};
 use crate::arch::cp_async::{cp_async_cg_16, cp_async_commit, cp_async_wait};
-use crate::arch::smem::{dynamic_smem, smem_addr};
+use crate::arch::global::{atom_add_u32_gpu, fence_acq_rel_gpu, st_relaxed_u32_gpu};
+use crate::arch::smem::{dynamic_smem, ld_volatile_shared_u32, smem_addr, st_shared_u32};
 use crate::arch::sreg;
 use crate::arch::sync::sync_threads;
 use flash_attn_common::{AttnParams, Real, RowState};
@@ -152,19 +159,8 @@ pub unsafe fn forward<
 
     // Keys some row sees, keys every row sees, and this split's blocks.
     let win = p.key_window(seq.seqlen_q, seq.seqlen_k);
-    let q_end = (q0 + BR).min(nq) as i64;
-    let (kv_start, kv_end) = win.block_range(q0 as i64, q_end);
-    let (full_start, full_end) = win.unmasked_range(q0 as i64, q_end);
-    let (full_start, full_end) = (full_start.clamp(0, nk as i64) as usize, full_end.clamp(0, nk as i64) as usize);
-    let j_first = kv_start as usize / BC;
-    let j_end = if kv_start < kv_end { (kv_end as usize).div_ceil(BC) } else { j_first };
-    let (j_first, j_end) = if p.num_splits > 1 {
-        let per = (j_end - j_first).div_ceil(p.num_splits as usize);
-        let first = (j_first + split as usize * per).min(j_end);
-        (first, (first + per).min(j_end))
-    } else {
-        (j_first, j_end)
-    };
+    let (j_first, j_end, full_start, full_end) = key_blocks::<BC>(p, &win, q0, (q0 + BR).min(nq), nk, Some(split));
+    let (full_start, full_end) = (full_start as usize, full_end as usize);
 
     // ---- addresses ----------------------------------------------------------
     let kvh = p.kv_head(h as u32) as u64;
@@ -281,11 +277,11 @@ pub unsafe fn forward<
     sync_threads();
 
     // Thread tid merges row tid / tpr, column pairs (tid % tpr) + k·tpr.
+    // Rows past the sequence's queries store nothing (no early return: the
+    // fused combine below has barriers).
     let tpr = nt / BR;
     let row = tid / tpr;
-    if row >= nq - q0 {
-        return;
-    }
+    let live = row < nq - q0;
     let mut m_all = f32::NEG_INFINITY;
     for w in 0..NW {
         // SAFETY: written above, a barrier passed.
@@ -312,26 +308,50 @@ pub unsafe fn forward<
         [acc[0] * inv_l, acc[1] * inv_l]
     };
     let lane_r = tid % tpr;
+    let [os0, os1, os2] = p.o_stride;
+    let o_row_of = |r: usize| (p.o_ptr as *mut u16).wrapping_add((b as u64 * os0 + (seq.q_row0 + (q0 + r) as u64) * os1 + h as u64 * os2) as usize);
+    let lse_of = |r: usize| if p.lse_ptr != 0 { (p.lse_ptr as *mut f32).wrapping_add(seq.lse_base as usize + q0 + r) } else { core::ptr::null_mut() };
     if p.num_splits > 1 {
         // Split-KV partial: normalized O and LSE in f32 for the combine.
-        let lse_len = if p.is_varlen() { p.nheads as usize * p.total_q as usize } else { (p.batch * p.nheads * p.seqlen_q) as usize };
-        let idx = split as usize * lse_len + seq.lse_base as usize + q0 + row;
-        let o_row = (p.o_accum_ptr as *mut f32).wrapping_add(idx * d);
-        let mut col = 2 * lane_r;
-        while col < d {
-            // SAFETY: (split, row) inside the host's accumulator of
-            // splits·lse_len rows of d f32; col + 1 < d (d even).
-            unsafe { *(o_row.add(col) as *mut [f32; 2]) = merged(col) };
-            col += 2 * tpr;
+        let lse_len = crate::decode::lse_len(p);
+        if live {
+            let idx = split as usize * lse_len + seq.lse_base as usize + q0 + row;
+            let o_row = (p.o_accum_ptr as *mut f32).wrapping_add(idx * d);
+            let mut col = 2 * lane_r;
+            while col < d {
+                // SAFETY: (split, row) inside the host's accumulator of
+                // splits·lse_len rows of d f32; col + 1 < d (d even).
+                unsafe { *(o_row.add(col) as *mut [f32; 2]) = merged(col) };
+                col += 2 * tpr;
+            }
+            if lane_r == 0 {
+                // SAFETY: splits·lse_len f32.
+                unsafe { *(p.lse_accum_ptr as *mut f32).add(idx) = state.lse() };
+            }
         }
-        if lane_r == 0 {
-            // SAFETY: splits·lse_len f32.
-            unsafe { *(p.lse_accum_ptr as *mut f32).add(idx) = state.lse() };
+        if p.split_counter_ptr == 0 {
+            return;
+        }
+        // Fused combine: the last split of this tile to finish merges the
+        // tile's rows (one warp per row), no combine launch.
+        // SAFETY: the host's counters hold one u32 per tile (idx < grid /
+        // num_splits); the Q tile's first word is free (Q is not read again).
+        if unsafe { last_split(p, idx as usize, base, tid) } {
+            let rows = (nq - q0).min(BR);
+            let mut r = warp;
+            while r < rows {
+                // SAFETY: every split of the tile wrote its partial rows and
+                // released them (last_split); O's row r and its LSE exist.
+                unsafe { crate::decode::combine_row::<T>(p, lse_len, seq.lse_base as usize + q0 + r, lane, o_row_of(r), lse_of(r)) };
+                r += NW;
+            }
         }
         return;
     }
-    let [os0, os1, os2] = p.o_stride;
-    let o_row = (p.o_ptr as *mut u16).wrapping_add((b as u64 * os0 + (seq.q_row0 + (q0 + row) as u64) * os1 + h as u64 * os2) as usize);
+    if !live {
+        return;
+    }
+    let o_row = o_row_of(row);
     let mut col = 2 * lane_r;
     while col < d {
         let [x, y] = merged(col);
@@ -341,6 +361,39 @@ pub unsafe fn forward<
     }
     if lane_r == 0 && p.lse_ptr != 0 {
         // SAFETY: lse holds the rows of the lse space (dense or varlen).
-        unsafe { *(p.lse_ptr as *mut f32).add(seq.lse_base as usize + q0 + row) = state.lse() };
+        unsafe { *lse_of(row) = state.lse() };
     }
+}
+
+/// Split-KV with fused combine: counts this block's split as done for its
+/// tile and tells every thread whether it was the tile's last (then the
+/// other splits' partials are visible to it). Every thread of the block
+/// calls it after writing its partial rows.
+///
+/// # Safety
+/// `p.split_counter_ptr` holds a u32 at `tile` (0 at launch); `flag` a
+/// free shared-memory word.
+#[inline(always)]
+unsafe fn last_split(p: &AttnParams, tile: usize, flag: u32, tid: usize) -> bool {
+    fence_acq_rel_gpu(); // this thread's partial rows before the count (release)
+    sync_threads();
+    if tid == 0 {
+        let counter = (p.split_counter_ptr as *mut u32).wrapping_add(tile);
+        // SAFETY: caller.
+        let last = unsafe { atom_add_u32_gpu(counter, 1) } + 1 == p.num_splits;
+        if last {
+            // Every split has counted: back to 0 for the next launch.
+            // SAFETY: as above.
+            unsafe { st_relaxed_u32_gpu(counter, 0) };
+        }
+        // SAFETY: caller.
+        unsafe { st_shared_u32(flag, last as u32) };
+    }
+    sync_threads();
+    // SAFETY: written above, a barrier passed.
+    let last = unsafe { ld_volatile_shared_u32(flag) } != 0;
+    if last {
+        fence_acq_rel_gpu(); // the other splits' rows after their counts (acquire)
+    }
+    last
 }

@@ -7,6 +7,8 @@
 //! only, warm-up runs first, the median of the timed runs; inputs rotated or
 //! the L2 flushed by the caller, outside the events.
 
+pub mod decode;
+pub mod flush;
 pub mod plot;
 pub mod torch_peer;
 

@@ -4,8 +4,10 @@
 //! bf16, d = 128, 32 query heads over 32 (MHA) or 8 (GQA) KV heads, batch ∈
 //! {1, 8, 64} × cache length ∈ {4096, 32768, 131072}, contiguous and paged
 //! (page 16 and 256, pages in a random order). Per cell: the median of
-//! CUDA-event-timed runs after warm-up, the L2 flushed (a 64 MB memset,
-//! outside the events) before every run; K/V bandwidth = K and V bytes read
+//! CUDA-event-timed runs after warm-up, the L2 flushed before every run
+//! outside the events (`--flush read`, the default: a kernel reads 128 MB;
+//! `--flush write`: a 64 MB memset whose dirty lines are written back inside
+//! the timed run — see `bench::flush`); K/V bandwidth = K and V bytes read
 //! once / time, and its share of the H100's 3.35 TB/s. Ours with automatic
 //! splits and with `num_splits = 1` (our FA2 without split-KV, the bar's
 //! yardstick: no cell may be slower with splits than without); PyTorch SDPA
@@ -23,26 +25,22 @@
 //! ours solid per batch, heads and layout, PyTorch flash dashed).
 //!
 //! Usage: `fa-bench-decode [OUT] [--quick] [--batches 1,8,64] [--caches ...]
-//! [--kv-heads 32,8] [--layouts contiguous,16,256] [--reps N] [--no-torch]`.
+//! [--kv-heads 32,8] [--layouts contiguous,16,256] [--reps N] [--flush read|write] [--no-torch]`.
 
 mod report;
 
 use std::path::PathBuf;
 
 use clap::{ArgAction, Parser};
-use cudarc::driver::{CudaSlice, DevicePtr};
-use flash_attn::{
-    BlockTable, DecodeOptions, Extras, ForwardParams, KvCache, SplitScratch, Tensor, TensorLayout,
-};
+use flash_attn_tests::bench::decode::DecodeInputs;
+use flash_attn_tests::bench::flush::{FlushKind, L2Flush};
 use flash_attn_tests::bench::{Meas, Res, Step, Timing, time_events, torch_peer};
 use flash_attn_tests::{Gpu, Rng, gpu};
 use serde_json::json;
 
 const PEER: &str = include_str!("torch_peer.py");
 
-/// Query heads and head dim of every cell (Llama-3-8B's).
-pub const H: usize = 32;
-pub const D: usize = 128;
+pub use flash_attn_tests::bench::decode::{Cell, D, H};
 
 /// fa-bench-decode: decode against a KV cache (bf16, d = 128), ours vs PyTorch SDPA
 #[derive(Parser, Clone, Debug)]
@@ -78,6 +76,11 @@ pub struct Opts {
     /// Skip the PyTorch peers
     #[arg(long = "no-torch", action = ArgAction::SetFalse)]
     pub torch: bool,
+    /// L2 flush before each timed run: `read` (a kernel reads 128 MB: clean
+    /// lines) or `write` (a 64 MB memset: dirty lines written back inside
+    /// the timed run, the earlier tables' method)
+    #[arg(long, value_name = "KIND", default_value = "read", value_parser = FlushKind::parse)]
+    pub flush: FlushKind,
     /// Python with torch
     #[arg(long, value_name = "PATH", default_value = "python3")]
     pub python: String,
@@ -105,34 +108,6 @@ impl Opts {
             warmup: self.warmup.max(1),
             reps: self.reps().max(1),
             budget_s: f64::INFINITY,
-        }
-    }
-}
-
-/// One cell of the grid.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Cell {
-    pub batch: usize,
-    pub cache: usize,
-    pub hk: usize,
-    /// Page size; `None`: contiguous.
-    pub page: Option<usize>,
-}
-
-impl Cell {
-    /// K and V bytes read once.
-    pub fn bytes(&self) -> f64 {
-        (2 * self.batch * self.cache * self.hk * D * 2) as f64
-    }
-    pub fn layout(&self) -> String {
-        self.page
-            .map_or("contiguous".to_string(), |p| format!("paged {p}"))
-    }
-    /// The contiguous cell of the same shape (PyTorch's).
-    pub fn contiguous(&self) -> Cell {
-        Cell {
-            page: None,
-            ..*self
         }
     }
 }
@@ -197,96 +172,13 @@ fn skip_reason(o: &Opts, c: &Cell, free: usize) -> Option<String> {
 }
 
 /// Fills `buf` with `pattern` repeated (one upload, then device copies).
-fn fill(g: &Gpu, buf: &mut CudaSlice<half::bf16>, pattern: &CudaSlice<half::bf16>) -> Res<()> {
-    let (len, n) = (buf.len(), pattern.len());
-    let mut off = 0;
-    while off < len {
-        let k = n.min(len - off);
-        g.stream
-            .memcpy_dtod(&pattern.slice(0..k), &mut buf.slice_mut(off..off + k))?;
-        off += k;
-    }
-    Ok(())
-}
-
 /// Times one cell, with automatic splits and with `num_splits = 1`.
-fn measure(
-    g: &Gpu,
-    o: &Opts,
-    c: &Cell,
-    rng: &mut Rng,
-    flush: &mut CudaSlice<u8>,
-) -> Res<(Meas, Meas)> {
-    let s = &g.stream;
-    let (n_rows, rows_per) = match c.page {
-        None => (c.batch, c.cache),
-        Some(p) => (c.batch * c.cache / p, p),
-    };
-    let elems = n_rows * rows_per * c.hk * D;
-    let pattern: Vec<half::bf16> = (0..elems.min(1 << 22))
-        .map(|_| half::bf16::from_f32(rng.nonzero(1.0)))
-        .collect();
-    let pattern = s.clone_htod(&pattern)?;
-    // SAFETY: both filled right below, before any read.
-    let (mut kc, mut vc) =
-        unsafe { (s.alloc::<half::bf16>(elems)?, s.alloc::<half::bf16>(elems)?) };
-    fill(g, &mut kc, &pattern)?;
-    fill(g, &mut vc, &pattern)?;
-    drop(pattern);
-    let q: CudaSlice<half::bf16> = s.clone_htod(
-        &(0..c.batch * H * D)
-            .map(|_| half::bf16::from_f32(rng.nonzero(1.0)))
-            .collect::<Vec<_>>(),
-    )?;
-    let seqlens = s.clone_htod(&vec![c.cache as i32; c.batch])?;
-    let per = c.cache.div_ceil(rows_per);
-    let mut perm: Vec<i32> = (0..n_rows as i32).collect();
-    for i in (1..perm.len()).rev() {
-        perm.swap(i, rng.below(i + 1));
-    }
-    let table = s.clone_htod(&perm)?;
-    let max_splits = 128;
-    let mut o_acc: CudaSlice<f32> = s.alloc_zeros(max_splits * c.batch * H * D)?;
-    let mut l_acc: CudaSlice<f32> = s.alloc_zeros(max_splits * c.batch * H)?;
-    let layout = TensorLayout::contiguous([n_rows, rows_per, c.hk, D]);
+fn measure(g: &Gpu, o: &Opts, c: &Cell, rng: &mut Rng, flush: &mut L2Flush) -> Res<(Meas, Meas)> {
+    let mut inputs = DecodeInputs::new(g, *c, rng)?;
     let mut time = |splits: Option<usize>| -> Res<Meas> {
-        time_events(&g.ctx, &g.stream, o.timing(), |step| {
-            if let Step::Setup(_) = step {
-                s.memset_zeros(flush)?;
-                return Ok(());
-            }
-            let cache = KvCache {
-                k_cache: &mut kc,
-                v_cache: &mut vc,
-                layout,
-                cache_seqlens: &seqlens,
-                cache_batch_idx: None,
-                block_table: c.page.map(|_| BlockTable {
-                    table: &table as &dyn DevicePtr<i32>,
-                    max_blocks_per_seq: per,
-                }),
-                k_new: None,
-                v_new: None,
-            };
-            let scratch = SplitScratch {
-                o_accum: &mut o_acc,
-                lse_accum: &mut l_acc,
-                max_splits,
-            };
-            let out = g.fa.forward_kvcache::<half::bf16, _>(
-                s,
-                Tensor::new(&q, TensorLayout::contiguous([c.batch, 1, H, D])),
-                cache,
-                &ForwardParams::default(),
-                &Extras::default(),
-                DecodeOptions {
-                    num_splits: splits,
-                    scratch: Some(scratch),
-                    kernel: None,
-                },
-            )?;
-            drop(out);
-            Ok(())
+        time_events(&g.ctx, &g.stream, o.timing(), |step| match step {
+            Step::Setup(_) => flush.run(&g.stream),
+            Step::Timed(_) => inputs.run(g, splits, None),
         })
     };
     Ok((time(None)?, time(Some(1))?))
@@ -317,7 +209,7 @@ fn main() -> Res<()> {
         o.reps()
     );
     let mut rng = Rng::with_seed(1);
-    let mut flush: CudaSlice<u8> = g.stream.alloc_zeros(64 << 20)?;
+    let mut flush = L2Flush::new(&g.ctx, &g.stream, o.flush)?;
     let mut rows = Vec::new();
     for (i, c) in cells.iter().enumerate() {
         let (free, _) = g.ctx.mem_get_info()?;
@@ -364,7 +256,7 @@ fn main() -> Res<()> {
     } else {
         let t = o.timing();
         let cfg = json!({
-            "warmup": t.warmup, "reps": t.reps, "budget_s": 1e9, "seed": 1, "h": H, "d": D,
+            "warmup": t.warmup, "reps": t.reps, "budget_s": 1e9, "seed": 1, "h": H, "d": D, "flush": o.flush.name(),
             "cells": peers.iter().map(|c| json!({"batch": c.batch, "cache": c.cache, "hk": c.hk})).collect::<Vec<_>>(),
         });
         torch_peer::run(&o.python, "fa-bench-decode", ("torch_peer.py", PEER), &cfg)

@@ -5,6 +5,7 @@
 
 use std::fmt::Write as _;
 
+use flash_attn_tests::bench::flush::{self, FlushKind};
 use flash_attn_tests::bench::plot::{self, Chart, Marker, Series};
 use flash_attn_tests::bench::torch_peer::Peer;
 use flash_attn_tests::bench::{Meas, Res, geomean_range};
@@ -84,10 +85,11 @@ pub fn write(o: &Opts, device: &str, rows: &[Row], t: &Peer) -> Res<String> {
     let mut md = format!(
         "## fa-bench-decode: {device}, {torch}\n\n\
          bf16, d = {D}, one query token, {H} query heads; K/V bytes read once / time. CUDA events, {} warm-up runs, median of {} runs, \
-         the L2 flushed before each. \"no split\": our kernel with num_splits = 1; \"no split / ours\" ≥ 1 means split-KV is not slower. \
+         {} run. \"no split\": our kernel with num_splits = 1; \"no split / ours\" ≥ 1 means split-KV is not slower. \
          PyTorch has no paged cache: its contiguous time stands beside our paged rows.\n\n",
         o.timing().warmup,
-        o.reps()
+        o.reps(),
+        o.flush.describe()
     );
     md += "| batch | cache | heads q/kv | layout | ours µs | ours TB/s | % of 3.35 | ours no split µs | no split / ours | PyTorch flash µs (TB/s) | cuDNN µs | efficient µs | ours / flash |\n";
     md += "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
@@ -182,7 +184,7 @@ pub fn write(o: &Opts, device: &str, rows: &[Row], t: &Peer) -> Res<String> {
     }
     let json = json!({
         "tool": "fa-bench-decode", "device": device, "torch": t.version, "torch_available": t.available, "torch_reason": t.reason,
-        "method": {"warmup": o.timing().warmup, "reps": o.reps(), "l2_flush_bytes": 64 << 20, "mem_cap_gb": o.mem_cap_gb, "h": H, "d": D},
+        "method": {"warmup": o.timing().warmup, "reps": o.reps(), "l2_flush": o.flush.name(), "l2_flush_bytes": match o.flush { FlushKind::Read => flush::READ_BYTES, FlushKind::Write => flush::WRITE_BYTES }, "mem_cap_gb": o.mem_cap_gb, "h": H, "d": D},
         "rows": json_rows, "summary": summary,
     });
     std::fs::write(o.out.join("decode.md"), &md)?;
@@ -192,7 +194,7 @@ pub fn write(o: &Opts, device: &str, rows: &[Row], t: &Peer) -> Res<String> {
     )?;
     std::fs::write(
         o.out.join("decode_gbs.svg"),
-        gbs_plot(device, &torch, rows, t)?,
+        gbs_plot(device, &torch, rows, t, o.flush)?,
     )?;
     Ok(md)
 }
@@ -205,7 +207,13 @@ const COLORS: &[&str] = &[
 
 /// GB/s against cache length: ours solid (one line per batch, heads and
 /// layout; the marker tells the layout), PyTorch flash dashed.
-fn gbs_plot(device: &str, torch: &str, rows: &[Row], t: &Peer) -> Result<String, String> {
+fn gbs_plot(
+    device: &str,
+    torch: &str,
+    rows: &[Row],
+    t: &Peer,
+    flush: FlushKind,
+) -> Result<String, String> {
     let mut caches: Vec<usize> = rows.iter().map(|r| r.cell.cache).collect();
     caches.sort();
     caches.dedup();
@@ -264,7 +272,8 @@ fn gbs_plot(device: &str, torch: &str, rows: &[Row], t: &Peer) -> Result<String,
         });
     }
     let subtitle = format!(
-        "{device}; {torch}; bf16 d={D}, one query token, L2 flushed; median of CUDA-event-timed runs"
+        "{device}; {torch}; bf16 d={D}, one query token, L2 flushed ({}); median of CUDA-event-timed runs",
+        flush.name()
     );
     let chart = Chart {
         title: "Decode: K/V bandwidth against cache length (ours solid, PyTorch flash dashed)",

@@ -12,8 +12,9 @@ RESULT.json:
    "results": [{"batch", "cache", "hk", "impl", "ms": float|null, "min_ms", "max_ms", "reps", "note": str}]}
 
 One bf16 query token against a contiguous (batch, cache, hk, d) K/V, viewed
-as (batch, hk, cache, d); enable_gqa=True when hk < h. The L2 is flushed (a
-64 MB memset, outside the events) before every run, as on the Rust side.
+as (batch, hk, cache, d); enable_gqa=True when hk < h. The L2 is flushed
+outside the events before every run, as on the Rust side: cfg["flush"] "read"
+(a sum over 128 MB: clean lines) or "write" (a 64 MB memset: dirty lines).
 """
 
 from torch_common import log, measure, sdpa_backends, start
@@ -24,7 +25,12 @@ def main():
     import torch.nn.functional as F
 
     backends = sdpa_backends()
-    flush = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
+    if cfg.get("flush", "write") == "read":
+        buf = torch.zeros(128 << 20 >> 2, dtype=torch.int32, device="cuda")
+        flush = lambda i: buf.sum()
+    else:
+        buf = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
+        flush = lambda i: buf.zero_()
     h, d = cfg["h"], cfg["d"]
     for c in cfg["cells"]:
         b, L, hk = c["batch"], c["cache"], c["hk"]
@@ -45,7 +51,7 @@ def main():
 
         for name in ("torch-flash", "torch-cudnn", "torch-efficient"):
             rec = dict(c, impl=name)
-            rec.update(measure(torch, make_run, cfg, backends[name], before=lambda i: flush.zero_()))
+            rec.update(measure(torch, make_run, cfg, backends[name], before=flush))
             out["results"].append(rec)
             what = f"{rec['ms'] * 1e3:9.1f} us ({rec['reps']} runs)" if rec["ms"] is not None else f"n/a ({rec['note']})"
             log(f"[torch] batch {b:2} cache {L:6} heads {h}/{hk:<2} {name:16} {what}")

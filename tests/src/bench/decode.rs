@@ -1,0 +1,170 @@
+//! What the decode benchmarks (`fa-bench-decode`, the `decode-tune`
+//! example) share: the cell of the decode grid and its inputs on the GPU —
+//! K/V caches filled with random values (contiguous, or paged with the pages
+//! in a random order), one query token per sequence, full `cache_seqlens`,
+//! and split scratch sized for 128 splits (with the fused combine's counters) — and one decode call over them.
+
+use cudarc::driver::{CudaSlice, DevicePtr};
+use flash_attn::{
+    BlockTable, DecodeOptions, Extras, ForwardParams, KvCache, SplitScratch, Tensor, TensorLayout,
+};
+
+use super::Res;
+use crate::{Gpu, Rng};
+
+/// Query heads and head dim of every cell (Llama-3-8B's).
+pub const H: usize = 32;
+pub const D: usize = 128;
+/// Splits the scratch of a cell holds.
+pub const MAX_SPLITS: usize = 128;
+
+/// One cell of the decode grid (bf16, `H` query heads, head dim `D`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cell {
+    pub batch: usize,
+    pub cache: usize,
+    pub hk: usize,
+    /// Page size; `None`: contiguous.
+    pub page: Option<usize>,
+}
+
+impl Cell {
+    /// K and V bytes read once.
+    pub fn bytes(&self) -> f64 {
+        (2 * self.batch * self.cache * self.hk * D * 2) as f64
+    }
+    pub fn layout(&self) -> String {
+        self.page
+            .map_or("contiguous".to_string(), |p| format!("paged {p}"))
+    }
+    /// The contiguous cell of the same shape (PyTorch's).
+    pub fn contiguous(&self) -> Cell {
+        Cell {
+            page: None,
+            ..*self
+        }
+    }
+}
+
+/// The device inputs of one cell.
+pub struct DecodeInputs {
+    pub cell: Cell,
+    kc: CudaSlice<half::bf16>,
+    vc: CudaSlice<half::bf16>,
+    q: CudaSlice<half::bf16>,
+    seqlens: CudaSlice<i32>,
+    table: CudaSlice<i32>,
+    o_acc: CudaSlice<f32>,
+    l_acc: CudaSlice<f32>,
+    /// Tile counters of the fused combine (zeroed once; every launch puts
+    /// its counts back to 0).
+    counters: CudaSlice<u32>,
+    layout: TensorLayout,
+    per: usize,
+    /// Hand the fused combine its counters (default); `false`: the scratch
+    /// has none and the combine runs as a second launch.
+    pub fused: bool,
+}
+
+impl DecodeInputs {
+    /// Allocates and fills the cell's caches (random values repeated from a
+    /// 4 Mi-element pattern), its query and its block table.
+    pub fn new(g: &Gpu, c: Cell, rng: &mut Rng) -> Res<Self> {
+        let s = &g.stream;
+        let (n_rows, rows_per) = match c.page {
+            None => (c.batch, c.cache),
+            Some(p) => (c.batch * c.cache / p, p),
+        };
+        let elems = n_rows * rows_per * c.hk * D;
+        let pattern: Vec<half::bf16> = (0..elems.min(1 << 22))
+            .map(|_| half::bf16::from_f32(rng.nonzero(1.0)))
+            .collect();
+        let pattern = s.clone_htod(&pattern)?;
+        // SAFETY: both filled right below, before any read.
+        let (mut kc, mut vc) =
+            unsafe { (s.alloc::<half::bf16>(elems)?, s.alloc::<half::bf16>(elems)?) };
+        for buf in [&mut kc, &mut vc] {
+            let (len, n) = (buf.len(), pattern.len());
+            let mut off = 0;
+            while off < len {
+                let k = n.min(len - off);
+                s.memcpy_dtod(&pattern.slice(0..k), &mut buf.slice_mut(off..off + k))?;
+                off += k;
+            }
+        }
+        drop(pattern);
+        let q = s.clone_htod(
+            &(0..c.batch * H * D)
+                .map(|_| half::bf16::from_f32(rng.nonzero(1.0)))
+                .collect::<Vec<_>>(),
+        )?;
+        let seqlens = s.clone_htod(&vec![c.cache as i32; c.batch])?;
+        let mut perm: Vec<i32> = (0..n_rows as i32).collect();
+        for i in (1..perm.len()).rev() {
+            perm.swap(i, rng.below(i + 1));
+        }
+        let table = s.clone_htod(&perm)?;
+        Ok(DecodeInputs {
+            cell: c,
+            kc,
+            vc,
+            q,
+            seqlens,
+            table,
+            o_acc: s.alloc_zeros(MAX_SPLITS * c.batch * H * D)?,
+            l_acc: s.alloc_zeros(MAX_SPLITS * c.batch * H)?,
+            counters: s.alloc_zeros(c.batch * H)?,
+            layout: TensorLayout::contiguous([n_rows, rows_per, c.hk, D]),
+            per: c.cache.div_ceil(rows_per),
+            fused: true,
+        })
+    }
+
+    /// One decode call on `g.stream` (the outputs dropped, stream-ordered):
+    /// `splits` and `kernel` as [`DecodeOptions`].
+    pub fn run(&mut self, g: &Gpu, splits: Option<usize>, kernel: Option<&'static str>) -> Res<()> {
+        self.call(g, splits, kernel).map(drop)
+    }
+
+    /// One decode call, its output O `(batch, 1, H, D)` copied to the host.
+    pub fn output(&mut self, g: &Gpu, splits: Option<usize>, kernel: Option<&'static str>) -> Res<Vec<f32>> {
+        let o = self.call(g, splits, kernel)?;
+        Ok(g.stream.clone_dtoh(&o)?.iter().map(|x| x.to_f32()).collect())
+    }
+
+    fn call(&mut self, g: &Gpu, splits: Option<usize>, kernel: Option<&'static str>) -> Res<CudaSlice<half::bf16>> {
+        let c = self.cell;
+        let cache = KvCache {
+            k_cache: &mut self.kc,
+            v_cache: &mut self.vc,
+            layout: self.layout,
+            cache_seqlens: &self.seqlens,
+            cache_batch_idx: None,
+            block_table: c.page.map(|_| BlockTable {
+                table: &self.table as &dyn DevicePtr<i32>,
+                max_blocks_per_seq: self.per,
+            }),
+            k_new: None,
+            v_new: None,
+        };
+        let scratch = SplitScratch {
+            o_accum: &mut self.o_acc,
+            lse_accum: &mut self.l_acc,
+            max_splits: MAX_SPLITS,
+            counters: if self.fused { Some(&mut self.counters) } else { None },
+        };
+        let out = g.fa.forward_kvcache::<half::bf16, _>(
+            &g.stream,
+            Tensor::new(&self.q, TensorLayout::contiguous([c.batch, 1, H, D])),
+            cache,
+            &ForwardParams::default(),
+            &Extras::default(),
+            DecodeOptions {
+                num_splits: splits,
+                scratch: Some(scratch),
+                kernel,
+            },
+        )?;
+        Ok(out.o)
+    }
+}
