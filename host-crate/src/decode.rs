@@ -19,8 +19,10 @@
 //! * **Split-KV**: each (query block, head) cuts its keys into `num_splits`
 //!   parts run by separate thread blocks, each writing a normalized partial
 //!   O and its LSE in f32; `combine_splits_*` merges them and rounds once.
-//!   `num_splits`: forced by the caller or FlashAttention-2's heuristic
-//!   ([`num_splits_heuristic`]). Scratch: allocated per call on the stream,
+//!   `num_splits`: forced by the caller, else a heuristic: for the
+//!   flash-decoding kernels the busiest SM's key blocks
+//!   ([`decode_splits_heuristic`]), for the `fa2d` tile FlashAttention-2's
+//!   wave efficiency ([`num_splits_heuristic`]). Scratch: allocated per call on the stream,
 //!   or a caller's [`SplitScratch`] (fixed size: CUDA-graph capture).
 //! * **Head packing**: one query token and `g = nheads / nheads_k > 1` query
 //!   heads per KV head, without window or ALiBi: the `g` heads become the
@@ -130,6 +132,41 @@ pub fn num_splits_heuristic(
         .fold(0.0, f64::max);
     (1..=max_splits)
         .find(|&s| eligible(s) && eff(s) >= 0.85 * best)
+        .unwrap_or(1)
+}
+
+/// The flash-decoding kernels' split count. Their blocks are bound by HBM
+/// bandwidth, so a call lasts as long as its busiest SM streams keys: with
+/// `work` tiles cut in `s` splits on `sms` SMs, that SM holds
+/// ⌈work·s / sms⌉ blocks of ⌈n_blocks / s⌉ key blocks each. Among the
+/// split counts that keep every block resident at once
+/// (`work·s ≤ sms·blocks_per_sm`: a second wave would pay each block's ramp
+/// and partial again), the one with the least such load; among equals, more
+/// resident blocks (more loads in flight), then fewer splits (fewer partials
+/// to merge). No split when the work alone fills 80% of the resident slots
+/// or there are at most 4 key blocks.
+///
+/// FlashAttention-2's wave efficiency ([`num_splits_heuristic`]) accepts
+/// 85% of the best: for GQA 32/8 at batch 1 it gives 14 splits, 112 blocks
+/// for 132 SMs, and 20 SMs stay idle (docs/perf-notes.md, decode step 9).
+pub fn decode_splits_heuristic(
+    work: usize,
+    sms: usize,
+    blocks_per_sm: usize,
+    n_blocks: usize,
+    max_splits: usize,
+) -> usize {
+    let (sms, slots) = (sms.max(1), sms.max(1) * blocks_per_sm.max(1));
+    if work == 0 || work as f64 >= 0.8 * slots as f64 || n_blocks <= 4 {
+        return 1;
+    }
+    let rank = |s: usize| {
+        let blocks = work * s;
+        (blocks.div_ceil(sms) * n_blocks.div_ceil(s), std::cmp::Reverse(blocks), s)
+    };
+    (1..=max_splits.min(n_blocks).max(1))
+        .filter(|&s| s == 1 || work * s <= slots)
+        .min_by_key(|&s| rank(s))
         .unwrap_or(1)
 }
 
@@ -657,8 +694,12 @@ impl FlashAttention {
         };
         let work = batch * rh * rq.div_ceil(br);
         let n_blocks = seqlen_k.div_ceil(bc);
-        let slots = self.num_sms() * self.blocks_per_sm(&main).unwrap_or(2);
-        let ns = opts.num_splits.unwrap_or_else(|| num_splits_heuristic(work, slots, n_blocks, max_splits));
+        let per_sm = self.blocks_per_sm(&main).unwrap_or(2);
+        let slots = self.num_sms() * per_sm;
+        let ns = opts.num_splits.unwrap_or_else(|| match dec {
+            Some(_) => decode_splits_heuristic(work, self.num_sms(), per_sm, n_blocks, max_splits),
+            None => num_splits_heuristic(work, slots, n_blocks, max_splits),
+        });
         let lse_len = nheads * if varlen.is_some() { q_rows } else { batch * sq };
         let grid = (main.grid as u64)
             .checked_mul(ns as u64)

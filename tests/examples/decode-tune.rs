@@ -1,13 +1,15 @@
 //! `decode-tune`: every compiled decode kernel for bf16, d = 128 (the
 //! flash-decoding configurations and the `fa2d` tile) on batch-1 and
-//! batch-8 decode cells, automatic splits (or `--splits N`), the L2 flushed
+//! batch-8 decode cells, automatic splits (or `--splits N,...`: a column
+//! per kernel and split count, 0 = automatic), the L2 flushed
 //! before every run (`--flush read|write`, as `fa-bench-decode`), the
 //! median of CUDA-event timings from the shared timing loop. The
 //! measurement behind the flash-decoding default
 //! (`host-crate/src/decode_kernels.rs`, docs/perf-notes.md).
 //!
-//! Usage: `decode-tune [--quick] [--flush read|write] [--splits N]
-//! [--kernels SUBSTR,...]` (prints a markdown table).
+//! Usage: `decode-tune [--quick] [--flush read|write] [--splits N,...]
+//! [--kernels SUBSTR,...] [--layouts P,...] [--cells B:CACHE:HK,...]`
+//! (prints a markdown table).
 
 use clap::Parser;
 use flash_attn::decode_kernels::DEC_KERNELS;
@@ -25,9 +27,9 @@ struct Opts {
     /// L2 flush before each run: read or write
     #[arg(long, default_value = "read", value_parser = FlushKind::parse)]
     flush: FlushKind,
-    /// Force num_splits (default: the heuristic)
-    #[arg(long)]
-    splits: Option<usize>,
+    /// Force num_splits: a column per value, 0 = the heuristic (default: 0)
+    #[arg(long, value_delimiter = ',')]
+    splits: Vec<usize>,
     /// Combine split-KV partials in a second launch (no fused combine)
     #[arg(long)]
     no_fused: bool,
@@ -37,6 +39,17 @@ struct Opts {
     /// Only kernels whose name contains one of these
     #[arg(long, value_delimiter = ',')]
     kernels: Vec<String>,
+    /// Only these cells, as batch:cache:kv_heads (default: all)
+    #[arg(long, value_delimiter = ',', value_parser = parse_cell)]
+    cells: Vec<(usize, usize, usize)>,
+}
+
+fn parse_cell(s: &str) -> Result<(usize, usize, usize), String> {
+    let v: Vec<usize> = s.split(':').map(|x| x.parse().map_err(|e| format!("{s}: {e}"))).collect::<Result<_, _>>()?;
+    match v[..] {
+        [b, c, h] if b > 0 && c > 0 && h > 0 && 32 % h == 0 => Ok((b, c, h)),
+        _ => Err(format!("{s}: want batch:cache:kv_heads (kv_heads dividing 32)")),
+    }
 }
 
 fn main() -> Res<()> {
@@ -63,17 +76,22 @@ fn main() -> Res<()> {
     kernels.push(fa2d);
     kernels.retain(|k| o.kernels.is_empty() || o.kernels.iter().any(|s| k.contains(s.as_str())));
     let mut cells = vec![];
-    for (batch, cache) in [(1, 4096), (1, 32768), (1, 131072), (8, 32768)] {
-        for hk in [32, 8] {
-            for page in [None, Some(16), Some(256)] {
-                if !o.quick || page != Some(16) {
-                    cells.push(Cell {
-                        batch,
-                        cache,
-                        hk,
-                        page,
-                    });
-                }
+    let shapes: Vec<(usize, usize, usize)> = if o.cells.is_empty() {
+        [(1, 4096), (1, 32768), (1, 131072), (8, 32768)].iter().flat_map(|&(b, c)| [(b, c, 32), (b, c, 8)]).collect()
+    } else {
+        o.cells.clone()
+    };
+    let splits: Vec<Option<usize>> = if o.splits.is_empty() { vec![None] } else { o.splits.iter().map(|&s| (s > 0).then_some(s)).collect() };
+    let columns: Vec<(&'static str, Option<usize>)> = kernels.iter().flat_map(|&k| splits.iter().map(move |&s| (k, s))).collect();
+    let label = |(k, s): (&str, Option<usize>)| match (splits.len(), s) {
+        (1, _) => k.to_string(),
+        (_, None) => format!("{k} auto"),
+        (_, Some(s)) => format!("{k} s{s}"),
+    };
+    for (batch, cache, hk) in shapes {
+        for page in [None, Some(16), Some(256)] {
+            if !o.quick || page != Some(16) {
+                cells.push(Cell { batch, cache, hk, page });
             }
         }
     }
@@ -85,15 +103,15 @@ fn main() -> Res<()> {
         budget_s: f64::INFINITY,
     };
     eprintln!(
-        "decode-tune: flush {}, splits {:?}, fused combine {}",
+        "decode-tune: flush {}, splits {:?} (0: heuristic), fused combine {}",
         o.flush.name(),
-        o.splits,
+        splits,
         !o.no_fused
     );
     let mut md = format!(
         "| batch | cache | heads | layout | {} | max abs diff to the first |\n|---|---|---|---|{}---|\n",
-        kernels.join(" | "),
-        "---|".repeat(kernels.len())
+        columns.iter().map(|&c| label(c)).collect::<Vec<_>>().join(" | "),
+        "---|".repeat(columns.len())
     );
     for c in cells {
         if !o.layouts.is_empty() && !o.layouts.contains(&c.page.unwrap_or(0)) {
@@ -112,15 +130,15 @@ fn main() -> Res<()> {
         // broken configuration shows as a large difference.
         let mut first: Option<Vec<f32>> = None;
         let mut diff = 0f32;
-        for &name in &kernels {
-            let out = inputs.output(g, o.splits, Some(name))?;
+        for &(name, ns) in &columns {
+            let out = inputs.output(g, ns, Some(name))?;
             match &first {
                 None => first = Some(out),
                 Some(f) => diff = f.iter().zip(&out).fold(diff, |m, (a, b)| m.max((a - b).abs())),
             }
             let m = time_events(&g.ctx, &g.stream, timing, |step| match step {
                 Step::Setup(_) => flush.run(&g.stream),
-                Step::Timed(_) => inputs.run(g, o.splits, Some(name)),
+                Step::Timed(_) => inputs.run(g, ns, Some(name)),
             })?;
             let us = m.ms.unwrap_or(f64::NAN) * 1e3;
             line += &format!(" {us:.1} µs {:.2} TB/s |", c.bytes() / (us * 1e-6) / 1e12);

@@ -629,3 +629,54 @@ fn decode_paths_in_f32() {
     let want = kvcache_attention(qd.view(), &mut kc2, &mut vc2, &seqlens, Some(knd.view()), Some(knd.view()), None, &p, None).unwrap();
     close("paged f32", &got.o, &got.lse, &want);
 }
+
+/// The flash-decoding split count on an H100 (132 SMs): one block per SM
+/// for 8 warps × Bc 128 (d = 128), two for 4 warps × Bc 64. FlashAttention-2's
+/// heuristic leaves SMs idle where these fill them (GQA 32/8 at batch 1:
+/// 14 splits = 112 blocks; 16 = 128 blocks).
+#[test]
+fn decode_split_counts() {
+    use flash_attn::decode::{decode_splits_heuristic as dec, num_splits_heuristic as fa2};
+    // (work tiles, blocks per SM, key blocks) → splits
+    for (work, per_sm, n, want) in [
+        (8, 1, 256, 16),   // b1 GQA 32k, Bc 128
+        (8, 1, 1024, 16),  // b1 GQA 131k
+        (32, 1, 256, 4),   // b1 MHA 32k
+        (32, 1, 1024, 4),  // b1 MHA 131k
+        (8, 2, 512, 33),   // b1 GQA 32k, Bc 64 (small pages)
+        (32, 2, 512, 8),   // b1 MHA 32k, Bc 64
+        (64, 1, 256, 2),   // b8 GQA 32k
+        (256, 1, 256, 1),  // b8 MHA: the work fills the SMs
+        (1, 1, 32, 32),    // one tile, 4k keys: a split per key block
+        (8, 1, 4, 1),      // at most 4 key blocks: no split
+    ] {
+        assert_eq!(dec(work, 132, per_sm, n, 128), want, "work {work}, {per_sm}/SM, {n} key blocks");
+    }
+    assert_eq!(fa2(8, 132, 256, 128), 14);
+    // max_splits bounds it; a scratch of one split turns it off.
+    assert_eq!(dec(8, 132, 1, 256, 8), 8);
+    assert_eq!(dec(8, 132, 1, 256, 1), 1);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+    /// Within bounds, one wave, and no single-wave split count gives the
+    /// busiest SM fewer key blocks.
+    #[test]
+    fn decode_split_count_is_the_least_load(
+        work in 1usize..300, sms in 1usize..200, per_sm in 1usize..4, n in 1usize..5000, max in 1usize..=128,
+    ) {
+        let s = flash_attn::decode::decode_splits_heuristic(work, sms, per_sm, n, max);
+        prop_assert!(s >= 1 && s <= max.max(1) && s <= n.max(1));
+        let slots = sms * per_sm;
+        prop_assert!(s == 1 || work * s <= slots);
+        if s > 1 {
+            let load = |s: usize| (work * s).div_ceil(sms) * n.div_ceil(s);
+            for t in 1..=max.min(n) {
+                if t == 1 || work * t <= slots {
+                    prop_assert!(load(s) <= load(t), "s {s} load {} > t {t} load {}", load(s), load(t));
+                }
+            }
+        }
+    }
+}
