@@ -141,7 +141,8 @@ pub fn num_splits_heuristic(
 /// ⌈work·s / sms⌉ blocks of ⌈n_blocks / s⌉ key blocks each. Among the
 /// split counts that keep every block resident at once
 /// (`work·s ≤ sms·blocks_per_sm`: a second wave would pay each block's ramp
-/// and partial again), the one with the least such load; among equals, more
+/// and partial again) and leave no split without keys, the one with the
+/// least such load; among equals, more
 /// resident blocks (more loads in flight), then fewer splits (fewer partials
 /// to merge). No split when the work alone fills 80% of the resident slots
 /// or there are at most 4 key blocks.
@@ -165,7 +166,9 @@ pub fn decode_splits_heuristic(
         (blocks.div_ceil(sms) * n_blocks.div_ceil(s), std::cmp::Reverse(blocks), s)
     };
     (1..=max_splits.min(n_blocks).max(1))
-        .filter(|&s| s == 1 || work * s <= slots)
+        // One wave, and no split left without keys (⌈n_blocks / s⌉ key
+        // blocks per split must need all s splits).
+        .filter(|&s| s == 1 || (work * s <= slots && n_blocks.div_ceil(n_blocks.div_ceil(s)) == s))
         .min_by_key(|&s| rank(s))
         .unwrap_or(1)
 }

@@ -643,7 +643,8 @@ fn decode_split_counts() {
         (8, 1, 1024, 16),  // b1 GQA 131k
         (32, 1, 256, 4),   // b1 MHA 32k
         (32, 1, 1024, 4),  // b1 MHA 131k
-        (8, 2, 512, 33),   // b1 GQA 32k, Bc 64 (small pages)
+        (8, 2, 512, 32),   // b1 GQA 32k, Bc 64 (small pages; 33 would leave a split empty)
+        (8, 2, 2048, 33),  // b1 GQA 131k, Bc 64
         (32, 2, 512, 8),   // b1 MHA 32k, Bc 64
         (64, 1, 256, 2),   // b8 GQA 32k
         (256, 1, 256, 1),  // b8 MHA: the work fills the SMs
@@ -670,10 +671,12 @@ proptest! {
         prop_assert!(s >= 1 && s <= max.max(1) && s <= n.max(1));
         let slots = sms * per_sm;
         prop_assert!(s == 1 || work * s <= slots);
+        // Every split has keys.
+        prop_assert!(n.div_ceil(s) * (s - 1) < n);
         if s > 1 {
             let load = |s: usize| (work * s).div_ceil(sms) * n.div_ceil(s);
             for t in 1..=max.min(n) {
-                if t == 1 || work * t <= slots {
+                if t == 1 || (work * t <= slots && n.div_ceil(n.div_ceil(t)) == t) {
                     prop_assert!(load(s) <= load(t), "s {s} load {} > t {t} load {}", load(s), load(t));
                 }
             }

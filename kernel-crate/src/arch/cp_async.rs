@@ -26,6 +26,32 @@ pub unsafe fn cp_async_cg_16(dst: u32, src: *const u8, src_size: u32) {
     }
 }
 
+/// [`cp_async_cg_16`] with an L2 prefetch hint (`PF` = 128 or 256:
+/// `cp.async.cg.shared.global.L2::{PF}B`, the L2 may fetch the aligned
+/// `PF` bytes around the chunk from DRAM at once; any other `PF`: no hint).
+///
+/// # Safety
+/// As [`cp_async_cg_16`].
+#[inline(always)]
+pub unsafe fn cp_async_cg_16_pf<const PF: u32>(dst: u32, src: *const u8, src_size: u32) {
+    // SAFETY: forwarded to the caller.
+    unsafe {
+        match PF {
+            128 => core::arch::asm!(
+                "cp.async.cg.shared.global.L2::128B [{d}], [{s}], 16, {n};",
+                d = in(reg32) dst, s = in(reg64) src, n = in(reg32) src_size,
+                options(nostack)
+            ),
+            256 => core::arch::asm!(
+                "cp.async.cg.shared.global.L2::256B [{d}], [{s}], 16, {n};",
+                d = in(reg32) dst, s = in(reg64) src, n = in(reg32) src_size,
+                options(nostack)
+            ),
+            _ => cp_async_cg_16(dst, src, src_size),
+        }
+    }
+}
+
 /// `cp.async.commit_group;`
 #[inline(always)]
 pub fn cp_async_commit() {

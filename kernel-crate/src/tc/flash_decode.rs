@@ -33,7 +33,7 @@
 use super::fa2::{BlockPos, Mods, key_blocks, mask, pv, qk, quad_sum, scale_sign, seq_of, softmax_step, split_of};
 use super::tile::{SmemTile, tile_bytes};
 use super::{Elem16, pack};
-use crate::arch::cp_async::{cp_async_cg_16, cp_async_commit, cp_async_wait};
+use crate::arch::cp_async::{cp_async_cg_16_pf, cp_async_commit, cp_async_wait};
 use crate::arch::global::{atom_add_u32_gpu, fence_acq_rel_gpu, st_relaxed_u32_gpu};
 use crate::arch::smem::{dynamic_smem, ld_volatile_shared_u32, smem_addr, st_shared_u32};
 use crate::arch::sreg;
@@ -73,7 +73,7 @@ impl KvCopy {
     /// memory; for paged caches as [`AttnParams::page_of`].
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
-    unsafe fn issue<const D: usize, const BC: usize>(&self, p: &AttnParams, sk: SmemTile<D>, sv: SmemTile<D>, j: usize, nk: usize, d: usize) {
+    unsafe fn issue<const D: usize, const BC: usize, const PF: u32>(&self, p: &AttnParams, sk: SmemTile<D>, sv: SmemTile<D>, j: usize, nk: usize, d: usize) {
         let cpr = D / 8;
         let j0 = j * BC;
         // Rows of a block inside one page (page size ≥ Bc, aligned): one
@@ -109,8 +109,8 @@ impl KvCopy {
             // SAFETY: rows < nk lie in the sequence's (clamped) cache rows,
             // columns < d in the row; a size of 0 reads nothing.
             unsafe {
-                cp_async_cg_16(sk.addr(r, c * 8), ks as *const u8, n);
-                cp_async_cg_16(sv.addr(r, c * 8), vs as *const u8, n);
+                cp_async_cg_16_pf::<PF>(sk.addr(r, c * 8), ks as *const u8, n);
+                cp_async_cg_16_pf::<PF>(sv.addr(r, c * 8), vs as *const u8, n);
             }
             i += self.nt;
         }
@@ -136,6 +136,7 @@ pub unsafe fn forward<
     const BCWK: usize,
     const S: usize,
     const QREG: bool,
+    const PF: u32,
 >(
     p: &AttnParams,
 ) {
@@ -190,7 +191,7 @@ pub unsafe fn forward<
     let w_off = (warp * BCW) as u32 * super::tile::row_bytes(D) as u32;
     let issue = |j: usize| {
         // SAFETY: j < j_end: rows < nk exist.
-        unsafe { rc.issue::<D, BC>(p, s_k(j % S), s_v(j % S), j, nk, d) }
+        unsafe { rc.issue::<D, BC, PF>(p, s_k(j % S), s_v(j % S), j, nk, d) }
     };
 
     // ---- prologue: Q and the first S − 1 blocks -------------------------------
