@@ -8,7 +8,8 @@
 //! (`host-crate/src/decode_kernels.rs`, docs/perf-notes.md).
 //!
 //! Usage: `decode-tune [--quick] [--flush read|write] [--splits N,...]
-//! [--kernels SUBSTR,...] [--layouts P,...] [--cells B:CACHE:HK,...]`
+//! [--kernels SUBSTR,...] [--layouts P,...] [--cells B:CACHE:HK,...]
+//! [--no-fused] [--no-event-tracking]`
 //! (prints a markdown table).
 
 use clap::Parser;
@@ -39,6 +40,9 @@ struct Opts {
     /// Only kernels whose name contains one of these
     #[arg(long, value_delimiter = ',')]
     kernels: Vec<String>,
+    /// Turn cudarc's cross-stream event tracking off (as `fa-bench`)
+    #[arg(long = "no-event-tracking")]
+    no_event_tracking: bool,
     /// Only these cells, as batch:cache:kv_heads (default: all)
     #[arg(long, value_delimiter = ',', value_parser = parse_cell)]
     cells: Vec<(usize, usize, usize)>,
@@ -57,6 +61,10 @@ fn main() -> Res<()> {
     let Some(g) = gpu("decode-tune") else {
         return Ok(());
     };
+    if o.no_event_tracking {
+        // SAFETY: every buffer of this program is used on `g.stream` alone.
+        unsafe { g.ctx.disable_event_tracking() };
+    }
     let reps = if o.quick { 10 } else { 25 };
     let fa2d = {
         let f = flash_attn::dispatch::Features {
@@ -103,10 +111,11 @@ fn main() -> Res<()> {
         budget_s: f64::INFINITY,
     };
     eprintln!(
-        "decode-tune: flush {}, splits {:?} (0: heuristic), fused combine {}",
+        "decode-tune: flush {}, splits {:?} (0: heuristic), fused combine {}, event tracking {}",
         o.flush.name(),
         splits,
-        !o.no_fused
+        !o.no_fused,
+        !o.no_event_tracking
     );
     let mut md = format!(
         "| batch | cache | heads | layout | {} | max abs diff to the first |\n|---|---|---|---|{}---|\n",

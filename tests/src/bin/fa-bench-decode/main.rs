@@ -84,6 +84,11 @@ pub struct Opts {
     /// Python with torch
     #[arg(long, value_name = "PATH", default_value = "python3")]
     pub python: String,
+    /// Turn cudarc's cross-stream event tracking off, as `fa-bench` and
+    /// `fa-run` do: no event wait and record per buffer per call. Default:
+    /// on, the setting of a cudarc context with a new stream and of candle
+    #[arg(long = "no-event-tracking")]
+    pub no_event_tracking: bool,
 }
 
 fn layout(s: &str) -> Result<Option<usize>, String> {
@@ -196,6 +201,10 @@ fn main() -> Res<()> {
     let Some(g) = gpu("fa-bench-decode") else {
         return Ok(());
     };
+    if o.no_event_tracking {
+        // SAFETY: every buffer of this program is used on `g.stream` alone.
+        unsafe { g.ctx.disable_event_tracking() };
+    }
     let cells = grid(&o);
     let device = format!(
         "{} (sm_{}{})",

@@ -85,11 +85,12 @@ pub fn write(o: &Opts, device: &str, rows: &[Row], t: &Peer) -> Res<String> {
     let mut md = format!(
         "## fa-bench-decode: {device}, {torch}\n\n\
          bf16, d = {D}, one query token, {H} query heads; K/V bytes read once / time. CUDA events, {} warm-up runs, median of {} runs, \
-         {} run. \"no split\": our kernel with num_splits = 1; \"no split / ours\" ≥ 1 means split-KV is not slower. \
+         {} run; cudarc's event tracking {}. \"no split\": our kernel with num_splits = 1; \"no split / ours\" ≥ 1 means split-KV is not slower. \
          PyTorch has no paged cache: its contiguous time stands beside our paged rows.\n\n",
         o.timing().warmup,
         o.reps(),
-        o.flush.describe()
+        o.flush.describe(),
+        if o.no_event_tracking { "off" } else { "on" }
     );
     md += "| batch | cache | heads q/kv | layout | ours µs | ours TB/s | % of 3.35 | ours no split µs | no split / ours | PyTorch flash µs (TB/s) | cuDNN µs | efficient µs | ours / flash |\n";
     md += "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
