@@ -43,7 +43,13 @@ fn main() {
             let target_dir = out_dir.join(format!("kernels-{arch}"));
             let mut cmd = Command::new(&cargo);
             clean_env(&mut cmd);
-            let extra: &[&str] = if arch == "sm_90a" { &["--cfg", "fa_sm90a"] } else { &[] };
+            // `fa_ptx74`: instructions of PTX ISA ≥ 7.4 (the L2 prefetch
+            // hints of `cp.async`), absent from the ISA 7.1 portable build.
+            let extra: &[&str] = match arch {
+                "sm_90a" => &["--cfg", "fa_sm90a", "--cfg", "fa_ptx74"],
+                "sm_90" => &["--cfg", "fa_ptx74"],
+                _ => &[],
+            };
             cmd.current_dir(&kernel_dir)
                 .env("RUSTC", &rustc)
                 .env(

@@ -20,7 +20,8 @@ pub struct DecKernel {
     /// Shared-memory stages of K/V blocks in flight.
     pub stages: usize,
     /// L2 prefetch hint of the K/V copies in bytes (`cp.async …L2::128B` /
-    /// `L2::256B`); 0: none.
+    /// `L2::256B`; in the sm_90 builds, the sm_80 build's ISA has none); 0:
+    /// none.
     pub l2_prefetch: u32,
 }
 

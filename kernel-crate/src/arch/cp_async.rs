@@ -29,6 +29,8 @@ pub unsafe fn cp_async_cg_16(dst: u32, src: *const u8, src_size: u32) {
 /// [`cp_async_cg_16`] with an L2 prefetch hint (`PF` = 128 or 256:
 /// `cp.async.cg.shared.global.L2::{PF}B`, the L2 may fetch the aligned
 /// `PF` bytes around the chunk from DRAM at once; any other `PF`: no hint).
+/// The hint needs PTX ISA 7.4: the portable sm_80 build (ISA 7.1, no
+/// `fa_ptx74`) issues the copy without it.
 ///
 /// # Safety
 /// As [`cp_async_cg_16`].
@@ -36,19 +38,25 @@ pub unsafe fn cp_async_cg_16(dst: u32, src: *const u8, src_size: u32) {
 pub unsafe fn cp_async_cg_16_pf<const PF: u32>(dst: u32, src: *const u8, src_size: u32) {
     // SAFETY: forwarded to the caller.
     unsafe {
+        #[cfg(fa_ptx74)]
         match PF {
-            128 => core::arch::asm!(
-                "cp.async.cg.shared.global.L2::128B [{d}], [{s}], 16, {n};",
-                d = in(reg32) dst, s = in(reg64) src, n = in(reg32) src_size,
-                options(nostack)
-            ),
-            256 => core::arch::asm!(
-                "cp.async.cg.shared.global.L2::256B [{d}], [{s}], 16, {n};",
-                d = in(reg32) dst, s = in(reg64) src, n = in(reg32) src_size,
-                options(nostack)
-            ),
-            _ => cp_async_cg_16(dst, src, src_size),
+            128 => {
+                return core::arch::asm!(
+                    "cp.async.cg.shared.global.L2::128B [{d}], [{s}], 16, {n};",
+                    d = in(reg32) dst, s = in(reg64) src, n = in(reg32) src_size,
+                    options(nostack)
+                );
+            }
+            256 => {
+                return core::arch::asm!(
+                    "cp.async.cg.shared.global.L2::256B [{d}], [{s}], 16, {n};",
+                    d = in(reg32) dst, s = in(reg64) src, n = in(reg32) src_size,
+                    options(nostack)
+                );
+            }
+            _ => {}
         }
+        cp_async_cg_16(dst, src, src_size)
     }
 }
 
