@@ -61,8 +61,9 @@ dec_table! {
     flash_fwd_tc_dec_bf16_d224_w4_bc64_s2 true 224 4 64 2 0;
     flash_fwd_tc_dec_f16_d256_w4_bc64_s2 false 256 4 64 2 0;
     flash_fwd_tc_dec_bf16_d256_w4_bc64_s2 true 256 4 64 2 0;
-    // Measured candidates (decode-tune): the K/V copies with an L2 prefetch
-    // hint. Last, so that no default search meets them first.
+    // Candidates for decode-tune, not yet measured (docs/perf-notes.md,
+    // decode step 10): the K/V copies with an L2 prefetch hint. Last, so that
+    // no default search meets them first.
     flash_fwd_tc_dec_bf16_d128_w8_bc128_s2_l2p128 true 128 8 128 2 128;
     flash_fwd_tc_dec_bf16_d128_w8_bc128_s2_l2p256 true 128 8 128 2 256;
     flash_fwd_tc_dec_bf16_d128_w4_bc64_s3_l2p256 true 128 4 64 3 256;
