@@ -42,6 +42,8 @@ struct Dec {
     two_step: bool,
     /// Run the `fa2d` tile kernel instead of the flash-decoding kernel.
     fa2d: bool,
+    /// Force this flash-decoding kernel (`DecodeOptions::kernel`).
+    dec: Option<&'static str>,
 }
 
 /// The `fa2d` tile kernel of a dtype and head dim (forced through
@@ -103,7 +105,7 @@ fn run<T: AttnElem>(g: &Gpu, rng: &mut Rng, c: &Dec) -> Result<(), FlashAttnErro
     let params = ForwardParams { causal: c.causal, ..Default::default() };
     let block_table = btd.as_ref().zip(table.as_ref()).map(|(t, (_, per))| BlockTable { table: t as &dyn DevicePtr<i32>, max_blocks_per_seq: *per });
     let qt = Tensor::new(&qd, TensorLayout::contiguous([batch, sq, h, d]));
-    let opts = DecodeOptions { num_splits: c.num_splits, scratch: None, kernel: c.fa2d.then(|| fa2d_kernel::<T>(d)) };
+    let opts = DecodeOptions { num_splits: c.num_splits, scratch: None, kernel: c.fa2d.then(|| fa2d_kernel::<T>(d)).or(c.dec) };
     let out = if c.two_step {
         if s_new > 0 {
             g.fa.append_kv::<T>(s, &mut kd, layout, Tensor::new(&knd as &dyn DevicePtr<T>, new_layout), &csd, None, block_table)?;
@@ -191,7 +193,7 @@ fn gpu_kvcache_matrix() {
                 // (16, 48: unaligned for 48), tiny (3).
                 let page = [None, Some(16), Some(256), Some(3), Some(64), Some(48)][(i + h + sq) % 6];
                 let d = [64, 128, 80][(i + sq) % 3];
-                let c = Dec { batch: 3, sq, max_cached: sk - sq, s_new: sq, h, hk, d, page, causal: (i + hk) % 2 == 0, num_splits: splits, two_step: (i + sq + h) % 4 == 1, fa2d: (i + h) % 3 == 2 };
+                let c = Dec { batch: 3, sq, max_cached: sk - sq, s_new: sq, h, hk, d, page, causal: (i + hk) % 2 == 0, num_splits: splits, two_step: (i + sq + h) % 4 == 1, fa2d: (i + h) % 3 == 2, dec: None };
                 if i % 2 == 0 {
                     run::<half::bf16>(g, &mut rng, &c).unwrap_or_else(|e| panic!("{c:?}: {e}"));
                 } else {
@@ -210,9 +212,29 @@ fn gpu_kvcache_long() {
     let Some(g) = gpu("gpu_kvcache_long") else { return };
     let mut rng = Rng::fresh("gpu_kvcache_long");
     for (sq, sk, page) in [(16, 100_000, None), (1, 131_072, Some(256)), (1, 131_072, Some(16))] {
-        let c = Dec { batch: 1, sq, max_cached: sk - sq, s_new: sq, h: 32, hk: 8, d: 128, page, causal: true, num_splits: None, two_step: false, fa2d: false };
+        let c = Dec { batch: 1, sq, max_cached: sk - sq, s_new: sq, h: 32, hk: 8, d: 128, page, causal: true, num_splits: None, two_step: false, fa2d: false, dec: None };
         run::<half::bf16>(g, &mut rng, &c).unwrap_or_else(|e| panic!("{c:?}: {e}"));
     }
+}
+
+/// Every compiled flash-decoding kernel forced by name — the defaults and the
+/// candidates `decode-tune` measures (other tiles and stage counts, the L2
+/// prefetch copies) — against the f64 reference: contiguous and paged (pages
+/// smaller than a block, pages holding whole blocks), GQA heads packed,
+/// unsplit and split.
+#[test]
+fn gpu_every_decode_kernel() {
+    let Some(g) = gpu("gpu_every_decode_kernel") else { return };
+    let mut rng = Rng::fresh("gpu_every_decode_kernel");
+    for k in flash_attn::decode_kernels::DEC_KERNELS {
+        for (i, page) in [None, Some(16), Some(256)].into_iter().enumerate() {
+            let num_splits = [Some(1), Some(5), None][i];
+            let c = Dec { batch: 2, sq: 1, max_cached: 1500 + 37 * i, s_new: 1, h: 8, hk: 2, d: k.d, page, causal: false, num_splits, two_step: false, fa2d: false, dec: Some(k.name) };
+            let r = if k.bf16 { run::<half::bf16>(g, &mut rng, &c) } else { run::<half::f16>(g, &mut rng, &c) };
+            r.unwrap_or_else(|e| panic!("{}: {c:?}: {e}", k.name));
+        }
+    }
+    println!("{} flash-decoding kernels × 3 layouts passed", flash_attn::decode_kernels::DEC_KERNELS.len());
 }
 
 /// Small paged split-KV GQA case for compute-sanitizer (memcheck, racecheck).
@@ -220,9 +242,9 @@ fn gpu_kvcache_long() {
 fn gpu_decode_small_for_sanitizers() {
     let Some(g) = gpu("gpu_decode_small_for_sanitizers") else { return };
     let mut rng = Rng::fresh("gpu_decode_small_for_sanitizers");
-    let c = Dec { batch: 2, sq: 1, max_cached: 90, s_new: 1, h: 4, hk: 2, d: 64, page: Some(16), causal: false, num_splits: Some(3), two_step: true, fa2d: false };
+    let c = Dec { batch: 2, sq: 1, max_cached: 90, s_new: 1, h: 4, hk: 2, d: 64, page: Some(16), causal: false, num_splits: Some(3), two_step: true, fa2d: false, dec: None };
     run::<half::f16>(g, &mut rng, &c).unwrap();
-    let c = Dec { batch: 2, sq: 3, max_cached: 70, s_new: 2, h: 2, hk: 1, d: 40, page: None, causal: true, num_splits: Some(2), two_step: false, fa2d: true };
+    let c = Dec { batch: 2, sq: 3, max_cached: 70, s_new: 2, h: 2, hk: 1, d: 40, page: None, causal: true, num_splits: Some(2), two_step: false, fa2d: true, dec: None };
     run::<half::bf16>(g, &mut rng, &c).unwrap();
     let c = VarPaged {
         lens_q: vec![5, 1, 40],
