@@ -62,8 +62,8 @@ dec_table! {
     flash_fwd_tc_dec_f16_d256_w4_bc64_s2 false 256 4 64 2 0;
     flash_fwd_tc_dec_bf16_d256_w4_bc64_s2 true 256 4 64 2 0;
     // Candidates for decode-tune, not yet measured (docs/perf-notes.md,
-    // decode step 10): the K/V copies with an L2 prefetch hint. Last, so that
-    // no default search meets them first.
+    // decode step 10): the K/V copies with an L2 prefetch hint. Never a
+    // default (`default_fitting` skips them).
     flash_fwd_tc_dec_bf16_d128_w8_bc128_s2_l2p128 true 128 8 128 2 128;
     flash_fwd_tc_dec_bf16_d128_w8_bc128_s2_l2p256 true 128 8 128 2 256;
     flash_fwd_tc_dec_bf16_d128_w4_bc64_s3_l2p256 true 128 4 64 3 256;
@@ -103,7 +103,8 @@ impl DecKernel {
     /// issuing, more blocks in flight hide the lookups; one block per SM
     /// with four stages: 1.59).
     pub fn default_fitting(bf16: bool, d: usize, page: Option<usize>, max_smem_bytes: usize) -> Option<&'static DecKernel> {
-        let fits = move |k: &&'static DecKernel| k.bf16 == bf16 && k.d == d && k.smem_bytes() <= max_smem_bytes;
+        // The L2-prefetch copies are measured candidates, not defaults.
+        let fits = move |k: &&'static DecKernel| k.bf16 == bf16 && k.d == d && k.l2_prefetch == 0 && k.smem_bytes() <= max_smem_bytes;
         let first = DEC_KERNELS.iter().find(fits);
         let Some(ps) = page else { return first };
         DEC_KERNELS
@@ -135,7 +136,7 @@ mod tests {
         for &d in crate::tc::TC_HEAD_DIMS {
             for (bf16, page) in [(false, None), (false, Some(16)), (true, Some(256)), (true, Some(48))] {
                 let k = DecKernel::default_fitting(bf16, d, page, 163 * 1024).unwrap_or_else(|| panic!("d = {d}"));
-                assert!(k.bc % (16 * k.warps) == 0 && k.stages >= 2, "{k:?}");
+                assert!(k.bc % (16 * k.warps) == 0 && k.stages >= 2 && k.l2_prefetch == 0, "{k:?}");
                 assert!(k.name.contains(if bf16 { "_bf16_" } else { "_f16_" }) && k.name.contains(&format!("_d{d}_")), "{k:?}");
             }
         }

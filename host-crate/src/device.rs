@@ -145,20 +145,12 @@ impl FlashAttention {
         if !map.contains_key(&key) {
             map.retain(|_, b| Arc::strong_count(b.stream()) > 1);
         }
-        let buf = match map.entry(key) {
-            std::collections::hash_map::Entry::Occupied(e) if e.get().len() >= n => e.into_mut(),
-            e => {
-                let fresh = stream.alloc_zeros::<u32>(n.next_power_of_two().max(1024))?;
-                match e {
-                    std::collections::hash_map::Entry::Occupied(mut o) => {
-                        o.insert(fresh);
-                        o.into_mut()
-                    }
-                    std::collections::hash_map::Entry::Vacant(v) => v.insert(fresh),
-                }
-            }
-        };
-        let (ptr, _sync) = buf.device_ptr(stream);
+        if map.get(&key).is_none_or(|b| b.len() < n) {
+            // A replaced (smaller) buffer is freed in stream order, after
+            // the launches that used it.
+            map.insert(key, stream.alloc_zeros::<u32>(n.next_power_of_two().max(1024))?);
+        }
+        let (ptr, _sync) = map[&key].device_ptr(stream);
         Ok(ptr)
     }
 

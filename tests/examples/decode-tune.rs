@@ -14,7 +14,7 @@
 
 use clap::Parser;
 use flash_attn::decode_kernels::DEC_KERNELS;
-use flash_attn_tests::bench::decode::{Cell, D, DecodeInputs};
+use flash_attn_tests::bench::decode::{Cell, D, DecodeInputs, H};
 use flash_attn_tests::bench::flush::{FlushKind, L2Flush};
 use flash_attn_tests::bench::{Res, Step, Timing, time_events};
 use flash_attn_tests::{Rng, gpu};
@@ -51,8 +51,8 @@ struct Opts {
 fn parse_cell(s: &str) -> Result<(usize, usize, usize), String> {
     let v: Vec<usize> = s.split(':').map(|x| x.parse().map_err(|e| format!("{s}: {e}"))).collect::<Result<_, _>>()?;
     match v[..] {
-        [b, c, h] if b > 0 && c > 0 && h > 0 && 32 % h == 0 => Ok((b, c, h)),
-        _ => Err(format!("{s}: want batch:cache:kv_heads (kv_heads dividing 32)")),
+        [b, c, h] if b > 0 && c > 0 && h > 0 && H % h == 0 => Ok((b, c, h)),
+        _ => Err(format!("{s}: want batch:cache:kv_heads (kv_heads dividing {H})")),
     }
 }
 

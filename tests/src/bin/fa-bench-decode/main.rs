@@ -176,7 +176,6 @@ fn skip_reason(o: &Opts, c: &Cell, free: usize) -> Option<String> {
     None
 }
 
-/// Fills `buf` with `pattern` repeated (one upload, then device copies).
 /// Times one cell, with automatic splits and with `num_splits = 1`.
 fn measure(g: &Gpu, o: &Opts, c: &Cell, rng: &mut Rng, flush: &mut L2Flush) -> Res<(Meas, Meas)> {
     let mut inputs = DecodeInputs::new(g, *c, rng)?;
