@@ -19,9 +19,10 @@ pub struct DecKernel {
     pub bc: usize,
     /// Shared-memory stages of K/V blocks in flight.
     pub stages: usize,
-    /// L2 prefetch hint of the K/V copies in bytes (`cp.async …L2::128B` /
-    /// `L2::256B`; in the sm_90 builds, the sm_80 build's ISA has none); 0:
-    /// none.
+    /// L2 prefetch hint of the K/V copies in bytes (`cp.async …L2::128B`;
+    /// in the sm_90 builds, the sm_80 build's ISA has none); 0: none. The
+    /// 8-warp d = 128 kernels carry it (H100, decode-tune: 1–2% faster on
+    /// long caches, docs/perf-notes.md decode step 10).
     pub l2_prefetch: u32,
 }
 
@@ -43,10 +44,10 @@ dec_table! {
     flash_fwd_tc_dec_bf16_d64_w4_bc64_s3 true 64 4 64 3 0;
     flash_fwd_tc_dec_f16_d96_w4_bc64_s3 false 96 4 64 3 0;
     flash_fwd_tc_dec_bf16_d96_w4_bc64_s3 true 96 4 64 3 0;
-    flash_fwd_tc_dec_f16_d128_w8_bc128_s2 false 128 8 128 2 0;
-    flash_fwd_tc_dec_bf16_d128_w8_bc128_s2 true 128 8 128 2 0;
-    flash_fwd_tc_dec_f16_d128_w8_bc128_s3 false 128 8 128 3 0;
-    flash_fwd_tc_dec_bf16_d128_w8_bc128_s3 true 128 8 128 3 0;
+    flash_fwd_tc_dec_f16_d128_w8_bc128_s2 false 128 8 128 2 128;
+    flash_fwd_tc_dec_bf16_d128_w8_bc128_s2 true 128 8 128 2 128;
+    flash_fwd_tc_dec_f16_d128_w8_bc128_s3 false 128 8 128 3 128;
+    flash_fwd_tc_dec_bf16_d128_w8_bc128_s3 true 128 8 128 3 128;
     flash_fwd_tc_dec_f16_d128_w4_bc64_s2 false 128 4 64 2 0;
     flash_fwd_tc_dec_bf16_d128_w4_bc64_s2 true 128 4 64 2 0;
     flash_fwd_tc_dec_f16_d128_w4_bc64_s3 false 128 4 64 3 0;
@@ -61,12 +62,6 @@ dec_table! {
     flash_fwd_tc_dec_bf16_d224_w4_bc64_s2 true 224 4 64 2 0;
     flash_fwd_tc_dec_f16_d256_w4_bc64_s2 false 256 4 64 2 0;
     flash_fwd_tc_dec_bf16_d256_w4_bc64_s2 true 256 4 64 2 0;
-    // Candidates for decode-tune, not yet measured (docs/perf-notes.md,
-    // decode step 10): the K/V copies with an L2 prefetch hint. Never a
-    // default (`default_fitting` skips them).
-    flash_fwd_tc_dec_bf16_d128_w8_bc128_s2_l2p128 true 128 8 128 2 128;
-    flash_fwd_tc_dec_bf16_d128_w8_bc128_s2_l2p256 true 128 8 128 2 256;
-    flash_fwd_tc_dec_bf16_d128_w4_bc64_s3_l2p256 true 128 4 64 3 256;
 }
 
 impl DecKernel {
@@ -103,8 +98,7 @@ impl DecKernel {
     /// issuing, more blocks in flight hide the lookups; one block per SM
     /// with four stages: 1.59).
     pub fn default_fitting(bf16: bool, d: usize, page: Option<usize>, max_smem_bytes: usize) -> Option<&'static DecKernel> {
-        // The L2-prefetch copies are measured candidates, not defaults.
-        let fits = move |k: &&'static DecKernel| k.bf16 == bf16 && k.d == d && k.l2_prefetch == 0 && k.smem_bytes() <= max_smem_bytes;
+        let fits = move |k: &&'static DecKernel| k.bf16 == bf16 && k.d == d && k.smem_bytes() <= max_smem_bytes;
         let first = DEC_KERNELS.iter().find(fits);
         let Some(ps) = page else { return first };
         DEC_KERNELS
@@ -136,7 +130,7 @@ mod tests {
         for &d in crate::tc::TC_HEAD_DIMS {
             for (bf16, page) in [(false, None), (false, Some(16)), (true, Some(256)), (true, Some(48))] {
                 let k = DecKernel::default_fitting(bf16, d, page, 163 * 1024).unwrap_or_else(|| panic!("d = {d}"));
-                assert!(k.bc % (16 * k.warps) == 0 && k.stages >= 2 && k.l2_prefetch == 0, "{k:?}");
+                assert!(k.bc % (16 * k.warps) == 0 && k.stages >= 2, "{k:?}");
                 assert!(k.name.contains(if bf16 { "_bf16_" } else { "_f16_" }) && k.name.contains(&format!("_d{d}_")), "{k:?}");
             }
         }

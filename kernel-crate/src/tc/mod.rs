@@ -222,13 +222,10 @@ dec_kernels! {
     flash_fwd_tc_dec_bf16_d128_w4_bc64_s3: Bf16, d = 128, w = 4, bc = 64, s = 3, qreg = false, pf = 0;
     flash_fwd_tc_dec_f16_d128_w4_bc128_s2: F16, d = 128, w = 4, bc = 128, s = 2, qreg = false, pf = 0;
     flash_fwd_tc_dec_bf16_d128_w4_bc128_s2: Bf16, d = 128, w = 4, bc = 128, s = 2, qreg = false, pf = 0;
-    flash_fwd_tc_dec_f16_d128_w8_bc128_s2: F16, d = 128, w = 8, bc = 128, s = 2, qreg = false, pf = 0;
-    flash_fwd_tc_dec_bf16_d128_w8_bc128_s2: Bf16, d = 128, w = 8, bc = 128, s = 2, qreg = false, pf = 0;
-    flash_fwd_tc_dec_f16_d128_w8_bc128_s3: F16, d = 128, w = 8, bc = 128, s = 3, qreg = false, pf = 0;
-    flash_fwd_tc_dec_bf16_d128_w8_bc128_s3: Bf16, d = 128, w = 8, bc = 128, s = 3, qreg = false, pf = 0;
-    flash_fwd_tc_dec_bf16_d128_w8_bc128_s2_l2p128: Bf16, d = 128, w = 8, bc = 128, s = 2, qreg = false, pf = 128;
-    flash_fwd_tc_dec_bf16_d128_w8_bc128_s2_l2p256: Bf16, d = 128, w = 8, bc = 128, s = 2, qreg = false, pf = 256;
-    flash_fwd_tc_dec_bf16_d128_w4_bc64_s3_l2p256: Bf16, d = 128, w = 4, bc = 64, s = 3, qreg = false, pf = 256;
+    flash_fwd_tc_dec_f16_d128_w8_bc128_s2: F16, d = 128, w = 8, bc = 128, s = 2, qreg = false, pf = 128;
+    flash_fwd_tc_dec_bf16_d128_w8_bc128_s2: Bf16, d = 128, w = 8, bc = 128, s = 2, qreg = false, pf = 128;
+    flash_fwd_tc_dec_f16_d128_w8_bc128_s3: F16, d = 128, w = 8, bc = 128, s = 3, qreg = false, pf = 128;
+    flash_fwd_tc_dec_bf16_d128_w8_bc128_s3: Bf16, d = 128, w = 8, bc = 128, s = 3, qreg = false, pf = 128;
     flash_fwd_tc_dec_f16_d160_w4_bc64_s2: F16, d = 160, w = 4, bc = 64, s = 2, qreg = false, pf = 0;
     flash_fwd_tc_dec_bf16_d160_w4_bc64_s2: Bf16, d = 160, w = 4, bc = 64, s = 2, qreg = false, pf = 0;
     flash_fwd_tc_dec_f16_d192_w4_bc64_s2: F16, d = 192, w = 4, bc = 64, s = 2, qreg = false, pf = 0;
