@@ -41,6 +41,10 @@ fn o_offset(p: &AttnParams, idx: usize) -> usize {
     }
 }
 
+/// Splits whose partial rows one lane loads at once in the combine (eight
+/// 16-byte loads in flight: 16 splits in two L2 round trips, not four).
+const STEP: usize = 8;
+
 /// Warps per block of the combine kernel.
 pub const COMBINE_WARPS: u32 = 4;
 
@@ -80,7 +84,7 @@ fn warp_sum(x: f32) -> f32 {
 /// calling: lane `l` reads the LSE of splits `l, l + 32, l + 64, l + 96`
 /// (all at once, then two warp reductions: no loop of dependent loads),
 /// keeps their weights `exp(LSE_i − LSE)`, and sums the partial rows four
-/// columns per lane (16-byte loads), four splits per step so the loads
+/// columns per lane (16-byte loads), [`STEP`] splits per step so the loads
 /// overlap. The partials are read from the L2 (`ld.global.cg`): the
 /// fused combine of the flash-decoding kernels reads rows other blocks of
 /// the same launch wrote.
@@ -120,18 +124,26 @@ pub(crate) unsafe fn combine_row<T: Elem16>(p: &AttnParams, n: usize, idx: usize
         let mut acc = [0f32; 4];
         let mut s = 0;
         while s < ns {
-            // Four splits per step: the loads first, then the sums. A
-            // split past ns or with a zero weight is not read.
-            let (wa, wb, wc, wd) = (weight(s), weight(s + 1), weight(s + 2), weight(s + 3));
-            let (wa, wb, wc, wd) = (wa, if s + 1 < ns { wb } else { 0.0 }, if s + 2 < ns { wc } else { 0.0 }, if s + 3 < ns { wd } else { 0.0 });
-            let z = |w: f32| if on { w } else { 0.0 };
-            // SAFETY: rows (s + u, idx) of the accumulator with a nonzero
-            // weight (s + u < ns), columns c..c + 4 < d: 16-byte aligned.
-            let (xa, xb, xc, xd) = unsafe { (ld4(o_acc, (s * n + idx) * d + c, z(wa)), ld4(o_acc, ((s + 1) * n + idx) * d + c, z(wb)), ld4(o_acc, ((s + 2) * n + idx) * d + c, z(wc)), ld4(o_acc, ((s + 3) * n + idx) * d + c, z(wd))) };
-            for k in 0..4 {
-                acc[k] += wa * xa[k] + wb * xb[k] + wc * xc[k] + wd * xd[k];
+            // STEP splits per step: every load first, then the sums (one L2
+            // round trip per step; 16 splits take two). A split past ns or
+            // with a zero weight is not read.
+            let mut w = [0f32; STEP];
+            for (u, wu) in w.iter_mut().enumerate() {
+                let x = weight(s + u);
+                *wu = if s + u < ns && on { x } else { 0.0 };
             }
-            s += 4;
+            let mut x = [[0f32; 4]; STEP];
+            for u in 0..STEP {
+                // SAFETY: row (s + u, idx) of the accumulator with a nonzero
+                // weight (s + u < ns), columns c..c + 4 < d: 16-byte aligned.
+                x[u] = unsafe { ld4(o_acc, ((s + u) * n + idx) * d + c, w[u]) };
+            }
+            for u in 0..STEP {
+                for k in 0..4 {
+                    acc[k] += w[u] * x[u][k];
+                }
+            }
+            s += STEP;
         }
         if on {
             // SAFETY: O's row, columns c..c + 4 < d; 4-byte aligned pairs
