@@ -19,49 +19,47 @@ pub struct DecKernel {
     pub bc: usize,
     /// Shared-memory stages of K/V blocks in flight.
     pub stages: usize,
-    /// L2 prefetch hint of the K/V copies in bytes (`cp.async …L2::128B`;
-    /// in the sm_90 builds, the sm_80 build's ISA has none); 0: none. The
-    /// 8-warp d = 128 kernels carry it (H100, decode-tune: 1–2% faster on
-    /// long caches, docs/perf-notes.md decode step 10).
-    pub l2_prefetch: u32,
 }
 
 macro_rules! dec_table {
-    ($( $name:ident $bf:literal $d:literal $w:literal $bc:literal $s:literal $pf:literal; )*) => {
+    ($( $name:ident $bf:literal $d:literal $w:literal $bc:literal $s:literal; )*) => {
         /// Every flash-decoding kernel compiled into the PTX (mirrors the
         /// `dec_kernels!` list of `kernel-crate/src/tc/mod.rs`), the default
         /// of each (dtype, head dim) first.
         pub const DEC_KERNELS: &[DecKernel] = &[$(
-            DecKernel { name: stringify!($name), bf16: $bf, d: $d, warps: $w, bc: $bc, stages: $s, l2_prefetch: $pf },
+            DecKernel { name: stringify!($name), bf16: $bf, d: $d, warps: $w, bc: $bc, stages: $s },
         )*];
     };
 }
 
+// The 8-warp d = 128 kernels issue their K/V copies with an `L2::128B`
+// prefetch hint in the sm_90 builds (`pf = 128` in the kernel list; H100,
+// decode-tune: 1–2% faster on long caches, docs/perf-notes.md decode step 10).
 dec_table! {
-    flash_fwd_tc_dec_f16_d32_w4_bc64_s3 false 32 4 64 3 0;
-    flash_fwd_tc_dec_bf16_d32_w4_bc64_s3 true 32 4 64 3 0;
-    flash_fwd_tc_dec_f16_d64_w4_bc64_s3 false 64 4 64 3 0;
-    flash_fwd_tc_dec_bf16_d64_w4_bc64_s3 true 64 4 64 3 0;
-    flash_fwd_tc_dec_f16_d96_w4_bc64_s3 false 96 4 64 3 0;
-    flash_fwd_tc_dec_bf16_d96_w4_bc64_s3 true 96 4 64 3 0;
-    flash_fwd_tc_dec_f16_d128_w8_bc128_s2 false 128 8 128 2 128;
-    flash_fwd_tc_dec_bf16_d128_w8_bc128_s2 true 128 8 128 2 128;
-    flash_fwd_tc_dec_f16_d128_w8_bc128_s3 false 128 8 128 3 128;
-    flash_fwd_tc_dec_bf16_d128_w8_bc128_s3 true 128 8 128 3 128;
-    flash_fwd_tc_dec_f16_d128_w4_bc64_s2 false 128 4 64 2 0;
-    flash_fwd_tc_dec_bf16_d128_w4_bc64_s2 true 128 4 64 2 0;
-    flash_fwd_tc_dec_f16_d128_w4_bc64_s3 false 128 4 64 3 0;
-    flash_fwd_tc_dec_bf16_d128_w4_bc64_s3 true 128 4 64 3 0;
-    flash_fwd_tc_dec_f16_d128_w4_bc128_s2 false 128 4 128 2 0;
-    flash_fwd_tc_dec_bf16_d128_w4_bc128_s2 true 128 4 128 2 0;
-    flash_fwd_tc_dec_f16_d160_w4_bc64_s2 false 160 4 64 2 0;
-    flash_fwd_tc_dec_bf16_d160_w4_bc64_s2 true 160 4 64 2 0;
-    flash_fwd_tc_dec_f16_d192_w4_bc64_s2 false 192 4 64 2 0;
-    flash_fwd_tc_dec_bf16_d192_w4_bc64_s2 true 192 4 64 2 0;
-    flash_fwd_tc_dec_f16_d224_w4_bc64_s2 false 224 4 64 2 0;
-    flash_fwd_tc_dec_bf16_d224_w4_bc64_s2 true 224 4 64 2 0;
-    flash_fwd_tc_dec_f16_d256_w4_bc64_s2 false 256 4 64 2 0;
-    flash_fwd_tc_dec_bf16_d256_w4_bc64_s2 true 256 4 64 2 0;
+    flash_fwd_tc_dec_f16_d32_w4_bc64_s3 false 32 4 64 3;
+    flash_fwd_tc_dec_bf16_d32_w4_bc64_s3 true 32 4 64 3;
+    flash_fwd_tc_dec_f16_d64_w4_bc64_s3 false 64 4 64 3;
+    flash_fwd_tc_dec_bf16_d64_w4_bc64_s3 true 64 4 64 3;
+    flash_fwd_tc_dec_f16_d96_w4_bc64_s3 false 96 4 64 3;
+    flash_fwd_tc_dec_bf16_d96_w4_bc64_s3 true 96 4 64 3;
+    flash_fwd_tc_dec_f16_d128_w8_bc128_s2 false 128 8 128 2;
+    flash_fwd_tc_dec_bf16_d128_w8_bc128_s2 true 128 8 128 2;
+    flash_fwd_tc_dec_f16_d128_w8_bc128_s3 false 128 8 128 3;
+    flash_fwd_tc_dec_bf16_d128_w8_bc128_s3 true 128 8 128 3;
+    flash_fwd_tc_dec_f16_d128_w4_bc64_s2 false 128 4 64 2;
+    flash_fwd_tc_dec_bf16_d128_w4_bc64_s2 true 128 4 64 2;
+    flash_fwd_tc_dec_f16_d128_w4_bc64_s3 false 128 4 64 3;
+    flash_fwd_tc_dec_bf16_d128_w4_bc64_s3 true 128 4 64 3;
+    flash_fwd_tc_dec_f16_d128_w4_bc128_s2 false 128 4 128 2;
+    flash_fwd_tc_dec_bf16_d128_w4_bc128_s2 true 128 4 128 2;
+    flash_fwd_tc_dec_f16_d160_w4_bc64_s2 false 160 4 64 2;
+    flash_fwd_tc_dec_bf16_d160_w4_bc64_s2 true 160 4 64 2;
+    flash_fwd_tc_dec_f16_d192_w4_bc64_s2 false 192 4 64 2;
+    flash_fwd_tc_dec_bf16_d192_w4_bc64_s2 true 192 4 64 2;
+    flash_fwd_tc_dec_f16_d224_w4_bc64_s2 false 224 4 64 2;
+    flash_fwd_tc_dec_bf16_d224_w4_bc64_s2 true 224 4 64 2;
+    flash_fwd_tc_dec_f16_d256_w4_bc64_s2 false 256 4 64 2;
+    flash_fwd_tc_dec_bf16_d256_w4_bc64_s2 true 256 4 64 2;
 }
 
 impl DecKernel {

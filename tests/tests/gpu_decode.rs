@@ -218,8 +218,8 @@ fn gpu_kvcache_long() {
 }
 
 /// Every compiled flash-decoding kernel forced by name — the defaults and the
-/// candidates `decode-tune` measures (other tiles and stage counts, the L2
-/// prefetch copies) — against the f64 reference: contiguous and paged (pages
+/// candidates `decode-tune` measures (other tiles and stage counts) —
+/// against the f64 reference: contiguous and paged (pages
 /// smaller than a block, pages holding whole blocks), GQA heads packed,
 /// unsplit and split.
 #[test]

@@ -26,35 +26,26 @@ pub unsafe fn cp_async_cg_16(dst: u32, src: *const u8, src_size: u32) {
     }
 }
 
-/// [`cp_async_cg_16`] with an L2 prefetch hint (`PF` = 128 or 256:
-/// `cp.async.cg.shared.global.L2::{PF}B`, the L2 may fetch the aligned
-/// `PF` bytes around the chunk from DRAM at once; any other `PF`: no hint).
-/// The hint needs PTX ISA 7.4: the portable sm_80 build (ISA 7.1, no
+/// [`cp_async_cg_16`] with an L2 prefetch hint (`PF` = 128:
+/// `cp.async.cg.shared.global.L2::128B`, the L2 may fetch the aligned
+/// 128 bytes around the chunk from DRAM at once; `PF` = 0: no hint). The
+/// hint needs PTX ISA 7.4: the portable sm_80 build (ISA 7.1, no
 /// `fa_ptx74`) issues the copy without it.
 ///
 /// # Safety
 /// As [`cp_async_cg_16`].
 #[inline(always)]
 pub unsafe fn cp_async_cg_16_pf<const PF: u32>(dst: u32, src: *const u8, src_size: u32) {
+    const { assert!(PF == 0 || PF == 128) };
     // SAFETY: forwarded to the caller.
     unsafe {
         #[cfg(fa_ptx74)]
-        match PF {
-            128 => {
-                return core::arch::asm!(
-                    "cp.async.cg.shared.global.L2::128B [{d}], [{s}], 16, {n};",
-                    d = in(reg32) dst, s = in(reg64) src, n = in(reg32) src_size,
-                    options(nostack)
-                );
-            }
-            256 => {
-                return core::arch::asm!(
-                    "cp.async.cg.shared.global.L2::256B [{d}], [{s}], 16, {n};",
-                    d = in(reg32) dst, s = in(reg64) src, n = in(reg32) src_size,
-                    options(nostack)
-                );
-            }
-            _ => {}
+        if PF == 128 {
+            return core::arch::asm!(
+                "cp.async.cg.shared.global.L2::128B [{d}], [{s}], 16, {n};",
+                d = in(reg32) dst, s = in(reg64) src, n = in(reg32) src_size,
+                options(nostack)
+            );
         }
         cp_async_cg_16(dst, src, src_size)
     }
