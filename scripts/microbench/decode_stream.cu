@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <vector>
 #include <algorithm>
+#include <cooperative_groups.h>
+namespace cg = cooperative_groups;
 
 #define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e), __FILE__, __LINE__); exit(1); } } while (0)
 
@@ -77,6 +79,97 @@ __global__ void __launch_bounds__(NT) per_head(const uint4* K, const uint4* V, i
     if (TAIL > 0) {
         float f = cold_code<TAIL>(__uint_as_float(acc & 0x3f000000u));
         if (f == 1234.5f) sink[1] = acc;
+    }
+    if (acc == 0x12345678u) sink[0] = acc;
+}
+
+// (a'') per_head plus a split-KV epilogue on 4 rows × 128 columns (GQA 32/8
+// decode: the 4 query heads of a KV head), to price the combine:
+//   EPI 1: as our fused combine — every split writes its partial (f32) and
+//          LSE, fence, a per-tile counter; the last split merges from the L2;
+//   EPI 2: a thread-block cluster per tile (cluster size = splits): partials
+//          stay in shared memory, cluster barrier, each block merges a slice
+//          of the outputs from its siblings' shared memory (DSMEM), barrier.
+//   EPI 3: no epilogue, but the key count read from device memory first (as
+//          our kernels read cache_seqlens[b] before their first copy).
+template <int S, int BC, int NT, int EPI>
+__global__ void __launch_bounds__(NT) per_head_epi(const uint4* K, const uint4* V, int nkeys, int hk, int splits, unsigned* sink,
+                                                   float* o_acc, float* lse_acc, unsigned* counters, float* out) {
+    extern __shared__ uint4 sm[];
+    const int cpr = 16;
+    if (EPI == 3) nkeys = min(nkeys, (int)__ldcg(counters + 8));
+    int tile = blockIdx.x / splits, split = blockIdx.x % splits, h = tile;
+    int kps = nkeys / splits, k0 = split * kps, nblk = kps / BC;
+    const size_t rs = (size_t)hk * cpr;
+    auto issue = [&](int j) {
+        uint4* sk = sm + (j % S) * 2 * BC * cpr;
+        uint4* sv = sk + BC * cpr;
+        for (int i = threadIdx.x; i < BC * cpr; i += NT) {
+            int r = i / cpr, c = i % cpr;
+            size_t off = (size_t)(k0 + j * BC + r) * rs + h * cpr + c;
+            cp16(saddr(sk + i), K + off);
+            cp16(saddr(sv + i), V + off);
+        }
+    };
+    unsigned acc = pipeline<S>(nblk, issue, sm, 2 * BC * cpr);
+    wait_group<0>();
+    __syncthreads();
+    // This split's partial: 4 rows × 128 f32 and 4 LSEs, in shared memory.
+    float* part = reinterpret_cast<float*>(sm);
+    float* lse = part + 512;
+    for (int i = threadIdx.x; i < 512; i += NT) part[i] = (float)((acc >> (i & 7)) & 0xff) * (1.f / 256.f) + (float)split;
+    if (threadIdx.x < 4) lse[threadIdx.x] = 0.01f * (float)(split + threadIdx.x);
+    __syncthreads();
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (EPI == 1) {
+        size_t base = ((size_t)split * gridDim.x / splits + tile) * 512;
+        for (int i = threadIdx.x; i < 512; i += NT) o_acc[base + i] = part[i];
+        if (threadIdx.x < 4) lse_acc[((size_t)split * gridDim.x / splits + tile) * 4 + threadIdx.x] = lse[threadIdx.x];
+        __syncthreads();
+        __shared__ unsigned last;
+        if (threadIdx.x == 0) {
+            asm volatile("fence.acq_rel.gpu;" ::: "memory");
+            last = atomicAdd(&counters[tile], 1u) + 1 == (unsigned)splits;
+            if (last) { counters[tile] = 0; asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
+        }
+        __syncthreads();
+        if (!last) return;
+        if (warp < 4) {
+            int row = warp;
+            float l = lane < splits ? __ldcg(&lse_acc[((size_t)lane * gridDim.x / splits + tile) * 4 + row]) : -INFINITY;
+            float m = l;
+            for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(~0u, m, o));
+            float e = lane < splits ? __expf(l - m) : 0.f, sum = e;
+            for (int o = 16; o; o >>= 1) sum += __shfl_xor_sync(~0u, sum, o);
+            float w_l = e / sum;
+            float4 a = make_float4(0, 0, 0, 0);
+            for (int s0 = 0; s0 < splits; s0 += 8) {
+                float4 x[8];
+#pragma unroll
+                for (int u = 0; u < 8; ++u)
+                    x[u] = s0 + u < splits ? __ldcg(reinterpret_cast<const float4*>(o_acc + ((size_t)(s0 + u) * gridDim.x / splits + tile) * 512 + row * 128) + lane) : make_float4(0, 0, 0, 0);
+#pragma unroll
+                for (int u = 0; u < 8; ++u) {
+                    float w = __shfl_sync(~0u, w_l, (s0 + u) & 31);
+                    a.x += w * x[u].x; a.y += w * x[u].y; a.z += w * x[u].z; a.w += w * x[u].w;
+                }
+            }
+            reinterpret_cast<float4*>(out + (size_t)tile * 512 + row * 128)[lane] = a;
+        }
+    } else if (EPI == 2) {
+        cg::cluster_group cl = cg::this_cluster();
+        cl.sync();
+        // 512 outputs over the cluster's blocks; one per thread of the first warps.
+        int per = 512 / splits, rank = (int)cl.block_rank();
+        if ((int)threadIdx.x < per) {
+            int o = rank * per + threadIdx.x, row = o / 128;
+            float ls[16], m = -INFINITY;
+            for (int r = 0; r < splits; ++r) { ls[r] = cl.map_shared_rank(lse, r)[row]; m = fmaxf(m, ls[r]); }
+            float sum = 0.f, a = 0.f;
+            for (int r = 0; r < splits; ++r) { float e = __expf(ls[r] - m); sum += e; a += e * cl.map_shared_rank(part, r)[o]; }
+            out[(size_t)tile * 512 + o] = a / sum;
+        }
+        cl.sync(); // siblings' shared memory stays until every block has read it
     }
     if (acc == 0x12345678u) sink[0] = acc;
 }
@@ -193,6 +286,38 @@ int main() {
             row("per head w8 Bc128 S2 + 512 cold FFMA", hk * splits1, b.time([&] { k1<<<hk * splits1, 256, sm>>>(K, V, nkeys, hk, splits1, b.sink); }));
             auto k2 = per_head<2, 128, 256, 2048>; set_smem(k2, sm);
             row("per head w8 Bc128 S2 + 2048 cold FFMA", hk * splits1, b.time([&] { k2<<<hk * splits1, 256, sm>>>(K, V, nkeys, hk, splits1, b.sink); }));
+        }
+        if (hk == 8 && splits1 == 16) {
+            int blocks = hk * splits1;
+            float *oa, *la, *out; unsigned* cnt;
+            CK(cudaMalloc(&oa, (size_t)blocks * 512 * 4)); CK(cudaMalloc(&la, blocks * 4 * 4));
+            CK(cudaMalloc(&out, (size_t)hk * 512 * 4)); CK(cudaMalloc(&cnt, 16 * 4)); CK(cudaMemset(cnt, 0, 16 * 4));
+            unsigned big = 1u << 30;
+            CK(cudaMemcpy(cnt + 8, &big, 4, cudaMemcpyHostToDevice));
+            // One shape of the pipeline with every epilogue: nt threads, sm bytes.
+            auto family = [&](const char* name, auto k0, auto k1, auto k2, auto k3, int nt, int sm) {
+                char buf[160];
+                set_smem(k0, sm); set_smem(k1, sm); set_smem(k2, sm); set_smem(k3, sm);
+                snprintf(buf, sizeof buf, "%s, no epilogue", name);
+                row(buf, blocks, b.time([&] { k0<<<blocks, nt, sm>>>(K, V, nkeys, hk, splits1, b.sink, oa, la, cnt, out); }));
+                snprintf(buf, sizeof buf, "%s, key count loaded first", name);
+                row(buf, blocks, b.time([&] { k3<<<blocks, nt, sm>>>(K, V, nkeys, hk, splits1, b.sink, oa, la, cnt, out); }));
+                snprintf(buf, sizeof buf, "%s + global fused combine", name);
+                row(buf, blocks, b.time([&] { k1<<<blocks, nt, sm>>>(K, V, nkeys, hk, splits1, b.sink, oa, la, cnt, out); }));
+                CK(cudaFuncSetAttribute(k2, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+                cudaLaunchConfig_t cfg = {}; cfg.gridDim = blocks; cfg.blockDim = nt; cfg.dynamicSmemBytes = sm;
+                cudaLaunchAttribute at[1]; at[0].id = cudaLaunchAttributeClusterDimension; at[0].val.clusterDim.x = 16; at[0].val.clusterDim.y = 1; at[0].val.clusterDim.z = 1;
+                cfg.attrs = at; cfg.numAttrs = 1;
+                int ncl = -1; cudaError_t oe = cudaOccupancyMaxActiveClusters(&ncl, k2, &cfg);
+                printf("| - | - | - | %s: clusters of 16 resident at once: %d (%s) | - | - | - |\n", name, ncl, cudaGetErrorString(oe));
+                snprintf(buf, sizeof buf, "%s + cluster-16 DSMEM combine", name);
+                if (oe == cudaSuccess && ncl > 0)
+                    row(buf, blocks, b.time([&] { CK(cudaLaunchKernelEx(&cfg, k2, (const uint4*)K, (const uint4*)V, nkeys, hk, splits1, b.sink, oa, la, cnt, out)); }));
+            };
+            family("w8 Bc128 S2", per_head_epi<2, 128, 256, 0>, per_head_epi<2, 128, 256, 1>, per_head_epi<2, 128, 256, 2>, per_head_epi<2, 128, 256, 3>, 256, 2 * 2 * 128 * 256);
+            family("w4 Bc64 S3", per_head_epi<3, 64, 128, 0>, per_head_epi<3, 64, 128, 1>, per_head_epi<3, 64, 128, 2>, per_head_epi<3, 64, 128, 3>, 128, 3 * 2 * 64 * 256);
+            family("w8 Bc64 S3", per_head_epi<3, 64, 256, 0>, per_head_epi<3, 64, 256, 1>, per_head_epi<3, 64, 256, 2>, per_head_epi<3, 64, 256, 3>, 256, 3 * 2 * 64 * 256);
+            CK(cudaFree(oa)); CK(cudaFree(la)); CK(cudaFree(out)); CK(cudaFree(cnt));
         }
         {
             int splits2 = std::max(1, 2 * sms / hk);

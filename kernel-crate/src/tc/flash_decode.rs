@@ -417,14 +417,20 @@ pub unsafe fn forward<
 /// other splits' partials are visible to it). Every thread of the block
 /// calls it after writing its partial rows.
 ///
+/// One fence per block, by the counting thread: the barrier orders the
+/// block's partial rows before thread 0's release fence (fences are
+/// cumulative), and thread 0's acquire fence before the barrier that lets
+/// the block read the other splits' rows — as cooperative groups' grid
+/// barrier does (decode step 14: one fence instead of one per thread).
+///
 /// # Safety
 /// `p.split_counter_ptr` holds a u32 at `tile` (0 at launch); `flag` a
 /// free shared-memory word.
 #[inline(always)]
 unsafe fn last_split(p: &AttnParams, tile: usize, flag: u32, tid: usize) -> bool {
-    fence_acq_rel_gpu(); // this thread's partial rows before the count (release)
-    sync_threads();
+    sync_threads(); // every thread's partial rows, in CTA order
     if tid == 0 {
+        fence_acq_rel_gpu(); // the block's partial rows before the count (release)
         let counter = (p.split_counter_ptr as *mut u32).wrapping_add(tile);
         // SAFETY: caller.
         let last = unsafe { atom_add_u32_gpu(counter, 1) } + 1 == p.num_splits;
@@ -432,15 +438,12 @@ unsafe fn last_split(p: &AttnParams, tile: usize, flag: u32, tid: usize) -> bool
             // Every split has counted: back to 0 for the next launch.
             // SAFETY: as above.
             unsafe { st_relaxed_u32_gpu(counter, 0) };
+            fence_acq_rel_gpu(); // the other splits' rows after their counts (acquire)
         }
         // SAFETY: caller.
         unsafe { st_shared_u32(flag, last as u32) };
     }
     sync_threads();
     // SAFETY: written above, a barrier passed.
-    let last = unsafe { ld_volatile_shared_u32(flag) } != 0;
-    if last {
-        fence_acq_rel_gpu(); // the other splits' rows after their counts (acquire)
-    }
-    last
+    unsafe { ld_volatile_shared_u32(flag) != 0 }
 }
