@@ -39,6 +39,26 @@ __device__ __forceinline__ unsigned pipeline(int nblk, Issue issue, const uint4*
     return acc;
 }
 
+// One (kv head, split) block's keys through the pipeline: rows of 256 B at
+// the head's offset, BC keys per stage (the per_head kernels' main loop).
+template <int S, int BC, int NT>
+__device__ __forceinline__ unsigned stream_head(const uint4* K, const uint4* V, int nkeys, int hk, int splits, int h, int split, uint4* sm) {
+    const int cpr = 16;
+    int kps = nkeys / splits, k0 = split * kps, nblk = kps / BC;
+    const size_t rs = (size_t)hk * cpr;
+    auto issue = [&](int j) {
+        uint4* sk = sm + (j % S) * 2 * BC * cpr;
+        uint4* sv = sk + BC * cpr;
+        for (int i = threadIdx.x; i < BC * cpr; i += NT) {
+            int r = i / cpr, c = i % cpr;
+            size_t off = (size_t)(k0 + j * BC + r) * rs + h * cpr + c;
+            cp16(saddr(sk + i), K + off);
+            cp16(saddr(sv + i), V + off);
+        }
+    };
+    return pipeline<S>(nblk, issue, sm, 2 * BC * cpr);
+}
+
 // (a) Our decomposition: a block per (kv head, split); rows of 256 B at the
 // head's offset, BC keys per stage, S stages, NT threads; the "compute" reads
 // one 16-byte chunk per thread per stage (keeps the copies live). With TAIL
@@ -61,21 +81,8 @@ __device__ __forceinline__ float cold_code(float x) {
 template <int S, int BC, int NT, int TAIL = 0>
 __global__ void __launch_bounds__(NT) per_head(const uint4* K, const uint4* V, int nkeys, int hk, int splits, unsigned* sink) {
     extern __shared__ uint4 sm[];
-    const int cpr = 16;
     int h = blockIdx.x / splits, split = blockIdx.x % splits;
-    int kps = nkeys / splits, k0 = split * kps, nblk = kps / BC;
-    const size_t rs = (size_t)hk * cpr;
-    auto issue = [&](int j) {
-        uint4* sk = sm + (j % S) * 2 * BC * cpr;
-        uint4* sv = sk + BC * cpr;
-        for (int i = threadIdx.x; i < BC * cpr; i += NT) {
-            int r = i / cpr, c = i % cpr;
-            size_t off = (size_t)(k0 + j * BC + r) * rs + h * cpr + c;
-            cp16(saddr(sk + i), K + off);
-            cp16(saddr(sv + i), V + off);
-        }
-    };
-    unsigned acc = pipeline<S>(nblk, issue, sm, 2 * BC * cpr);
+    unsigned acc = stream_head<S, BC, NT>(K, V, nkeys, hk, splits, h, split, sm);
     if (TAIL > 0) {
         float f = cold_code<TAIL>(__uint_as_float(acc & 0x3f000000u));
         if (f == 1234.5f) sink[1] = acc;
@@ -96,22 +103,9 @@ template <int S, int BC, int NT, int EPI>
 __global__ void __launch_bounds__(NT) per_head_epi(const uint4* K, const uint4* V, int nkeys, int hk, int splits, unsigned* sink,
                                                    float* o_acc, float* lse_acc, unsigned* counters, float* out) {
     extern __shared__ uint4 sm[];
-    const int cpr = 16;
     if (EPI == 3) nkeys = min(nkeys, (int)__ldcg(counters + 8));
     int tile = blockIdx.x / splits, split = blockIdx.x % splits, h = tile;
-    int kps = nkeys / splits, k0 = split * kps, nblk = kps / BC;
-    const size_t rs = (size_t)hk * cpr;
-    auto issue = [&](int j) {
-        uint4* sk = sm + (j % S) * 2 * BC * cpr;
-        uint4* sv = sk + BC * cpr;
-        for (int i = threadIdx.x; i < BC * cpr; i += NT) {
-            int r = i / cpr, c = i % cpr;
-            size_t off = (size_t)(k0 + j * BC + r) * rs + h * cpr + c;
-            cp16(saddr(sk + i), K + off);
-            cp16(saddr(sv + i), V + off);
-        }
-    };
-    unsigned acc = pipeline<S>(nblk, issue, sm, 2 * BC * cpr);
+    unsigned acc = stream_head<S, BC, NT>(K, V, nkeys, hk, splits, h, split, sm);
     wait_group<0>();
     __syncthreads();
     // This split's partial: 4 rows × 128 f32 and 4 LSEs, in shared memory.
