@@ -33,6 +33,9 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 use flash_attn_common::AttnParams;
+use flash_attn_common::tc::timeline::WORDS as TIMELINE_WORDS;
+/// The flash-decoding kernels' per-block timeline layout ([`DecodeOptions::timeline`]).
+pub use flash_attn_common::tc::timeline;
 
 use crate::api::{AttnElem, Extras, ForwardOutput, RowStats, Tensor, TensorLayout};
 use crate::decode_kernels::DecKernel;
@@ -104,6 +107,12 @@ pub struct DecodeOptions<'a> {
     /// kernel. `None`: the flash-decoding kernel for calls with at most 16
     /// rows per (sequence, head), else the `fa2d` kernel.
     pub kernel: Option<&'static str>,
+    /// A per-block timeline of the flash-decoding kernel (profiling:
+    /// `decode-tune --timeline`): [`timeline::WORDS`] u64 per thread block,
+    /// written by thread 0 of each (SM, split, both clocks at each point
+    /// of [`timeline::POINTS`]). Calls that run another
+    /// kernel return [`FlashAttnError::Unsupported`].
+    pub timeline: Option<&'a mut CudaSlice<u64>>,
 }
 
 /// FlashAttention-2's split heuristic: with `work` thread blocks for
@@ -864,6 +873,17 @@ impl FlashAttention {
             if let Some(ptr) = counters {
                 p.split_counter_ptr = ptr;
             }
+            let timeline = match opts.timeline.as_mut() {
+                None => None,
+                Some(_) if !plan.dec => return Err(FlashAttnError::Unsupported { argument: "timeline", dtype: T::DTYPE.name(), what: "a timeline of a call that does not run a flash-decoding kernel" }),
+                Some(t) if t.len() < plan.grid as usize * TIMELINE_WORDS => {
+                    return Err(invalid("timeline", format!("{} u64", t.len()), "needs timeline::WORDS u64 per thread block of the launch"));
+                }
+                Some(t) => Some(t.device_ptr_mut(stream)),
+            };
+            if let Some((ptr, _)) = &timeline {
+                p.scratch_ptr = *ptr;
+            }
             if let Some(((oa, _), (la, _))) = &scratch_ptrs {
                 p.o_accum_ptr = *oa;
                 p.lse_accum_ptr = *la;
@@ -908,6 +928,7 @@ impl FlashAttention {
             }
             drop(scratch_ptrs);
             drop(caller_counters);
+            drop(timeline);
         }
         Ok((o, lse))
     }

@@ -9,13 +9,15 @@
 //!
 //! Usage: `decode-tune [--quick] [--flush read|write] [--splits N,...]
 //! [--kernels SUBSTR,...] [--layouts P,...] [--cells B:CACHE:HK,...]
-//! [--no-fused] [--no-event-tracking]`
+//! [--no-fused] [--no-event-tracking] [--timeline]`
 //! (prints a markdown table).
 
 use clap::Parser;
 use flash_attn::decode_kernels::DEC_KERNELS;
 use flash_attn_tests::bench::decode::{Cell, D, DecodeInputs, H};
 use flash_attn_tests::bench::flush::{FlushKind, L2Flush};
+use flash_attn::decode::timeline::WORDS as TIMELINE_WORDS;
+use flash_attn_tests::bench::timeline;
 use flash_attn_tests::bench::{Res, Step, Timing, time_events};
 use flash_attn_tests::{Rng, gpu};
 
@@ -43,6 +45,10 @@ struct Opts {
     /// Turn cudarc's cross-stream event tracking off (as `fa-bench`)
     #[arg(long = "no-event-tracking")]
     no_event_tracking: bool,
+    /// After each timing, one more call recording the flash-decoding
+    /// kernel's per-block timeline; prints where the call's time goes
+    #[arg(long)]
+    timeline: bool,
     /// Only these cells, as batch:cache:kv_heads (default: all)
     #[arg(long, value_delimiter = ',', value_parser = parse_cell)]
     cells: Vec<(usize, usize, usize)>,
@@ -122,6 +128,7 @@ fn main() -> Res<()> {
         columns.iter().map(|&c| label(c)).collect::<Vec<_>>().join(" | "),
         "---|".repeat(columns.len())
     );
+    let mut timelines = vec![];
     for c in cells {
         if !o.layouts.is_empty() && !o.layouts.contains(&c.page.unwrap_or(0)) {
             continue;
@@ -151,6 +158,9 @@ fn main() -> Res<()> {
             })?;
             let us = m.ms.unwrap_or(f64::NAN) * 1e3;
             line += &format!(" {us:.1} µs {:.2} TB/s |", c.bytes() / (us * 1e-6) / 1e12);
+            if o.timeline && !name.contains("fa2d") {
+                timelines.push((c, name, ns, us, timeline_of(g, &mut flush, &mut inputs, ns, name)?));
+            }
         }
         line += &format!(" {diff:.1e} |");
         eprintln!("{line}");
@@ -158,5 +168,34 @@ fn main() -> Res<()> {
         md.push('\n');
     }
     println!("{md}");
+    if let Some((_, _, _, _, first)) = timelines.first() {
+        let mut t = format!(
+            "| batch | cache | heads | layout | kernel | splits | event µs | {} |\n|---|---|---|---|---|---|---|{}\n",
+            first.iter().map(|(k, _)| *k).collect::<Vec<_>>().join(" | "),
+            "---|".repeat(first.len())
+        );
+        for (c, name, ns, us, s) in &timelines {
+            t += &format!(
+                "| {} | {} | 32/{} | {} | {} | {} | {us:.1} | {} |\n",
+                c.batch,
+                c.cache,
+                c.hk,
+                c.layout(),
+                name.trim_start_matches("flash_fwd_tc_dec_"),
+                ns.map_or("auto".to_string(), |n| n.to_string()),
+                s.iter().map(|(_, v)| format!("{v:.2}")).collect::<Vec<_>>().join(" | ")
+            );
+        }
+        println!("## Timeline (µs from the first block's start; durations inside a block by the SM clock)\n\n{t}");
+    }
     Ok(())
+}
+
+/// One flushed call with a per-block timeline, summed up.
+fn timeline_of(g: &flash_attn_tests::Gpu, flush: &mut L2Flush, inputs: &mut DecodeInputs, ns: Option<usize>, name: &'static str) -> Res<Vec<(&'static str, f64)>> {
+    let mut words = g.stream.alloc_zeros::<u64>(TIMELINE_WORDS * 65536)?;
+    flush.run(&g.stream)?;
+    inputs.run_timeline(g, ns, Some(name), &mut words)?;
+    let host = g.stream.clone_dtoh(&words)?;
+    Ok(timeline::summary(&timeline::blocks(&host)))
 }

@@ -105,7 +105,7 @@ fn run<T: AttnElem>(g: &Gpu, rng: &mut Rng, c: &Dec) -> Result<(), FlashAttnErro
     let params = ForwardParams { causal: c.causal, ..Default::default() };
     let block_table = btd.as_ref().zip(table.as_ref()).map(|(t, (_, per))| BlockTable { table: t as &dyn DevicePtr<i32>, max_blocks_per_seq: *per });
     let qt = Tensor::new(&qd, TensorLayout::contiguous([batch, sq, h, d]));
-    let opts = DecodeOptions { num_splits: c.num_splits, scratch: None, kernel: c.fa2d.then(|| fa2d_kernel::<T>(d)).or(c.dec) };
+    let opts = DecodeOptions { num_splits: c.num_splits, scratch: None, kernel: c.fa2d.then(|| fa2d_kernel::<T>(d)).or(c.dec), timeline: None };
     let out = if c.two_step {
         if s_new > 0 {
             g.fa.append_kv::<T>(s, &mut kd, layout, Tensor::new(&knd as &dyn DevicePtr<T>, new_layout), &csd, None, block_table)?;
@@ -341,6 +341,27 @@ fn gpu_decode_bad_input() {
     assert!(matches!(e, FlashAttnError::InvalidArgument { argument: "k_new", .. }), "{e}");
 }
 
+/// A split GQA decode call's inputs (3 sequences, one without keys; 32/8
+/// heads, d = 128, a 5000-row cache, 7 splits): bf16 q, caches, lengths.
+struct SplitCase {
+    q: CudaSlice<half::bf16>,
+    kc: CudaSlice<half::bf16>,
+    vc: CudaSlice<half::bf16>,
+    seqlens: CudaSlice<i32>,
+}
+
+impl SplitCase {
+    /// (batch, capacity, nheads_k, nheads, d, splits)
+    const DIMS: (usize, usize, usize, usize, usize, usize) = (3, 5000, 8, 32, 128, 7);
+
+    fn new(g: &Gpu, rng: &mut Rng) -> Self {
+        let s = &g.stream;
+        let (b, cap, hk, h, d, _) = Self::DIMS;
+        let mut rnd = |n: usize| -> CudaSlice<half::bf16> { s.clone_htod(&(0..n).map(|_| half::bf16::from_f32(rng.nonzero(1.0))).collect::<Vec<_>>()).unwrap() };
+        Self { q: rnd(b * h * d), kc: rnd(b * cap * hk * d), vc: rnd(b * cap * hk * d), seqlens: s.clone_htod(&[4999i32, 0, 1234]).unwrap() }
+    }
+}
+
 /// Split-KV scratch kinds give the same bits: the library's (fused
 /// combine with its per-stream counters), a caller's without counters
 /// (combine launch), a caller's with counters (fused; called twice: every
@@ -350,12 +371,8 @@ fn gpu_split_scratch_kinds() {
     let Some(g) = gpu("gpu_split_scratch_kinds") else { return };
     let mut rng = Rng::fresh("gpu_split_scratch_kinds");
     let s = &g.stream;
-    let (b, cap, hk, h, d, ns) = (3, 5000, 8, 32, 128, 7);
-    let rnd = |rng: &mut Rng, n: usize| -> Vec<half::bf16> { (0..n).map(|_| half::bf16::from_f32(rng.nonzero(1.0))).collect() };
-    let q: CudaSlice<half::bf16> = s.clone_htod(&rnd(&mut rng, b * h * d)).unwrap();
-    let mut kc: CudaSlice<half::bf16> = s.clone_htod(&rnd(&mut rng, b * cap * hk * d)).unwrap();
-    let mut vc: CudaSlice<half::bf16> = s.clone_htod(&rnd(&mut rng, b * cap * hk * d)).unwrap();
-    let seqlens = s.clone_htod(&[4999i32, 0, 1234]).unwrap();
+    let SplitCase { q, mut kc, mut vc, seqlens } = SplitCase::new(g, &mut rng);
+    let (b, cap, hk, h, d, ns) = SplitCase::DIMS;
     let mut o_acc: CudaSlice<f32> = s.alloc_zeros(ns * b * h * d).unwrap();
     let mut l_acc: CudaSlice<f32> = s.alloc_zeros(ns * b * h).unwrap();
     let mut counters: CudaSlice<u32> = s.alloc_zeros(b * h).unwrap();
@@ -363,7 +380,7 @@ fn gpu_split_scratch_kinds() {
     let (lay, ql) = (TensorLayout::contiguous([b, cap, hk, d]), TensorLayout::contiguous([b, 1, h, d]));
     let mut call = |scratch: Option<SplitScratch<'_>>| -> Result<(Vec<u16>, Vec<f32>), FlashAttnError> {
         let cache = KvCache { k_cache: &mut kc, v_cache: &mut vc, layout: lay, cache_seqlens: &seqlens, cache_batch_idx: None, block_table: None, k_new: None, v_new: None };
-        let out = g.fa.forward_kvcache::<half::bf16, _>(s, Tensor::new(&q, ql), cache, &ForwardParams::default(), &Extras::default(), DecodeOptions { num_splits: Some(ns), scratch, kernel: None })?;
+        let out = g.fa.forward_kvcache::<half::bf16, _>(s, Tensor::new(&q, ql), cache, &ForwardParams::default(), &Extras::default(), DecodeOptions { num_splits: Some(ns), scratch, kernel: None, timeline: None })?;
         s.synchronize().unwrap();
         let RowStats::LogSumExp(lse) = &out.stats else { unreachable!("FA2 gives the LSE") };
         Ok((s.clone_dtoh(&out.o).unwrap().iter().map(|x| x.to_bits()).collect(), s.clone_dtoh(lse).unwrap()))
@@ -381,6 +398,52 @@ fn gpu_split_scratch_kinds() {
     assert!(library.0[h * d..2 * h * d].iter().all(|&x| x == 0) && library.1[h..2 * h].iter().all(|&x| x == f32::NEG_INFINITY));
     let e = call(Some(SplitScratch { o_accum: &mut o_acc, lse_accum: &mut l_acc, max_splits: ns, counters: Some(&mut few) })).unwrap_err();
     assert!(matches!(e, FlashAttnError::InvalidArgument { argument: "scratch.counters", .. }), "{e}");
+}
+
+/// The flash-decoding kernel's per-block timeline (`DecodeOptions::timeline`):
+/// the same output bits with and without it; one record per thread block
+/// with its points in order, every split of every tile once, one merging
+/// block per tile; a short buffer and a call that runs another kernel are
+/// typed errors.
+#[test]
+fn gpu_decode_timeline() {
+    use flash_attn::decode::timeline::WORDS;
+    use flash_attn_tests::bench::timeline::blocks;
+    let Some(g) = gpu("gpu_decode_timeline") else { return };
+    let mut rng = Rng::fresh("gpu_decode_timeline");
+    let s = &g.stream;
+    let SplitCase { q, mut kc, mut vc, seqlens } = SplitCase::new(g, &mut rng);
+    let (b, cap, hk, h, d, ns) = SplitCase::DIMS;
+    let (lay, ql) = (TensorLayout::contiguous([b, cap, hk, d]), TensorLayout::contiguous([b, 1, h, d]));
+    // GQA 32/8, one token: the 4 query heads of a KV head are one tile.
+    let tiles = b * hk;
+    let mut words: CudaSlice<u64> = s.alloc_zeros(tiles * ns * WORDS).unwrap();
+    let mut short: CudaSlice<u64> = s.alloc_zeros(tiles * ns * WORDS - 1).unwrap();
+    let mut call = |timeline: Option<&mut CudaSlice<u64>>, kernel: Option<&'static str>| -> Result<Vec<u16>, FlashAttnError> {
+        let cache = KvCache { k_cache: &mut kc, v_cache: &mut vc, layout: lay, cache_seqlens: &seqlens, cache_batch_idx: None, block_table: None, k_new: None, v_new: None };
+        let out = g.fa.forward_kvcache::<half::bf16, _>(s, Tensor::new(&q, ql), cache, &ForwardParams::default(), &Extras::default(), DecodeOptions { num_splits: Some(ns), scratch: None, kernel, timeline })?;
+        s.synchronize().unwrap();
+        Ok(s.clone_dtoh(&out.o).unwrap().iter().map(|x| x.to_bits()).collect())
+    };
+    let plain = call(None, None).unwrap();
+    let traced = call(Some(&mut words), None).unwrap();
+    assert!(plain == traced, "the timeline changes the output");
+    let recs = blocks(&s.clone_dtoh(&words).unwrap());
+    assert_eq!(recs.len(), tiles * ns, "one record per thread block");
+    for r in &recs {
+        let t = r.ns;
+        assert!(t[0] <= t[1] && t[1] <= t[2] && t[2] <= t[3] && t[3] <= t[4], "points out of order: {r:?}");
+        assert!(!r.last || t[5] >= t[4], "the merging block ends after its count: {r:?}");
+        assert!((r.split as usize) < ns, "{r:?}");
+    }
+    for split in 0..ns as u32 {
+        assert_eq!(recs.iter().filter(|r| r.split == split).count(), tiles, "split {split}: once per tile");
+    }
+    assert_eq!(recs.iter().filter(|r| r.last).count(), tiles, "one merging block per tile");
+    let e = call(Some(&mut short), None).unwrap_err();
+    assert!(matches!(e, FlashAttnError::InvalidArgument { argument: "timeline", .. }), "{e}");
+    let e = call(Some(&mut words), Some(fa2d_kernel::<half::bf16>(d))).unwrap_err();
+    assert!(matches!(e, FlashAttnError::Unsupported { argument: "timeline", .. }), "{e}");
 }
 
 /// Varlen prefill over a paged cache (prefix caching).

@@ -23,7 +23,9 @@ pub struct AttnParams {
     /// Unused (0) otherwise.
     pub m_ptr: u64,
     /// Standard: the S/P scratch matrix, f32 `(batch, nheads, seqlen_q,
-    /// seqlen_k)` contiguous (S is overwritten in place by P). Unused (0)
+    /// seqlen_k)` contiguous (S is overwritten in place by P).
+    /// Flash-decoding kernels: an optional per-block timeline,
+    /// `tc::timeline::WORDS` u64 per block (see [`crate::tc::timeline`]). Unused (0)
     /// otherwise.
     pub scratch_ptr: u64,
     /// FA1 on 16-bit inputs: the f32 running output `O` (same strides as

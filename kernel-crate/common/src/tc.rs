@@ -53,3 +53,17 @@ pub const fn dec_smem_bytes(d: usize, nw: usize, bc: usize, stages: usize) -> us
     let m = dec_merge_bytes(d, nw);
     tile_bytes(DEC_BR, d) + if kv > m { kv } else { m }
 }
+
+/// Flash-decoding kernels' optional per-block timeline (`AttnParams::scratch_ptr`,
+/// written by thread 0 of each block): word 0 holds `smid | split << 16 |
+/// last << 32` (`last`: the block merged its tile's splits), words
+/// `1 + k` the `%globaltimer` (ns) and words `8 + k` the SM's `%clock64` at
+/// point `k` of [`timeline::POINTS`].
+pub mod timeline {
+    /// u64 words per block.
+    pub const WORDS: usize = 16;
+    /// The points: block start, the prologue's copies issued, the main loop
+    /// done (every copy landed), the merged partial or output stored, the
+    /// split counted (fused combine), the block's end.
+    pub const POINTS: [&str; 6] = ["start", "prologue", "loop_end", "stored", "counted", "end"];
+}

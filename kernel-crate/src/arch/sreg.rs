@@ -65,3 +65,31 @@ pub fn block_and_thread_idx_fresh() -> (u32, u32) {
     unsafe { core::arch::asm!("mov.u32 {b}, %ctaid.x;\n\tmov.u32 {t}, %tid.x;", b = out(reg32) b, t = out(reg32) t, options(nomem, nostack)) };
     (b, t)
 }
+
+/// `%globaltimer`: nanoseconds, the same clock on every SM (the decode
+/// kernels' optional timeline).
+#[inline(always)]
+pub fn globaltimer() -> u64 {
+    let t: u64;
+    // SAFETY: reading a special register; volatile (not merged or hoisted).
+    unsafe { core::arch::asm!("mov.u64 {t}, %globaltimer;", t = out(reg64) t, options(nostack)) };
+    t
+}
+
+/// `%clock64`: this SM's cycle counter.
+#[inline(always)]
+pub fn clock64() -> u64 {
+    let t: u64;
+    // SAFETY: as above.
+    unsafe { core::arch::asm!("mov.u64 {t}, %clock64;", t = out(reg64) t, options(nostack)) };
+    t
+}
+
+/// `%smid`: the SM this block runs on.
+#[inline(always)]
+pub fn smid() -> u32 {
+    let t: u32;
+    // SAFETY: as above.
+    unsafe { core::arch::asm!("mov.u32 {t}, %smid;", t = out(reg32) t, options(nostack)) };
+    t
+}

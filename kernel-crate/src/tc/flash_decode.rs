@@ -40,7 +40,7 @@ use crate::arch::sreg;
 use crate::arch::sync::sync_threads;
 use flash_attn_common::{AttnParams, Real, RowState};
 
-use flash_attn_common::tc::{DEC_BR as BR, dec_merge_stride as merge_stride};
+use flash_attn_common::tc::{DEC_BR as BR, dec_merge_stride as merge_stride, timeline};
 
 /// The K/V copies of one thread: chunk `i = tid + k·nt` of a block's
 /// `Bc · D/8` 16-byte chunks is row `i / (D/8)`, chunk `i % (D/8)` —
@@ -163,6 +163,43 @@ impl KvCopy {
     }
 }
 
+/// The optional per-block timeline (`p.scratch_ptr`, see
+/// [`flash_attn_common::tc::timeline`]): thread 0 stamps point `k`.
+#[derive(Clone, Copy)]
+struct Timeline {
+    words: *mut u64,
+}
+
+impl Timeline {
+    #[inline(always)]
+    fn new(p: &AttnParams, tid: usize) -> Self {
+        let on = p.scratch_ptr != 0 && tid == 0;
+        let words = if on { (p.scratch_ptr as *mut u64).wrapping_add(sreg::block_idx_x() as usize * timeline::WORDS) } else { core::ptr::null_mut() };
+        Self { words }
+    }
+
+    /// Stamps point `k` (both clocks).
+    #[inline(always)]
+    fn stamp(&self, k: usize) {
+        if !self.words.is_null() {
+            // SAFETY: the host sized the timeline to WORDS per block (k < 7).
+            unsafe {
+                *self.words.add(1 + k) = sreg::globaltimer();
+                *self.words.add(8 + k) = sreg::clock64();
+            }
+        }
+    }
+
+    /// Word 0: the SM, the split, whether the block merged its tile.
+    #[inline(always)]
+    fn meta(&self, split: u32, last: bool) {
+        if !self.words.is_null() {
+            // SAFETY: as above.
+            unsafe { *self.words = sreg::smid() as u64 | (split as u64) << 16 | (last as u64) << 32 };
+        }
+    }
+}
+
 /// The decode kernel body (see the module docs).
 ///
 /// # Safety
@@ -195,6 +232,8 @@ pub unsafe fn forward<
     // rows); only b, h, mb and the lane split are used.
     let BlockPos { b, h, mb, tid, lane, g, t, .. } = BlockPos::new(p, num_m, idx, sreg::thread_idx_x());
     let warp = tid / 32;
+    let tl = Timeline::new(p, tid);
+    tl.stamp(0);
     // SAFETY: host-checked KV-cache/varlen arrays (values clamped inside).
     let seq = unsafe { seq_of::<true, true>(p, b, h) };
     let (nq, nk) = (seq.seqlen_q as usize, seq.seqlen_k as usize);
@@ -250,6 +289,7 @@ pub unsafe fn forward<
         cp_async_commit();
     }
 
+    tl.stamp(1);
     let mut r_o = [[[0f32; 4]; DN]; 1];
     let mut st = [[RowState::<f32>::new(); 2]; 1];
     let mut r_q = [[[0u32; 4]; DK]; 1];
@@ -302,6 +342,7 @@ pub unsafe fn forward<
     }
     cp_async_wait::<0>();
     sync_threads(); // every warp done with the stages: the merge reuses them
+    tl.stamp(2);
 
     // ---- merge the warps' states ------------------------------------------------------
     let ms = merge_stride(D);
@@ -377,13 +418,19 @@ pub unsafe fn forward<
             }
         }
         if p.split_counter_ptr == 0 {
+            tl.stamp(3);
+            tl.meta(split, false);
             return;
         }
+        tl.stamp(3);
         // Fused combine: the last split of this tile to finish merges the
         // tile's rows (one warp per row), no combine launch.
         // SAFETY: the host's counters hold one u32 per tile (idx < grid /
         // num_splits); the Q tile's first word is free (Q is not read again).
-        if unsafe { last_split(p, idx as usize, base, tid) } {
+        let last = unsafe { last_split(p, idx as usize, base, tid) };
+        tl.stamp(4);
+        tl.meta(split, last);
+        if last {
             let rows = (nq - q0).min(BR);
             let mut r = warp;
             while r < rows {
@@ -392,6 +439,10 @@ pub unsafe fn forward<
                 unsafe { crate::decode::combine_row::<T>(p, lse_len, seq.lse_base as usize + q0 + r, lane, o_row_of(r), lse_of(r)) };
                 r += NW;
             }
+            if p.scratch_ptr != 0 {
+                sync_threads(); // the block's end: every warp's rows stored
+            }
+            tl.stamp(5);
         }
         return;
     }
@@ -410,6 +461,8 @@ pub unsafe fn forward<
         // SAFETY: lse holds the rows of the lse space (dense or varlen).
         unsafe { *lse_of(row) = state.lse() };
     }
+    tl.stamp(3);
+    tl.meta(0, false);
 }
 
 /// Split-KV with fused combine: counts this block's split as done for its

@@ -123,16 +123,22 @@ impl DecodeInputs {
     /// One decode call on `g.stream` (the outputs dropped, stream-ordered):
     /// `splits` and `kernel` as [`DecodeOptions`].
     pub fn run(&mut self, g: &Gpu, splits: Option<usize>, kernel: Option<&'static str>) -> Res<()> {
-        self.call(g, splits, kernel).map(drop)
+        self.call(g, splits, kernel, None).map(drop)
+    }
+
+    /// One decode call recording the flash-decoding kernel's per-block
+    /// timeline into `words` (see [`DecodeOptions::timeline`]).
+    pub fn run_timeline(&mut self, g: &Gpu, splits: Option<usize>, kernel: Option<&'static str>, words: &mut CudaSlice<u64>) -> Res<()> {
+        self.call(g, splits, kernel, Some(words)).map(drop)
     }
 
     /// One decode call, its output O `(batch, 1, H, D)` copied to the host.
     pub fn output(&mut self, g: &Gpu, splits: Option<usize>, kernel: Option<&'static str>) -> Res<Vec<f32>> {
-        let o = self.call(g, splits, kernel)?;
+        let o = self.call(g, splits, kernel, None)?;
         Ok(g.stream.clone_dtoh(&o)?.iter().map(|x| x.to_f32()).collect())
     }
 
-    fn call(&mut self, g: &Gpu, splits: Option<usize>, kernel: Option<&'static str>) -> Res<CudaSlice<half::bf16>> {
+    fn call(&mut self, g: &Gpu, splits: Option<usize>, kernel: Option<&'static str>, timeline: Option<&mut CudaSlice<u64>>) -> Res<CudaSlice<half::bf16>> {
         let c = self.cell;
         let cache = KvCache {
             k_cache: &mut self.kc,
@@ -163,6 +169,7 @@ impl DecodeInputs {
                 num_splits: splits,
                 scratch: Some(scratch),
                 kernel,
+                timeline,
             },
         )?;
         Ok(out.o)

@@ -10,6 +10,7 @@
 pub mod decode;
 pub mod flush;
 pub mod plot;
+pub mod timeline;
 pub mod torch_peer;
 
 use std::sync::Arc;
