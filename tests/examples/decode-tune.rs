@@ -9,7 +9,7 @@
 //!
 //! Usage: `decode-tune [--quick] [--flush read|write] [--splits N,...]
 //! [--kernels SUBSTR,...] [--layouts P,...] [--cells B:CACHE:HK,...]
-//! [--no-fused] [--no-event-tracking] [--timeline]`
+//! [--no-fused] [--no-event-tracking] [--timeline [--timeline-csv FILE]]`
 //! (prints a markdown table).
 
 use clap::Parser;
@@ -49,6 +49,9 @@ struct Opts {
     /// kernel's per-block timeline; prints where the call's time goes
     #[arg(long)]
     timeline: bool,
+    /// With --timeline: also write every block's record as CSV to this file
+    #[arg(long, value_name = "FILE")]
+    timeline_csv: Option<std::path::PathBuf>,
     /// Only these cells, as batch:cache:kv_heads (default: all)
     #[arg(long, value_delimiter = ',', value_parser = parse_cell)]
     cells: Vec<(usize, usize, usize)>,
@@ -129,6 +132,7 @@ fn main() -> Res<()> {
         "---|".repeat(columns.len())
     );
     let mut timelines = vec![];
+    let mut csv = String::from("batch,cache,kv_heads,layout,kernel,sm,split,last,start_ns,start_clk,prologue_ns,prologue_clk,loop_end_ns,loop_end_clk,stored_ns,stored_clk,counted_ns,counted_clk,end_ns,end_clk\n");
     for c in cells {
         if !o.layouts.is_empty() && !o.layouts.contains(&c.page.unwrap_or(0)) {
             continue;
@@ -159,7 +163,15 @@ fn main() -> Res<()> {
             let us = m.ms.unwrap_or(f64::NAN) * 1e3;
             line += &format!(" {us:.1} µs {:.2} TB/s |", c.bytes() / (us * 1e-6) / 1e12);
             if o.timeline && !name.contains("fa2d") {
-                timelines.push((c, name, ns, us, timeline_of(g, &mut flush, &mut inputs, ns, name)?));
+                let (summary, recs) = timeline_of(g, &mut flush, &mut inputs, ns, name)?;
+                for r in &recs {
+                    csv += &format!("{},{},{},{},{},{},{},{}", c.batch, c.cache, c.hk, c.layout(), name, r.sm, r.split, r.last as u8);
+                    for k in 0..6 {
+                        csv += &format!(",{},{}", r.ns[k], r.clk[k]);
+                    }
+                    csv.push('\n');
+                }
+                timelines.push((c, name, ns, us, summary));
             }
         }
         line += &format!(" {diff:.1e} |");
@@ -168,6 +180,9 @@ fn main() -> Res<()> {
         md.push('\n');
     }
     println!("{md}");
+    if let Some(path) = &o.timeline_csv {
+        std::fs::write(path, &csv)?;
+    }
     if let Some((_, _, _, _, first)) = timelines.first() {
         let mut t = format!(
             "| batch | cache | heads | layout | kernel | splits | event µs | {} |\n|---|---|---|---|---|---|---|{}\n",
@@ -192,10 +207,12 @@ fn main() -> Res<()> {
 }
 
 /// One flushed call with a per-block timeline, summed up.
-fn timeline_of(g: &flash_attn_tests::Gpu, flush: &mut L2Flush, inputs: &mut DecodeInputs, ns: Option<usize>, name: &'static str) -> Res<Vec<(&'static str, f64)>> {
+#[allow(clippy::type_complexity)]
+fn timeline_of(g: &flash_attn_tests::Gpu, flush: &mut L2Flush, inputs: &mut DecodeInputs, ns: Option<usize>, name: &'static str) -> Res<(Vec<(&'static str, f64)>, Vec<timeline::Block>)> {
     let mut words = g.stream.alloc_zeros::<u64>(TIMELINE_WORDS * 65536)?;
     flush.run(&g.stream)?;
     inputs.run_timeline(g, ns, Some(name), &mut words)?;
     let host = g.stream.clone_dtoh(&words)?;
-    Ok(timeline::summary(&timeline::blocks(&host)))
+    let recs = timeline::blocks(&host);
+    Ok((timeline::summary(&recs), recs))
 }
