@@ -360,6 +360,15 @@ impl SplitCase {
         let mut rnd = |n: usize| -> CudaSlice<half::bf16> { s.clone_htod(&(0..n).map(|_| half::bf16::from_f32(rng.nonzero(1.0))).collect::<Vec<_>>()).unwrap() };
         Self { q: rnd(b * h * d), kc: rnd(b * cap * hk * d), vc: rnd(b * cap * hk * d), seqlens: s.clone_htod(&[4999i32, 0, 1234]).unwrap() }
     }
+
+    /// The KV-cache call on this case with `opts` (7 splits unless set), synchronized.
+    fn call(&mut self, g: &Gpu, opts: DecodeOptions<'_>) -> Result<flash_attn::ForwardOutput<half::bf16>, FlashAttnError> {
+        let (b, cap, hk, h, d, _) = Self::DIMS;
+        let cache = KvCache { k_cache: &mut self.kc, v_cache: &mut self.vc, layout: TensorLayout::contiguous([b, cap, hk, d]), cache_seqlens: &self.seqlens, cache_batch_idx: None, block_table: None, k_new: None, v_new: None };
+        let out = g.fa.forward_kvcache::<half::bf16, _>(&g.stream, Tensor::new(&self.q, TensorLayout::contiguous([b, 1, h, d])), cache, &ForwardParams::default(), &Extras::default(), opts)?;
+        g.stream.synchronize().unwrap();
+        Ok(out)
+    }
 }
 
 /// Split-KV scratch kinds give the same bits: the library's (fused
@@ -371,17 +380,14 @@ fn gpu_split_scratch_kinds() {
     let Some(g) = gpu("gpu_split_scratch_kinds") else { return };
     let mut rng = Rng::fresh("gpu_split_scratch_kinds");
     let s = &g.stream;
-    let SplitCase { q, mut kc, mut vc, seqlens } = SplitCase::new(g, &mut rng);
-    let (b, cap, hk, h, d, ns) = SplitCase::DIMS;
+    let mut case = SplitCase::new(g, &mut rng);
+    let (b, _, hk, h, d, ns) = SplitCase::DIMS;
     let mut o_acc: CudaSlice<f32> = s.alloc_zeros(ns * b * h * d).unwrap();
     let mut l_acc: CudaSlice<f32> = s.alloc_zeros(ns * b * h).unwrap();
     let mut counters: CudaSlice<u32> = s.alloc_zeros(b * h).unwrap();
     let mut few: CudaSlice<u32> = s.alloc_zeros(b * hk - 1).unwrap();
-    let (lay, ql) = (TensorLayout::contiguous([b, cap, hk, d]), TensorLayout::contiguous([b, 1, h, d]));
     let mut call = |scratch: Option<SplitScratch<'_>>| -> Result<(Vec<u16>, Vec<f32>), FlashAttnError> {
-        let cache = KvCache { k_cache: &mut kc, v_cache: &mut vc, layout: lay, cache_seqlens: &seqlens, cache_batch_idx: None, block_table: None, k_new: None, v_new: None };
-        let out = g.fa.forward_kvcache::<half::bf16, _>(s, Tensor::new(&q, ql), cache, &ForwardParams::default(), &Extras::default(), DecodeOptions { num_splits: Some(ns), scratch, kernel: None, timeline: None })?;
-        s.synchronize().unwrap();
+        let out = case.call(g, DecodeOptions { num_splits: Some(ns), scratch, kernel: None, timeline: None })?;
         let RowStats::LogSumExp(lse) = &out.stats else { unreachable!("FA2 gives the LSE") };
         Ok((s.clone_dtoh(&out.o).unwrap().iter().map(|x| x.to_bits()).collect(), s.clone_dtoh(lse).unwrap()))
     };
@@ -412,17 +418,14 @@ fn gpu_decode_timeline() {
     let Some(g) = gpu("gpu_decode_timeline") else { return };
     let mut rng = Rng::fresh("gpu_decode_timeline");
     let s = &g.stream;
-    let SplitCase { q, mut kc, mut vc, seqlens } = SplitCase::new(g, &mut rng);
-    let (b, cap, hk, h, d, ns) = SplitCase::DIMS;
-    let (lay, ql) = (TensorLayout::contiguous([b, cap, hk, d]), TensorLayout::contiguous([b, 1, h, d]));
+    let mut case = SplitCase::new(g, &mut rng);
+    let (b, _, hk, _, d, ns) = SplitCase::DIMS;
     // GQA 32/8, one token: the 4 query heads of a KV head are one tile.
     let tiles = b * hk;
     let mut words: CudaSlice<u64> = s.alloc_zeros(tiles * ns * WORDS).unwrap();
     let mut short: CudaSlice<u64> = s.alloc_zeros(tiles * ns * WORDS - 1).unwrap();
     let mut call = |timeline: Option<&mut CudaSlice<u64>>, kernel: Option<&'static str>| -> Result<Vec<u16>, FlashAttnError> {
-        let cache = KvCache { k_cache: &mut kc, v_cache: &mut vc, layout: lay, cache_seqlens: &seqlens, cache_batch_idx: None, block_table: None, k_new: None, v_new: None };
-        let out = g.fa.forward_kvcache::<half::bf16, _>(s, Tensor::new(&q, ql), cache, &ForwardParams::default(), &Extras::default(), DecodeOptions { num_splits: Some(ns), scratch: None, kernel, timeline })?;
-        s.synchronize().unwrap();
+        let out = case.call(g, DecodeOptions { num_splits: Some(ns), scratch: None, kernel, timeline })?;
         Ok(s.clone_dtoh(&out.o).unwrap().iter().map(|x| x.to_bits()).collect())
     };
     let plain = call(None, None).unwrap();

@@ -182,7 +182,8 @@ impl Timeline {
     #[inline(always)]
     fn stamp(&self, k: usize) {
         if !self.words.is_null() {
-            // SAFETY: the host sized the timeline to WORDS per block (k < 7).
+            // SAFETY: the host sized the timeline to WORDS (16) per block;
+            // k < 6 (timeline::POINTS).
             unsafe {
                 *self.words.add(1 + k) = sreg::globaltimer();
                 *self.words.add(8 + k) = sreg::clock64();
@@ -417,12 +418,11 @@ pub unsafe fn forward<
                 unsafe { *(p.lse_accum_ptr as *mut f32).add(idx) = state.lse() };
             }
         }
+        tl.stamp(3);
         if p.split_counter_ptr == 0 {
-            tl.stamp(3);
             tl.meta(split, false);
             return;
         }
-        tl.stamp(3);
         // Fused combine: the last split of this tile to finish merges the
         // tile's rows (one warp per row), no combine launch.
         // SAFETY: the host's counters hold one u32 per tile (idx < grid /
