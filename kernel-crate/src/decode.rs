@@ -41,21 +41,28 @@ fn o_offset(p: &AttnParams, idx: usize) -> usize {
     }
 }
 
-/// Splits whose partial rows one lane loads at once in the combine (eight
-/// 16-byte loads in flight: 16 splits in two L2 round trips, not four).
-const STEP: usize = 8;
+/// Splits whose partial rows one lane of the combine kernel loads at once
+/// (eight 16-byte loads in flight; 72 registers). The fused combine of the
+/// flash-decoding kernels, whose registers are free by then, takes
+/// [`FUSED_STEP`].
+const KERNEL_STEP: usize = 8;
+
+/// [`KERNEL_STEP`] of the flash-decoding kernels' fused combine: 16 splits (the
+/// 8-warp kernel's usual count) in one L2 round trip with the LSEs.
+pub(crate) const FUSED_STEP: usize = 16;
 
 /// Warps per block of the combine kernel.
 pub const COMBINE_WARPS: u32 = 4;
 
-/// Four f32 at `p + i` (16-byte aligned), or zeros when `w` is 0 (not read).
+/// Four f32 at `p + i` (16-byte aligned), or zeros when `on` is false
+/// (not read).
 ///
 /// # Safety
-/// For `w != 0`, `p + i .. p + i + 4` readable and 16-byte aligned.
+/// For `on`, `p + i .. p + i + 4` readable and 16-byte aligned.
 #[inline(always)]
-unsafe fn ld4(p: *const f32, i: usize, w: f32) -> [f32; 4] {
+unsafe fn ld4(p: *const f32, i: usize, on: bool) -> [f32; 4] {
     // SAFETY: caller.
-    if w != 0.0 { unsafe { ld_cg_f32x4(p.add(i)) } } else { [0.0; 4] }
+    if on { unsafe { ld_cg_f32x4(p.add(i)) } } else { [0.0; 4] }
 }
 
 /// Max over the warp.
@@ -81,79 +88,99 @@ fn warp_sum(x: f32) -> f32 {
 /// Merges row `idx` of the lse space (see [`lse_len`]: `n` rows) over the
 /// `num_splits` partials (see the module docs) and writes O's row at `o`
 /// (16-bit) and, if `lse_out` is not null, the LSE. One warp, every lane
-/// calling: lane `l` reads the LSE of splits `l, l + 32, l + 64, l + 96`
-/// (all at once, then two warp reductions: no loop of dependent loads),
-/// keeps their weights `exp(LSE_i − LSE)`, and sums the partial rows four
-/// columns per lane (16-byte loads), [`STEP`] splits per step so the loads
-/// overlap. The partials are read from the L2 (`ld.global.cg`): the
-/// fused combine of the flash-decoding kernels reads rows other blocks of
-/// the same launch wrote.
+/// calling: lane `l` reads the LSE of splits `l, l + 32, l + 64, l + 96`,
+/// keeps their weights `exp(LSE_i − LSE)` (two warp reductions), and sums
+/// the partial rows four columns per lane (16-byte loads), `STEP` splits
+/// per step ([`KERNEL_STEP`] in the combine kernel, [`FUSED_STEP`] in the
+/// fused combine). The loads of a step do not wait for the weights: the first
+/// step's partial rows are read together with the LSEs (one L2 round trip
+/// for up to `STEP` splits, where a load per weight made three), and a
+/// split whose weight is 0 adds nothing (a select, so a row it never wrote
+/// cannot turn the sum into NaN). The partials are read from the L2
+/// (`ld.global.cg`): the fused combine of the flash-decoding kernels reads
+/// rows other blocks of the same launch wrote.
 ///
 /// # Safety
 /// `o_accum_ptr`/`lse_accum_ptr` hold `num_splits · n` rows of `headdim` /
-/// 1 f32, written (and, within a launch, released) by the decode kernels;
+/// 1 f32 (the LSEs written, and, within a launch, released, by the decode
+/// kernels; a partial row whose LSE is −inf may be stale but is allocated);
 /// `o` holds `headdim` elements, `lse_out` one f32 (or is null);
 /// `num_splits ≤ 128`, `headdim` a multiple of 8.
 #[inline(always)]
-pub(crate) unsafe fn combine_row<T: Elem16>(p: &AttnParams, n: usize, idx: usize, lane: usize, o: *mut u16, lse_out: *mut f32) {
-    let (ns, d) = (p.num_splits as usize, p.headdim as usize);
-    let lse_acc = p.lse_accum_ptr as *const f32;
-    let o_acc = p.o_accum_ptr as *const f32;
+pub(crate) unsafe fn combine_row<T: Elem16, const STEP: usize>(p: &AttnParams, n: usize, idx: usize, lane: usize, o: *mut u16, lse_out: *mut f32) {
+    // Split counts, head dims and lanes in 32 bits, addresses as a base
+    // pointer plus a split stride: the 64-bit index arithmetic of
+    // `(s·n + idx)·d + c` per load made ~800 instructions between the LSE
+    // and the partial loads of one warp (SASS, decode step 16).
+    let (ns, d, lane) = (p.num_splits, p.headdim, lane as u32);
+    let lse0 = (p.lse_accum_ptr as *const f32).wrapping_add(idx);
+    let o0 = (p.o_accum_ptr as *const f32).wrapping_add(idx * d as usize);
+    let split_stride = n * d as usize; // f32 between two splits' partial rows
     // SAFETY: s < ns, idx < n: inside the accumulator.
-    let lse_of = |s: usize| if s < ns { unsafe { ld_cg_f32(lse_acc.add(s * n + idx)) } } else { f32::NEG_INFINITY };
+    let lse_of = |s: u32| if s < ns { unsafe { ld_cg_f32(lse0.wrapping_add(s as usize * n)) } } else { f32::NEG_INFINITY };
+    // Splits s0..s0 + STEP of columns c..c + 4 (zeros past ns or d).
+    let load = |s0: u32, c: u32| -> [[f32; 4]; STEP] {
+        let mut x = [[0f32; 4]; STEP];
+        let mut ps = o0.wrapping_add(s0 as usize * split_stride + c as usize);
+        for (u, xu) in x.iter_mut().enumerate() {
+            // SAFETY: row (s0 + u, idx) of the accumulator (s0 + u < ns),
+            // columns c..c + 4 ≤ d: 16-byte aligned (d a multiple of 8).
+            *xu = unsafe { ld4(ps, 0, s0 + (u as u32) < ns && c < d) };
+            ps = ps.wrapping_add(split_stride);
+        }
+        x
+    };
     let (l0, l1, l2, l3) = (lse_of(lane), lse_of(lane + 32), lse_of(lane + 64), lse_of(lane + 96));
+    let mut x = load(0, 4 * lane);
     let m = warp_max(l0.max(l1).max(l2.max(l3)));
     let ex = |x: f32, m: f32| if x == f32::NEG_INFINITY { 0.0 } else { (x - m).exp() };
     let lse = if m == f32::NEG_INFINITY { m } else { m + warp_sum(ex(l0, m) + ex(l1, m) + ex(l2, m) + ex(l3, m)).ln() };
     let (w0, w1, w2, w3) = if lse == f32::NEG_INFINITY { (0.0, 0.0, 0.0, 0.0) } else { (ex(l0, lse), ex(l1, lse), ex(l2, lse), ex(l3, lse)) };
-    let weight = |s: usize| -> f32 {
+    let weight = |s: u32| -> f32 {
         let x = match s >> 5 {
             0 => w0,
             1 => w1,
             2 => w2,
             _ => w3,
         };
-        shfl_idx_f32(x, (s & 31) as u32)
+        shfl_idx_f32(x, s & 31)
     };
     // Every lane runs every step (the weights are shuffled); lanes past
     // the head dim load and store nothing.
     let mut c0 = 0;
     while c0 < d {
         let c = c0 + 4 * lane;
-        let on = c < d;
         let mut acc = [0f32; 4];
         let mut s = 0;
-        while s < ns {
-            // STEP splits per step: every load first, then the sums (one L2
-            // round trip per step; 16 splits take two). A split past ns or
-            // with a zero weight is not read.
-            let mut w = [0f32; STEP];
-            for (u, wu) in w.iter_mut().enumerate() {
-                let x = weight(s + u);
-                *wu = if s + u < ns && on { x } else { 0.0 };
-            }
-            let mut x = [[0f32; 4]; STEP];
-            for u in 0..STEP {
-                // SAFETY: row (s + u, idx) of the accumulator with a nonzero
-                // weight (s + u < ns), columns c..c + 4 < d: 16-byte aligned.
-                x[u] = unsafe { ld4(o_acc, ((s + u) * n + idx) * d + c, w[u]) };
-            }
-            for u in 0..STEP {
-                for k in 0..4 {
-                    acc[k] += w[u] * x[u][k];
+        loop {
+            for (u, xu) in x.iter().enumerate() {
+                let su = s + u as u32;
+                let w = weight(su);
+                if su < ns && w != 0.0 {
+                    for k in 0..4 {
+                        acc[k] += w * xu[k];
+                    }
                 }
             }
-            s += STEP;
+            s += STEP as u32;
+            if s >= ns {
+                break;
+            }
+            x = load(s, c);
         }
-        if on {
-            // SAFETY: O's row, columns c..c + 4 < d; 4-byte aligned pairs
+        if c < d {
+            let oc = o.wrapping_add(c as usize);
+            // SAFETY: O's row, columns c..c + 4 ≤ d; 4-byte aligned pairs
             // (even c, host-checked strides).
             unsafe {
-                *(o.add(c) as *mut u32) = pack::<T>(acc[0], acc[1]);
-                *(o.add(c + 2) as *mut u32) = pack::<T>(acc[2], acc[3]);
+                *(oc as *mut u32) = pack::<T>(acc[0], acc[1]);
+                *(oc.add(2) as *mut u32) = pack::<T>(acc[2], acc[3]);
             }
         }
         c0 += 128;
+        if c0 < d {
+            x = load(0, c0 + 4 * lane);
+        }
     }
     if lane == 0 && !lse_out.is_null() {
         // SAFETY: caller.
@@ -174,7 +201,7 @@ unsafe fn combine<T: Elem16>(p: &AttnParams) {
     while idx < n {
         let o = (p.o_ptr as *mut u16).wrapping_add(o_offset(p, idx));
         // SAFETY: caller; lse holds lse_len f32.
-        unsafe { combine_row::<T>(p, n, idx, lane, o, (p.lse_ptr as *mut f32).add(idx)) };
+        unsafe { combine_row::<T, KERNEL_STEP>(p, n, idx, lane, o, (p.lse_ptr as *mut f32).add(idx)) };
         idx += sreg::grid_dim_x() as usize * COMBINE_WARPS as usize;
     }
 }

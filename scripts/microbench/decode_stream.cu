@@ -221,6 +221,20 @@ __global__ void flush_read(const uint4* p, size_t n, unsigned* sink) {
 
 __global__ void empty_kernel() {}
 
+// Launch cost (decode step 16): what an empty grid of our decode shape
+// costs in event time after the read flush — 128 blocks of 256 threads,
+// with and without 140 KB of dynamic shared memory (the SM's carveout
+// changes from the flush kernel's), with a 640-byte parameter struct (our
+// AttnParams is passed by value), and with 2 KB of stores per block (the
+// partials a split writes before the kernel can complete).
+struct BigParams { unsigned long long w[80]; };
+__global__ void empty_big(BigParams p, unsigned* sink) { if (p.w[79] == 12345ull) sink[0] = 1; }
+__global__ void empty_smem(unsigned* sink) {
+    extern __shared__ uint4 sm[];
+    if (threadIdx.x == 1000) sink[0] = sm[0].x;
+}
+__global__ void stores_2k(float* out) { out[(size_t)blockIdx.x * 512 + threadIdx.x] = 1.f; out[(size_t)blockIdx.x * 512 + 256 + threadIdx.x] = 2.f; }
+
 struct Bench {
     uint4* flush; size_t flush_n; unsigned* sink; cudaEvent_t e0, e1;
     template <class F> float time(F launch, int reps = 30) {
@@ -251,6 +265,17 @@ int main() {
     printf("| cache | kv heads | MB | pattern | blocks | µs | TB/s |\n|---|---|---|---|---|---|---|\n");
     float te = b.time([&] { empty_kernel<<<1, 32>>>(); });
     printf("| - | - | 0 | empty kernel | 1 | %.1f | - |\n", te);
+    {
+        BigParams bp = {};
+        float* st; CK(cudaMalloc(&st, 128 * 512 * 4));
+        int sm = 140 * 1024; set_smem(empty_smem, sm);
+        printf("| - | - | 0 | empty, 128 x 256 threads | 128 | %.1f | - |\n", b.time([&] { empty_kernel<<<128, 256>>>(); }));
+        printf("| - | - | 0 | empty, 128 x 256, 140 KB dynamic smem | 128 | %.1f | - |\n", b.time([&] { empty_smem<<<128, 256, sm>>>(b.sink); }));
+        printf("| - | - | 0 | empty, 128 x 256, 640-byte params | 128 | %.1f | - |\n", b.time([&] { empty_big<<<128, 256>>>(bp, b.sink); }));
+        printf("| - | - | 0 | 128 x 256, 2 KB of stores per block | 128 | %.1f | - |\n", b.time([&] { stores_2k<<<128, 256>>>(st); }));
+        CK(cudaFree(st));
+    }
+    if (getenv("LAUNCH_ONLY")) return 0;
     for (int nkeys : {4096, 32768, 131072}) for (int hk : {8, 32}) {
         size_t n = (size_t)nkeys * hk * 16; // uint4 per tensor
         uint4 *K, *V;

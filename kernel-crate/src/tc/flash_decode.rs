@@ -346,12 +346,21 @@ pub unsafe fn forward<
     tl.stamp(2);
 
     // ---- merge the warps' states ------------------------------------------------------
+    // Only the tile's live rows (`rows` of 16: one for a token of MHA, the
+    // g packed query heads for GQA) go through shared memory, and the
+    // merge spreads the block's threads over them (decode step 16: a
+    // quarter of the stores and 4× fewer column pairs per thread for
+    // GQA 32/8 than merging all 16 rows).
+    let rows = (nq - q0).min(BR);
     let ms = merge_stride(D);
     let o_w = dynamic_smem::<u8>().wrapping_add(tile_bytes(BR, D)) as *mut f32;
     let ml = o_w.wrapping_add(NW * BR * ms);
     for r in 0..2 {
         let row = g + 8 * r;
         let l = quad_sum(st[0][r].l);
+        if row >= rows {
+            continue; // dead rows: nothing to merge (the shuffle above is done)
+        }
         let dst = o_w.wrapping_add((warp * BR + row) * ms);
         for n in 0..DN {
             let col = n * 8 + 2 * t;
@@ -365,12 +374,13 @@ pub unsafe fn forward<
     }
     sync_threads();
 
-    // Thread tid merges row tid / tpr, column pairs (tid % tpr) + k·tpr.
-    // Rows past the sequence's queries store nothing (no early return: the
-    // fused combine below has barriers).
-    let tpr = nt / BR;
+    // Thread tid merges row tid / tpr, column pairs (tid % tpr) + k·tpr,
+    // with tpr = nt / (rows rounded up to a power of two). Rows past the
+    // sequence's queries store nothing (no early return: the fused combine
+    // below has barriers).
+    let tpr = nt >> rows.next_power_of_two().trailing_zeros();
     let row = tid / tpr;
-    let live = row < nq - q0;
+    let live = row < rows;
     let mut m_all = f32::NEG_INFINITY;
     for w in 0..NW {
         // SAFETY: written above, a barrier passed.
@@ -431,12 +441,11 @@ pub unsafe fn forward<
         tl.stamp(4);
         tl.meta(split, last);
         if last {
-            let rows = (nq - q0).min(BR);
             let mut r = warp;
             while r < rows {
                 // SAFETY: every split of the tile wrote its partial rows and
                 // released them (last_split); O's row r and its LSE exist.
-                unsafe { crate::decode::combine_row::<T>(p, lse_len, seq.lse_base as usize + q0 + r, lane, o_row_of(r), lse_of(r)) };
+                unsafe { crate::decode::combine_row::<T, { crate::decode::FUSED_STEP }>(p, lse_len, seq.lse_base as usize + q0 + r, lane, o_row_of(r), lse_of(r)) };
                 r += NW;
             }
             if p.scratch_ptr != 0 {
