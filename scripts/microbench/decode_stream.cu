@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <vector>
 #include <algorithm>
+#include <type_traits>
 #include <cooperative_groups.h>
 namespace cg = cooperative_groups;
 
@@ -227,8 +228,8 @@ __global__ void empty_kernel() {}
 // changes from the flush kernel's), with a 640-byte parameter struct (our
 // AttnParams is passed by value), and with 2 KB of stores per block (the
 // partials a split writes before the kernel can complete).
-struct BigParams { unsigned long long w[80]; };
-__global__ void empty_big(BigParams p, unsigned* sink) { if (p.w[79] == 12345ull) sink[0] = 1; }
+template <int N> struct Params { unsigned long long w[N]; };
+template <int N> __global__ void empty_params(Params<N> p, unsigned* sink) { if (p.w[N - 1] == 12345ull) sink[0] = 1; }
 __global__ void empty_smem(unsigned* sink) {
     extern __shared__ uint4 sm[];
     if (threadIdx.x == 1000) sink[0] = sm[0].x;
@@ -266,12 +267,25 @@ int main() {
     float te = b.time([&] { empty_kernel<<<1, 32>>>(); });
     printf("| - | - | 0 | empty kernel | 1 | %.1f | - |\n", te);
     {
-        BigParams bp = {};
         float* st; CK(cudaMalloc(&st, 128 * 512 * 4));
         int sm = 140 * 1024; set_smem(empty_smem, sm);
         printf("| - | - | 0 | empty, 128 x 256 threads | 128 | %.1f | - |\n", b.time([&] { empty_kernel<<<128, 256>>>(); }));
         printf("| - | - | 0 | empty, 128 x 256, 140 KB dynamic smem | 128 | %.1f | - |\n", b.time([&] { empty_smem<<<128, 256, sm>>>(b.sink); }));
-        printf("| - | - | 0 | empty, 128 x 256, 640-byte params | 128 | %.1f | - |\n", b.time([&] { empty_big<<<128, 256>>>(bp, b.sink); }));
+        auto params = [&](auto n) {
+            constexpr int N = decltype(n)::value;
+            Params<N> pp = {};
+            printf("| - | - | 0 | empty, 128 x 256, %d-byte params | 128 | %.2f | - |\n", N * 8 + 8, b.time([&] { empty_params<N><<<128, 256>>>(pp, b.sink); }, 100));
+        };
+        params(std::integral_constant<int, 1>{});
+        params(std::integral_constant<int, 8>{});
+        params(std::integral_constant<int, 16>{});
+        params(std::integral_constant<int, 24>{});
+        params(std::integral_constant<int, 32>{});
+        params(std::integral_constant<int, 40>{});
+        params(std::integral_constant<int, 48>{});
+        params(std::integral_constant<int, 64>{});
+        params(std::integral_constant<int, 80>{});
+        params(std::integral_constant<int, 1>{});
         printf("| - | - | 0 | 128 x 256, 2 KB of stores per block | 128 | %.1f | - |\n", b.time([&] { stores_2k<<<128, 256>>>(st); }));
         CK(cudaFree(st));
     }
