@@ -47,9 +47,8 @@ fn o_offset(p: &AttnParams, idx: usize) -> usize {
 /// [`FUSED_STEP`].
 const KERNEL_STEP: usize = 8;
 
-/// [`KERNEL_STEP`] of the flash-decoding kernels' fused combine above 8
-/// splits: 16 splits (the 8-warp kernel's count for GQA 32/8 at batch 1)
-/// in one L2 round trip with the LSEs; up to 8 splits it uses 8.
+/// [`KERNEL_STEP`] of the flash-decoding kernels' fused combine: 16 splits (the
+/// 8-warp kernel's usual count) in one L2 round trip with the LSEs.
 pub(crate) const FUSED_STEP: usize = 16;
 
 /// Warps per block of the combine kernel.

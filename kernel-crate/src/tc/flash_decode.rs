@@ -445,16 +445,7 @@ pub unsafe fn forward<
             while r < rows {
                 // SAFETY: every split of the tile wrote its partial rows and
                 // released them (last_split); O's row r and its LSE exist.
-                // Eight splits per load step up to 8 splits (MHA's usual 4–8:
-                // 16 steps' shuffles cost ~0.4 µs there), 16 above (GQA 32/8:
-                // one L2 round trip) — decode step 16, variants A/B/C.
-                unsafe {
-                    if p.num_splits <= 8 {
-                        crate::decode::combine_row::<T, 8>(p, lse_len, seq.lse_base as usize + q0 + r, lane, o_row_of(r), lse_of(r))
-                    } else {
-                        crate::decode::combine_row::<T, { crate::decode::FUSED_STEP }>(p, lse_len, seq.lse_base as usize + q0 + r, lane, o_row_of(r), lse_of(r))
-                    }
-                };
+                unsafe { crate::decode::combine_row::<T, { crate::decode::FUSED_STEP }>(p, lse_len, seq.lse_base as usize + q0 + r, lane, o_row_of(r), lse_of(r)) };
                 r += NW;
             }
             if p.scratch_ptr != 0 {
