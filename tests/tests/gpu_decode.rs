@@ -374,7 +374,8 @@ impl SplitCase {
 /// Split-KV scratch kinds give the same bits: the library's (fused
 /// combine with its per-stream counters), a caller's without counters
 /// (combine launch), a caller's with counters (fused; called twice: every
-/// launch puts the counts back to 0); counters too small: a typed error.
+/// launch puts the counts back to 0), the caller's accumulators starting
+/// as NaN; counters too small: a typed error.
 #[test]
 fn gpu_split_scratch_kinds() {
     let Some(g) = gpu("gpu_split_scratch_kinds") else { return };
@@ -382,8 +383,11 @@ fn gpu_split_scratch_kinds() {
     let s = &g.stream;
     let mut case = SplitCase::new(g, &mut rng);
     let (b, _, hk, h, d, ns) = SplitCase::DIMS;
-    let mut o_acc: CudaSlice<f32> = s.alloc_zeros(ns * b * h * d).unwrap();
-    let mut l_acc: CudaSlice<f32> = s.alloc_zeros(ns * b * h).unwrap();
+    // A caller's scratch holds whatever its last use left: NaN here, so a
+    // partial row or LSE the combine read without this launch writing it
+    // (or a zero weight times a stale row) would show in the output.
+    let mut o_acc: CudaSlice<f32> = s.clone_htod(&vec![f32::NAN; ns * b * h * d]).unwrap();
+    let mut l_acc: CudaSlice<f32> = s.clone_htod(&vec![f32::NAN; ns * b * h]).unwrap();
     let mut counters: CudaSlice<u32> = s.alloc_zeros(b * h).unwrap();
     let mut few: CudaSlice<u32> = s.alloc_zeros(b * hk - 1).unwrap();
     let mut call = |scratch: Option<SplitScratch<'_>>| -> Result<(Vec<u16>, Vec<f32>), FlashAttnError> {
