@@ -32,7 +32,7 @@
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
-use flash_attn_common::AttnParams;
+use flash_attn_common::{AttnParams, DecodeParams};
 use flash_attn_common::tc::timeline::WORDS as TIMELINE_WORDS;
 /// The flash-decoding kernels' per-block timeline layout ([`DecodeOptions::timeline`]).
 pub use flash_attn_common::tc::timeline;
@@ -103,9 +103,12 @@ pub struct DecodeOptions<'a> {
     pub num_splits: Option<usize>,
     pub scratch: Option<SplitScratch<'a>>,
     /// Forces a kernel by name (benchmarks, tests): a flash-decoding kernel
-    /// ([`crate::decode_kernels::DEC_KERNELS`]) or the call's `fa2d` tile
-    /// kernel. `None`: the flash-decoding kernel for calls with at most 16
-    /// rows per (sequence, head), else the `fa2d` kernel.
+    /// ([`crate::decode_kernels::DEC_KERNELS`]: its `name` runs the entry
+    /// taking the full `AttnParams`, its `compact` name the entry taking the
+    /// 184-byte `DecodeParams`, an error for a call that block cannot carry)
+    /// or the call's `fa2d` tile kernel. `None`: the flash-decoding kernel
+    /// for calls with at most 16 rows per (sequence, head) — through its
+    /// compact entry when the call fits one — else the `fa2d` kernel.
     pub kernel: Option<&'static str>,
     /// A per-block timeline of the flash-decoding kernel (profiling:
     /// `decode-tune --timeline`): [`timeline::WORDS`] u64 per thread block,
@@ -312,6 +315,9 @@ struct AttendPlan {
     /// The flash-decoding kernel runs (split-KV: its fused combine can
     /// replace the combine launch).
     dec: bool,
+    /// The flash-decoding kernel's compact entry and whether the caller
+    /// forced it (then a call it cannot carry is an error).
+    compact: Option<(&'static str, bool)>,
     params: AttnParams,
 }
 
@@ -682,11 +688,11 @@ impl FlashAttention {
         // At most 16 rows per (sequence, head) as launched: the
         // flash-decoding kernel (warps split the keys), else the fa2d tile.
         let dec = if rq <= DecKernel::BR { DecKernel::default_fitting(dtype == DType::BF16, kernel.d, geom.paged.then_some(geom.rows_per), self.limits().max_smem_per_block) } else { None };
-        let dec = match opts.kernel {
-            None => dec,
-            Some(name) if name == kernel.name => None,
-            Some(name) => match DecKernel::by_name(name) {
-                Some(k) if k.d == kernel.d && k.bf16 == (dtype == DType::BF16) && rq <= DecKernel::BR => Some(k),
+        let (dec, compact) = match opts.kernel {
+            None => (dec, dec.and_then(|k| k.compact).map(|c| (c, false))),
+            Some(name) if name == kernel.name => (None, None),
+            Some(name) => match DecKernel::by_name(name).map(|k| (k, None)).or_else(|| DecKernel::by_compact_name(name).map(|k| (k, Some((name, true))))) {
+                Some((k, c)) if k.d == kernel.d && k.bf16 == (dtype == DType::BF16) && rq <= DecKernel::BR => (Some(k), c),
                 _ => {
                     return Err(invalid(
                         "opts.kernel",
@@ -778,6 +784,7 @@ impl FlashAttention {
             lse_len,
             varlen: varlen.map(|_| q_rows),
             dec: dec.is_some(),
+            compact,
             params,
         })
     }
@@ -896,15 +903,42 @@ impl FlashAttention {
                     }
                 }
             }
-            let (f, mut cfg) = self.prepare(&plan.main)?;
-            cfg.grid_dim.0 = plan.grid;
-            let arg = crate::tc::KernelArg(p);
-            // SAFETY: `flash_fwd_tc_fa2d_*(p: AttnParams)`: q, o validated (head
-            // packing re-strides within the same elements), the cache validated
-            // against its layout with device-side lengths, indices and pages
-            // clamped in the kernel; partials (when split) ≥ ns·lse_len(·d) f32;
-            // the kernel's threads and shared memory, num_m·ns·batch·heads blocks.
-            unsafe { stream.launch_builder(f).arg(&arg).launch(cfg) }?;
+            // The compact entry when the call fits its 184-byte block (the
+            // same kernel body on the same values: docs/perf-notes.md decode
+            // step 17); a timeline needs the full block.
+            let compact = match plan.compact {
+                Some((name, forced)) => match DecodeParams::from_attn(&p, p.br, p.bc).filter(|_| timeline.is_none()) {
+                    Some(c) => Some((name, c)),
+                    None if forced => {
+                        return Err(FlashAttnError::Unsupported {
+                            argument: "opts.kernel",
+                            dtype: T::DTYPE.name(),
+                            what: "a compact flash-decoding entry for a call with ALiBi, softcap, varlen, seqused_k, cache_batch_idx, a timeline, or strides over 32 bits",
+                        });
+                    }
+                    None => None,
+                },
+                None => None,
+            };
+            if let Some((name, c)) = compact {
+                let (f, mut cfg) = self.prepare(&Launch { kernel: name, ..plan.main })?;
+                cfg.grid_dim.0 = plan.grid;
+                let arg = crate::tc::KernelArg(c);
+                // SAFETY: `flash_fwd_tc_dec_*_c(c: DecodeParams)` runs the kernel
+                // below on `c.to_attn(16, bc)` == `p` (DecodeParams::from_attn
+                // refuses what it cannot carry; br and bc are this kernel's).
+                unsafe { stream.launch_builder(f).arg(&arg).launch(cfg) }?;
+            } else {
+                let (f, mut cfg) = self.prepare(&plan.main)?;
+                cfg.grid_dim.0 = plan.grid;
+                let arg = crate::tc::KernelArg(p);
+                // SAFETY: `flash_fwd_tc_fa2d_*(p: AttnParams)`: q, o validated (head
+                // packing re-strides within the same elements), the cache validated
+                // against its layout with device-side lengths, indices and pages
+                // clamped in the kernel; partials (when split) ≥ ns·lse_len(·d) f32;
+                // the kernel's threads and shared memory, num_m·ns·batch·heads blocks.
+                unsafe { stream.launch_builder(f).arg(&arg).launch(cfg) }?;
+            }
 
             if ns > 1 && counters.is_none() {
                 let name = if T::DTYPE == DType::BF16 { "combine_splits_bf16" } else { "combine_splits_f16" };

@@ -19,47 +19,54 @@ pub struct DecKernel {
     pub bc: usize,
     /// Shared-memory stages of K/V blocks in flight.
     pub stages: usize,
+    /// The entry taking the compact parameter block
+    /// (`flash_attn_common::DecodeParams`, 184 bytes: launches 0.3–0.85 µs
+    /// sooner than with the 336-byte `AttnParams`; docs/perf-notes.md decode
+    /// step 17), compiled for the default configurations.
+    pub compact: Option<&'static str>,
 }
 
 macro_rules! dec_table {
-    ($( $name:ident $bf:literal $d:literal $w:literal $bc:literal $s:literal; )*) => {
+    ($( $name:ident $(/ $compact:ident)? $bf:literal $d:literal $w:literal $bc:literal $s:literal; )*) => {
         /// Every flash-decoding kernel compiled into the PTX (mirrors the
         /// `dec_kernels!` list of `kernel-crate/src/tc/mod.rs`), the default
         /// of each (dtype, head dim) first.
         pub const DEC_KERNELS: &[DecKernel] = &[$(
-            DecKernel { name: stringify!($name), bf16: $bf, d: $d, warps: $w, bc: $bc, stages: $s },
+            DecKernel { name: stringify!($name), bf16: $bf, d: $d, warps: $w, bc: $bc, stages: $s, compact: dec_table!(@c $($compact)?) },
         )*];
     };
+    (@c $c:ident) => { Some(stringify!($c)) };
+    (@c) => { None };
 }
 
 // The 8-warp d = 128 kernels issue their K/V copies with an `L2::128B`
 // prefetch hint in the sm_90 builds (`pf = 128` in the kernel list; H100,
 // decode-tune: 1–2% faster on long caches, docs/perf-notes.md decode step 10).
 dec_table! {
-    flash_fwd_tc_dec_f16_d32_w4_bc64_s3 false 32 4 64 3;
-    flash_fwd_tc_dec_bf16_d32_w4_bc64_s3 true 32 4 64 3;
-    flash_fwd_tc_dec_f16_d64_w4_bc64_s3 false 64 4 64 3;
-    flash_fwd_tc_dec_bf16_d64_w4_bc64_s3 true 64 4 64 3;
-    flash_fwd_tc_dec_f16_d96_w4_bc64_s3 false 96 4 64 3;
-    flash_fwd_tc_dec_bf16_d96_w4_bc64_s3 true 96 4 64 3;
-    flash_fwd_tc_dec_f16_d128_w8_bc128_s2 false 128 8 128 2;
-    flash_fwd_tc_dec_bf16_d128_w8_bc128_s2 true 128 8 128 2;
+    flash_fwd_tc_dec_f16_d32_w4_bc64_s3 / flash_fwd_tc_dec_f16_d32_w4_bc64_s3_c false 32 4 64 3;
+    flash_fwd_tc_dec_bf16_d32_w4_bc64_s3 / flash_fwd_tc_dec_bf16_d32_w4_bc64_s3_c true 32 4 64 3;
+    flash_fwd_tc_dec_f16_d64_w4_bc64_s3 / flash_fwd_tc_dec_f16_d64_w4_bc64_s3_c false 64 4 64 3;
+    flash_fwd_tc_dec_bf16_d64_w4_bc64_s3 / flash_fwd_tc_dec_bf16_d64_w4_bc64_s3_c true 64 4 64 3;
+    flash_fwd_tc_dec_f16_d96_w4_bc64_s3 / flash_fwd_tc_dec_f16_d96_w4_bc64_s3_c false 96 4 64 3;
+    flash_fwd_tc_dec_bf16_d96_w4_bc64_s3 / flash_fwd_tc_dec_bf16_d96_w4_bc64_s3_c true 96 4 64 3;
+    flash_fwd_tc_dec_f16_d128_w8_bc128_s2 / flash_fwd_tc_dec_f16_d128_w8_bc128_s2_c false 128 8 128 2;
+    flash_fwd_tc_dec_bf16_d128_w8_bc128_s2 / flash_fwd_tc_dec_bf16_d128_w8_bc128_s2_c true 128 8 128 2;
     flash_fwd_tc_dec_f16_d128_w8_bc128_s3 false 128 8 128 3;
     flash_fwd_tc_dec_bf16_d128_w8_bc128_s3 true 128 8 128 3;
     flash_fwd_tc_dec_f16_d128_w4_bc64_s2 false 128 4 64 2;
     flash_fwd_tc_dec_bf16_d128_w4_bc64_s2 true 128 4 64 2;
-    flash_fwd_tc_dec_f16_d128_w4_bc64_s3 false 128 4 64 3;
-    flash_fwd_tc_dec_bf16_d128_w4_bc64_s3 true 128 4 64 3;
+    flash_fwd_tc_dec_f16_d128_w4_bc64_s3 / flash_fwd_tc_dec_f16_d128_w4_bc64_s3_c false 128 4 64 3;
+    flash_fwd_tc_dec_bf16_d128_w4_bc64_s3 / flash_fwd_tc_dec_bf16_d128_w4_bc64_s3_c true 128 4 64 3;
     flash_fwd_tc_dec_f16_d128_w4_bc128_s2 false 128 4 128 2;
     flash_fwd_tc_dec_bf16_d128_w4_bc128_s2 true 128 4 128 2;
-    flash_fwd_tc_dec_f16_d160_w4_bc64_s2 false 160 4 64 2;
-    flash_fwd_tc_dec_bf16_d160_w4_bc64_s2 true 160 4 64 2;
-    flash_fwd_tc_dec_f16_d192_w4_bc64_s2 false 192 4 64 2;
-    flash_fwd_tc_dec_bf16_d192_w4_bc64_s2 true 192 4 64 2;
-    flash_fwd_tc_dec_f16_d224_w4_bc64_s2 false 224 4 64 2;
-    flash_fwd_tc_dec_bf16_d224_w4_bc64_s2 true 224 4 64 2;
-    flash_fwd_tc_dec_f16_d256_w4_bc64_s2 false 256 4 64 2;
-    flash_fwd_tc_dec_bf16_d256_w4_bc64_s2 true 256 4 64 2;
+    flash_fwd_tc_dec_f16_d160_w4_bc64_s2 / flash_fwd_tc_dec_f16_d160_w4_bc64_s2_c false 160 4 64 2;
+    flash_fwd_tc_dec_bf16_d160_w4_bc64_s2 / flash_fwd_tc_dec_bf16_d160_w4_bc64_s2_c true 160 4 64 2;
+    flash_fwd_tc_dec_f16_d192_w4_bc64_s2 / flash_fwd_tc_dec_f16_d192_w4_bc64_s2_c false 192 4 64 2;
+    flash_fwd_tc_dec_bf16_d192_w4_bc64_s2 / flash_fwd_tc_dec_bf16_d192_w4_bc64_s2_c true 192 4 64 2;
+    flash_fwd_tc_dec_f16_d224_w4_bc64_s2 / flash_fwd_tc_dec_f16_d224_w4_bc64_s2_c false 224 4 64 2;
+    flash_fwd_tc_dec_bf16_d224_w4_bc64_s2 / flash_fwd_tc_dec_bf16_d224_w4_bc64_s2_c true 224 4 64 2;
+    flash_fwd_tc_dec_f16_d256_w4_bc64_s2 / flash_fwd_tc_dec_f16_d256_w4_bc64_s2_c false 256 4 64 2;
+    flash_fwd_tc_dec_bf16_d256_w4_bc64_s2 / flash_fwd_tc_dec_bf16_d256_w4_bc64_s2_c true 256 4 64 2;
 }
 
 impl DecKernel {
@@ -81,6 +88,11 @@ impl DecKernel {
     /// Looks a configuration up by kernel name.
     pub fn by_name(name: &str) -> Option<&'static DecKernel> {
         DEC_KERNELS.iter().find(|k| k.name == name)
+    }
+
+    /// Looks a configuration up by the name of its compact entry.
+    pub fn by_compact_name(name: &str) -> Option<&'static DecKernel> {
+        DEC_KERNELS.iter().find(|k| k.compact == Some(name))
     }
 
     /// The default for a dtype, compiled head dim and cache layout (`page`:
@@ -112,6 +124,8 @@ impl DecKernel {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use flash_attn_common::decode_params::DECODE_PARAMS_BYTES;
+    use flash_attn_common::{AttnParams, DecodeParams};
 
     #[test]
     fn d128_defaults_follow_the_page_size() {
@@ -130,7 +144,81 @@ mod tests {
                 let k = DecKernel::default_fitting(bf16, d, page, 163 * 1024).unwrap_or_else(|| panic!("d = {d}"));
                 assert!(k.bc % (16 * k.warps) == 0 && k.stages >= 2, "{k:?}");
                 assert!(k.name.contains(if bf16 { "_bf16_" } else { "_f16_" }) && k.name.contains(&format!("_d{d}_")), "{k:?}");
+                assert_eq!(k.compact.map(String::from), Some(format!("{}_c", k.name)), "every default has a compact entry: {k:?}");
             }
+        }
+    }
+
+
+    /// A plain paged GQA split-KV decode call's block, as the host fills it.
+    fn plain() -> AttnParams {
+        AttnParams {
+            q_ptr: 0x7f00_0000_1000,
+            k_ptr: 0x7f00_1000_0000,
+            v_ptr: 0x7f00_2000_0000,
+            o_ptr: 0x7f00_0000_2000,
+            lse_ptr: 0x7f00_0000_3000,
+            o_accum_ptr: 0x7f00_0000_4000,
+            q_stride: [4096, 128, 512],
+            k_stride: [16 * 8 * 128, 8 * 128, 128],
+            v_stride: [16 * 8 * 128, 8 * 128, 128],
+            o_stride: [4096, 128, 512],
+            batch: 3,
+            nheads: 8,
+            seqlen_q: 4,
+            seqlen_k: 5000,
+            headdim: 128,
+            causal: 0,
+            softmax_scale: 0.088388,
+            softmax_scale_log2: 0.127516,
+            br: 16,
+            bc: 64,
+            nheads_k: 8,
+            window_left: -1,
+            window_right: -1,
+            cache_seqlens_ptr: 0x7f00_0000_5000,
+            cache_batch: 3,
+            seqlen_new: 1,
+            block_table_ptr: 0x7f00_0000_6000,
+            block_table_stride: 313,
+            page_size: 16,
+            num_pages: 939,
+            num_splits: 7,
+            lse_accum_ptr: 0x7f00_0000_7000,
+            split_counter_ptr: 0x7f00_0000_8000,
+            ..AttnParams::default()
+        }
+    }
+
+    #[test]
+    fn a_plain_call_round_trips_in_184_bytes() {
+        assert_eq!(DECODE_PARAMS_BYTES, 184);
+        let p = plain();
+        let c = DecodeParams::from_attn(&p, 16, 64).expect("a plain call is compact");
+        assert_eq!(c.to_attn(16, 64), p);
+    }
+
+    #[test]
+    fn what_the_block_cannot_carry_is_refused() {
+        let base = plain();
+        let refused: [(&str, AttnParams); 14] = [
+            ("alibi", AttnParams { alibi_ptr: 8, ..base }),
+            ("alibi stride", AttnParams { alibi_batch_stride: 1, ..base }),
+            ("softcap", AttnParams { softcap: 30.0, ..base }),
+            ("softcap_pre", AttnParams { softcap_pre: -0.0, ..base }),
+            ("varlen q", AttnParams { cu_seqlens_q_ptr: 8, total_q: 9, ..base }),
+            ("varlen k", AttnParams { cu_seqlens_k_ptr: 8, ..base }),
+            ("seqused_k", AttnParams { seqused_k_ptr: 8, ..base }),
+            ("cache_batch_idx", AttnParams { cache_batch_idx_ptr: 8, ..base }),
+            ("timeline", AttnParams { scratch_ptr: 8, ..base }),
+            ("fa1 m", AttnParams { m_ptr: 8, ..base }),
+            ("wide stride", AttnParams { k_stride: [1 << 32, 1024, 128], ..base }),
+            ("many heads", AttnParams { nheads: 1 << 16, ..base }),
+            ("big page", AttnParams { page_size: 1 << 16, ..base }),
+            ("other bc", AttnParams { bc: 128, ..base }),
+        ];
+        for (what, p) in refused {
+            assert!(DecodeParams::from_attn(&p, 16, 64).is_none(), "{what}");
         }
     }
 }

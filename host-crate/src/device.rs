@@ -64,7 +64,8 @@ impl FlashAttention {
         let num_sms = ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?.max(1) as usize;
         let module = ctx.load_module(Ptx::from_src(build.ptx))?;
         let mut kernels = HashMap::new();
-        let tc_names = crate::tc::TC_KERNELS.iter().map(|k| k.name).chain(crate::decode_kernels::DEC_KERNELS.iter().map(|k| k.name));
+        let dec_names = crate::decode_kernels::DEC_KERNELS.iter().flat_map(|k| std::iter::once(k.name).chain(k.compact));
+        let tc_names = crate::tc::TC_KERNELS.iter().map(|k| k.name).chain(dec_names);
         let hopper_names: &[&'static str] = if build.arch == "sm_90a" { crate::hopper::PROBE_KERNELS } else { &[] };
         let hopper_names = hopper_names.iter().copied().chain(
             crate::hopper::HOPPER_KERNELS.iter().map(|k| k.name).filter(|_| build.arch == "sm_90a"),

@@ -279,7 +279,14 @@ int main() {
         params(std::integral_constant<int, 1>{});
         params(std::integral_constant<int, 8>{});
         params(std::integral_constant<int, 16>{});
+        params(std::integral_constant<int, 17>{});
+        params(std::integral_constant<int, 18>{});
+        params(std::integral_constant<int, 19>{});
+        params(std::integral_constant<int, 20>{});
+        params(std::integral_constant<int, 21>{});
+        params(std::integral_constant<int, 22>{});
         params(std::integral_constant<int, 24>{});
+        params(std::integral_constant<int, 28>{});
         params(std::integral_constant<int, 32>{});
         params(std::integral_constant<int, 40>{});
         params(std::integral_constant<int, 48>{});

@@ -85,10 +85,12 @@ fn main() -> Res<()> {
             .unwrap()
             .name
     };
+    // Each configuration's full entry (336-byte AttnParams), then its
+    // compact one (184-byte DecodeParams, `…_c`) where compiled.
     let mut kernels: Vec<&'static str> = DEC_KERNELS
         .iter()
         .filter(|k| k.bf16 && k.d == D)
-        .map(|k| k.name)
+        .flat_map(|k| std::iter::once(k.name).chain(k.compact))
         .collect();
     kernels.push(fa2d);
     kernels.retain(|k| o.kernels.is_empty() || o.kernels.iter().any(|s| k.contains(s.as_str())));
@@ -162,7 +164,9 @@ fn main() -> Res<()> {
             })?;
             let us = m.ms.unwrap_or(f64::NAN) * 1e3;
             line += &format!(" {us:.1} µs {:.2} TB/s |", c.bytes() / (us * 1e-6) / 1e12);
-            if o.timeline && !name.contains("fa2d") {
+            // The timeline needs the full parameter block (a compact entry
+            // cannot carry it).
+            if o.timeline && !name.contains("fa2d") && !name.ends_with("_c") {
                 let (summary, recs) = timeline_of(g, &mut flush, &mut inputs, ns, name)?;
                 for r in &recs {
                     csv += &format!("{},{},{},{},{},{},{},{}", c.batch, c.cache, c.hk, c.layout(), name, r.sm, r.split, r.last as u8);

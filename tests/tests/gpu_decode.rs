@@ -410,6 +410,35 @@ fn gpu_split_scratch_kinds() {
     assert!(matches!(e, FlashAttnError::InvalidArgument { argument: "scratch.counters", .. }), "{e}");
 }
 
+/// The compact entry (`DecodeParams`, 184 bytes) and the full one
+/// (`AttnParams`) of the same flash-decoding kernel give the same bits; a
+/// plain call takes the compact one by default (forcing it succeeds), a
+/// call it cannot carry (a timeline) is a typed error when it is forced.
+#[test]
+fn gpu_decode_compact_entry() {
+    use flash_attn::decode::timeline::WORDS;
+    use flash_attn::decode_kernels::DecKernel;
+    let Some(g) = gpu("gpu_decode_compact_entry") else { return };
+    let mut rng = Rng::fresh("gpu_decode_compact_entry");
+    let s = &g.stream;
+    let mut case = SplitCase::new(g, &mut rng);
+    let (b, _, hk, _, d, ns) = SplitCase::DIMS;
+    let k = DecKernel::default_fitting(true, d, None, 227 * 1024).unwrap();
+    let compact = k.compact.expect("the default has a compact entry");
+    let mut call = |kernel: Option<&'static str>, timeline: Option<&mut CudaSlice<u64>>| -> Result<Vec<u16>, FlashAttnError> {
+        let out = case.call(g, DecodeOptions { num_splits: Some(ns), scratch: None, kernel, timeline })?;
+        Ok(s.clone_dtoh(&out.o).unwrap().iter().map(|x| x.to_bits()).collect())
+    };
+    let auto = call(None, None).unwrap();
+    let full = call(Some(k.name), None).unwrap();
+    let small = call(Some(compact), None).unwrap();
+    assert!(auto == full && full == small, "compact and full entries differ");
+    let mut words: CudaSlice<u64> = s.alloc_zeros(b * hk * ns * WORDS).unwrap();
+    let e = call(Some(compact), Some(&mut words)).unwrap_err();
+    assert!(matches!(e, FlashAttnError::Unsupported { argument: "opts.kernel", .. }), "{e}");
+    assert!(call(None, Some(&mut words)).unwrap() == full, "a timeline call (full entry) differs");
+}
+
 /// The flash-decoding kernel's per-block timeline (`DecodeOptions::timeline`):
 /// the same output bits with and without it; one record per thread block
 /// with its points in order, every split of every tile once, one merging

@@ -14,6 +14,7 @@
 #![cfg_attr(not(feature = "std"), no_std)]
 #![cfg_attr(target_arch = "nvptx64", feature(asm_experimental_arch))]
 
+pub mod decode_params;
 pub mod hopper;
 pub mod mask;
 pub mod params;
@@ -23,6 +24,7 @@ pub mod smem_layout;
 pub mod softmax;
 pub mod tc;
 
+pub use decode_params::DecodeParams;
 pub use mask::{KeyWindow, ScoreMod, UNBOUNDED};
 pub use params::{AttnParams, SeqInfo};
 pub use plan::{HbmTraffic, PlanError, TilingPlan};
