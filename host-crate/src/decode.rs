@@ -689,7 +689,11 @@ impl FlashAttention {
         // flash-decoding kernel (warps split the keys), else the fa2d tile.
         let dec = if rq <= DecKernel::BR { DecKernel::default_fitting(dtype == DType::BF16, kernel.d, geom.paged.then_some(geom.rows_per), self.limits().max_smem_per_block) } else { None };
         let (dec, compact) = match opts.kernel {
-            None => (dec, dec.and_then(|k| k.compact).map(|c| (c, false))),
+            // The compact entry by default, except over pages smaller than
+            // the kernel's key block (a page lookup per row): there the
+            // compact build of the 4-warp page-16 kernel streams 0.5–1% slower
+            // on long caches, more than its launch saves (decode step 17).
+            None => (dec, dec.filter(|k| !geom.paged || geom.rows_per % k.bc == 0).and_then(|k| k.compact).map(|c| (c, false))),
             Some(name) if name == kernel.name => (None, None),
             Some(name) => match DecKernel::by_name(name).map(|k| (k, None)).or_else(|| DecKernel::by_compact_name(name).map(|k| (k, Some((name, true))))) {
                 Some((k, c)) if k.d == kernel.d && k.bf16 == (dtype == DType::BF16) && rq <= DecKernel::BR => (Some(k), c),
