@@ -47,7 +47,7 @@ use crate::varlen::{check_alibi, check_gqa};
 use crate::varlen_api::{Varlen, VarlenOutput, check_varlen_lens};
 
 /// The kernels of this module (loaded with the others).
-pub const DECODE_KERNELS: &[&str] = &["combine_splits_f16", "combine_splits_bf16", "kv_append_u16"];
+pub const DECODE_KERNELS: &[&str] = &["combine_splits_f16", "combine_splits_bf16", "kv_append_u16", "kv_append_u16_c"];
 /// Largest `num_splits` (FlashAttention-2's bound).
 pub const MAX_SPLITS: usize = 128;
 /// Warps per block of the combine kernel (`kernel-crate/src/decode.rs`).
@@ -573,9 +573,19 @@ impl FlashAttention {
         };
         // Both tensors move in 16-byte chunks: the tensor-core alignment rule.
         crate::api::check_tc_alignment(&AttnParams { k_ptr: dst, k_stride: p.o_stride, v_ptr: dst, v_stride: p.o_stride, ..p })?;
-        let (f, _) = self.prepare(&Launch { kernel: "kv_append_u16", grid: 1, threads: 256, smem_bytes: 0 })?;
         let chunks = (batch * s_new * nheads_k * d / 8) as u64;
         let cfg = LaunchConfig { grid_dim: (chunks.div_ceil(256).clamp(1, 1 << 16) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        // The compact 184-byte block when it carries the call (no
+        // cache_batch_idx, strides under 2³²): decode step 17.
+        if let Some(c) = DecodeParams::from_attn(&p, 0, 0) {
+            let (f, _) = self.prepare(&Launch { kernel: "kv_append_u16_c", grid: 1, threads: 256, smem_bytes: 0 })?;
+            let arg = crate::tc::KernelArg(c);
+            // SAFETY: `kv_append_u16_c(c: DecodeParams)` runs the append below
+            // on `c.to_attn(0, 0)` == `p` (from_attn refuses what it cannot carry).
+            unsafe { stream.launch_builder(f).arg(&arg).launch(cfg) }?;
+            return Ok(());
+        }
+        let (f, _) = self.prepare(&Launch { kernel: "kv_append_u16", grid: 1, threads: 256, smem_bytes: 0 })?;
         let arg = crate::tc::KernelArg(p);
         // SAFETY: `kv_append_u16(p: AttnParams)`: source (batch, s_new,
         // nheads_k, d) validated and 16-byte aligned; destination the

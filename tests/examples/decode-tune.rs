@@ -9,7 +9,7 @@
 //!
 //! Usage: `decode-tune [--quick] [--flush read|write] [--splits N,...]
 //! [--kernels SUBSTR,...] [--layouts P,...] [--cells B:CACHE:HK,...]
-//! [--no-fused] [--no-event-tracking] [--timeline [--timeline-csv FILE]]`
+//! [--no-fused] [--no-event-tracking] [--timeline [--timeline-csv FILE]] [--append]`
 //! (prints a markdown table).
 
 use clap::Parser;
@@ -52,6 +52,10 @@ struct Opts {
     /// With --timeline: also write every block's record as CSV to this file
     #[arg(long, value_name = "FILE")]
     timeline_csv: Option<std::path::PathBuf>,
+    /// Also time `append_kv` of one token per sequence (the append launch of
+    /// a decode step with new keys) per cell
+    #[arg(long)]
+    append: bool,
     /// Only these cells, as batch:cache:kv_heads (default: all)
     #[arg(long, value_delimiter = ',', value_parser = parse_cell)]
     cells: Vec<(usize, usize, usize)>,
@@ -148,6 +152,13 @@ fn main() -> Res<()> {
             c.hk,
             c.layout()
         );
+        if o.append {
+            let m = time_events(&g.ctx, &g.stream, timing, |step| match step {
+                Step::Setup(_) => flush.run(&g.stream),
+                Step::Timed(_) => inputs.append(g),
+            })?;
+            eprintln!("append {} {} 32/{} {}: {:.2} µs", c.batch, c.cache, c.hk, c.layout(), m.ms.unwrap_or(f64::NAN) * 1e3);
+        }
         // Every kernel's O against the first kernel's (same inputs): a
         // broken configuration shows as a large difference.
         let mut first: Option<Vec<f32>> = None;

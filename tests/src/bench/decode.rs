@@ -138,6 +138,25 @@ impl DecodeInputs {
         Ok(g.stream.clone_dtoh(&o)?.iter().map(|x| x.to_f32()).collect())
     }
 
+    /// Appends one token's keys per sequence to the K cache at row
+    /// `cache_seqlens[b]` (`append_kv`, stream-ordered): the append launch a
+    /// decode step with new keys runs twice. The cells' caches are full, so
+    /// the kernel reads its lengths and writes nothing (`new` is the query
+    /// buffer, reinterpreted as `(batch, 1, kv_heads, d)`).
+    pub fn append(&mut self, g: &Gpu) -> Res<()> {
+        let c = self.cell;
+        g.fa.append_kv::<half::bf16>(
+            &g.stream,
+            &mut self.kc,
+            self.layout,
+            Tensor::new(&self.q as &dyn DevicePtr<half::bf16>, TensorLayout::contiguous([c.batch, 1, c.hk, D])),
+            &self.seqlens,
+            None,
+            c.page.map(|_| BlockTable { table: &self.table as &dyn DevicePtr<i32>, max_blocks_per_seq: self.per }),
+        )?;
+        Ok(())
+    }
+
     fn call(&mut self, g: &Gpu, splits: Option<usize>, kernel: Option<&'static str>, timeline: Option<&mut CudaSlice<u64>>) -> Res<CudaSlice<half::bf16>> {
         let c = self.cell;
         let cache = KvCache {
