@@ -315,9 +315,9 @@ struct AttendPlan {
     /// The flash-decoding kernel runs (split-KV: its fused combine can
     /// replace the combine launch).
     dec: bool,
-    /// The flash-decoding kernel's compact entry and whether the caller
-    /// forced it (then a call it cannot carry is an error).
-    compact: Option<(&'static str, bool)>,
+    /// The flash-decoding kernel whose compact entry may run, and whether
+    /// the caller forced that entry (then a call it cannot carry is an error).
+    compact: Option<(&'static DecKernel, bool)>,
     params: AttnParams,
 }
 
@@ -577,21 +577,22 @@ impl FlashAttention {
         let cfg = LaunchConfig { grid_dim: (chunks.div_ceil(256).clamp(1, 1 << 16) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
         // The compact 184-byte block when it carries the call (no
         // cache_batch_idx, strides under 2³²): decode step 17.
-        if let Some(c) = DecodeParams::from_attn(&p, 0, 0) {
-            let (f, _) = self.prepare(&Launch { kernel: "kv_append_u16_c", grid: 1, threads: 256, smem_bytes: 0 })?;
-            let arg = crate::tc::KernelArg(c);
-            // SAFETY: `kv_append_u16_c(c: DecodeParams)` runs the append below
-            // on `c.to_attn(0, 0)` == `p` (from_attn refuses what it cannot carry).
-            unsafe { stream.launch_builder(f).arg(&arg).launch(cfg) }?;
-            return Ok(());
-        }
-        let (f, _) = self.prepare(&Launch { kernel: "kv_append_u16", grid: 1, threads: 256, smem_bytes: 0 })?;
-        let arg = crate::tc::KernelArg(p);
+        let compact = DecodeParams::from_attn(&p, 0, 0).map(crate::tc::KernelArg);
+        let kernel = if compact.is_some() { "kv_append_u16_c" } else { "kv_append_u16" };
+        let (f, _) = self.prepare(&Launch { kernel, grid: 1, threads: 256, smem_bytes: 0 })?;
+        let full = crate::tc::KernelArg(p);
+        let mut launch = stream.launch_builder(f);
+        match &compact {
+            Some(c) => launch.arg(c),
+            None => launch.arg(&full),
+        };
         // SAFETY: `kv_append_u16(p: AttnParams)`: source (batch, s_new,
         // nheads_k, d) validated and 16-byte aligned; destination the
         // validated cache (rows past the capacity skipped, device values
-        // clamped); cache_seqlens holds batch i32.
-        unsafe { stream.launch_builder(f).arg(&arg).launch(cfg) }?;
+        // clamped); cache_seqlens holds batch i32. `kv_append_u16_c(c:
+        // DecodeParams)` runs the same append on `c.to_attn(0, 0)` == `p`
+        // (from_attn refuses what the block cannot carry).
+        unsafe { launch.launch(cfg) }?;
         Ok(())
     }
 
@@ -703,9 +704,9 @@ impl FlashAttention {
             // the kernel's key block (a page lookup per row): there the
             // compact build of the 4-warp page-16 kernel streams 0.5–1% slower
             // on long caches, more than its launch saves (decode step 17).
-            None => (dec, dec.filter(|k| !geom.paged || geom.rows_per % k.bc == 0).and_then(|k| k.compact).map(|c| (c, false))),
+            None => (dec, dec.filter(|k| k.compact.is_some() && (!geom.paged || geom.rows_per % k.bc == 0)).map(|k| (k, false))),
             Some(name) if name == kernel.name => (None, None),
-            Some(name) => match DecKernel::by_name(name).map(|k| (k, None)).or_else(|| DecKernel::by_compact_name(name).map(|k| (k, Some((name, true))))) {
+            Some(name) => match DecKernel::by_name(name).map(|k| (k, None)).or_else(|| DecKernel::by_compact_name(name).map(|k| (k, Some((k, true))))) {
                 Some((k, c)) if k.d == kernel.d && k.bf16 == (dtype == DType::BF16) && rq <= DecKernel::BR => (Some(k), c),
                 _ => {
                     return Err(invalid(
@@ -921,8 +922,8 @@ impl FlashAttention {
             // same kernel body on the same values: docs/perf-notes.md decode
             // step 17); a timeline needs the full block.
             let compact = match plan.compact {
-                Some((name, forced)) => match DecodeParams::from_attn(&p, p.br, p.bc).filter(|_| timeline.is_none()) {
-                    Some(c) => Some((name, c)),
+                Some((k, forced)) => match DecodeParams::from_attn(&p, DecKernel::BR as u32, k.bc as u32).filter(|_| timeline.is_none()) {
+                    Some(c) => k.compact.map(|name| (name, crate::tc::KernelArg(c))),
                     None if forced => {
                         return Err(FlashAttnError::Unsupported {
                             argument: "opts.kernel",
@@ -934,25 +935,24 @@ impl FlashAttention {
                 },
                 None => None,
             };
-            if let Some((name, c)) = compact {
-                let (f, mut cfg) = self.prepare(&Launch { kernel: name, ..plan.main })?;
-                cfg.grid_dim.0 = plan.grid;
-                let arg = crate::tc::KernelArg(c);
-                // SAFETY: `flash_fwd_tc_dec_*_c(c: DecodeParams)` runs the kernel
-                // below on `c.to_attn(16, bc)` == `p` (DecodeParams::from_attn
-                // refuses what it cannot carry; br and bc are this kernel's).
-                unsafe { stream.launch_builder(f).arg(&arg).launch(cfg) }?;
-            } else {
-                let (f, mut cfg) = self.prepare(&plan.main)?;
-                cfg.grid_dim.0 = plan.grid;
-                let arg = crate::tc::KernelArg(p);
-                // SAFETY: `flash_fwd_tc_fa2d_*(p: AttnParams)`: q, o validated (head
-                // packing re-strides within the same elements), the cache validated
-                // against its layout with device-side lengths, indices and pages
-                // clamped in the kernel; partials (when split) ≥ ns·lse_len(·d) f32;
-                // the kernel's threads and shared memory, num_m·ns·batch·heads blocks.
-                unsafe { stream.launch_builder(f).arg(&arg).launch(cfg) }?;
-            }
+            let main = Launch { kernel: compact.as_ref().map_or(plan.main.kernel, |(name, _)| name), ..plan.main };
+            let (f, mut cfg) = self.prepare(&main)?;
+            cfg.grid_dim.0 = plan.grid;
+            let full = crate::tc::KernelArg(p);
+            let mut launch = stream.launch_builder(f);
+            match &compact {
+                Some((_, c)) => launch.arg(c),
+                None => launch.arg(&full),
+            };
+            // SAFETY: `flash_fwd_tc_fa2d_*(p: AttnParams)` / `flash_fwd_tc_dec_*(p:
+            // AttnParams)`: q, o validated (head packing re-strides within the same
+            // elements), the cache validated against its layout with device-side
+            // lengths, indices and pages clamped in the kernel; partials (when
+            // split) ≥ ns·lse_len(·d) f32; the kernel's threads and shared memory,
+            // num_m·ns·batch·heads blocks. `flash_fwd_tc_dec_*_c(c: DecodeParams)`
+            // runs the same kernel on `c.to_attn(16, bc)` == `p` (from_attn refuses
+            // what the block cannot carry, and br, bc other than this kernel's).
+            unsafe { launch.launch(cfg) }?;
 
             if ns > 1 && counters.is_none() {
                 let name = if T::DTYPE == DType::BF16 { "combine_splits_bf16" } else { "combine_splits_f16" };

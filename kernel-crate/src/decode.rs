@@ -54,15 +54,15 @@ pub(crate) const FUSED_STEP: usize = 16;
 /// Warps per block of the combine kernel.
 pub const COMBINE_WARPS: u32 = 4;
 
-/// Four f32 at `p + i` (16-byte aligned), or zeros when `on` is false
-/// (not read).
+/// Four f32 at `p` (16-byte aligned), or zeros when `on` is false (not
+/// read).
 ///
 /// # Safety
-/// For `on`, `p + i .. p + i + 4` readable and 16-byte aligned.
+/// For `on`, `p .. p + 4` readable and 16-byte aligned.
 #[inline(always)]
-unsafe fn ld4(p: *const f32, i: usize, on: bool) -> [f32; 4] {
+unsafe fn ld4(p: *const f32, on: bool) -> [f32; 4] {
     // SAFETY: caller.
-    if on { unsafe { ld_cg_f32x4(p.add(i)) } } else { [0.0; 4] }
+    if on { unsafe { ld_cg_f32x4(p) } } else { [0.0; 4] }
 }
 
 /// Max over the warp.
@@ -125,7 +125,7 @@ pub(crate) unsafe fn combine_row<T: Elem16, const STEP: usize>(p: &AttnParams, n
         for (u, xu) in x.iter_mut().enumerate() {
             // SAFETY: row (s0 + u, idx) of the accumulator (s0 + u < ns),
             // columns c..c + 4 ≤ d: 16-byte aligned (d a multiple of 8).
-            *xu = unsafe { ld4(ps, 0, s0 + (u as u32) < ns && c < d) };
+            *xu = unsafe { ld4(ps, s0 + (u as u32) < ns && c < d) };
             ps = ps.wrapping_add(split_stride);
         }
         x

@@ -11,6 +11,7 @@
 #include <vector>
 #include <algorithm>
 #include <type_traits>
+#include <utility>
 #include <cooperative_groups.h>
 namespace cg = cooperative_groups;
 
@@ -230,6 +231,8 @@ __global__ void empty_kernel() {}
 // partials a split writes before the kernel can complete).
 template <int N> struct Params { unsigned long long w[N]; };
 template <int N> __global__ void empty_params(Params<N> p, unsigned* sink) { if (p.w[N - 1] == 12345ull) sink[0] = 1; }
+// f(std::integral_constant<int, N>{}) for each N, in order.
+template <class F, int... N> void for_each_n(F f, std::integer_sequence<int, N...>) { (f(std::integral_constant<int, N>{}), ...); }
 __global__ void empty_smem(unsigned* sink) {
     extern __shared__ uint4 sm[];
     if (threadIdx.x == 1000) sink[0] = sm[0].x;
@@ -276,23 +279,8 @@ int main() {
             Params<N> pp = {};
             printf("| - | - | 0 | empty, 128 x 256, %d-byte params | 128 | %.2f | - |\n", N * 8 + 8, b.time([&] { empty_params<N><<<128, 256>>>(pp, b.sink); }, 100));
         };
-        params(std::integral_constant<int, 1>{});
-        params(std::integral_constant<int, 8>{});
-        params(std::integral_constant<int, 16>{});
-        params(std::integral_constant<int, 17>{});
-        params(std::integral_constant<int, 18>{});
-        params(std::integral_constant<int, 19>{});
-        params(std::integral_constant<int, 20>{});
-        params(std::integral_constant<int, 21>{});
-        params(std::integral_constant<int, 22>{});
-        params(std::integral_constant<int, 24>{});
-        params(std::integral_constant<int, 28>{});
-        params(std::integral_constant<int, 32>{});
-        params(std::integral_constant<int, 40>{});
-        params(std::integral_constant<int, 48>{});
-        params(std::integral_constant<int, 64>{});
-        params(std::integral_constant<int, 80>{});
-        params(std::integral_constant<int, 1>{});
+        // Sizes N·8 + 8 bytes; the first size again at the end (drift check).
+        for_each_n(params, std::integer_sequence<int, 1, 8, 16, 17, 18, 19, 20, 21, 22, 24, 28, 32, 40, 48, 64, 80, 1>{});
         printf("| - | - | 0 | 128 x 256, 2 KB of stores per block | 128 | %.1f | - |\n", b.time([&] { stores_2k<<<128, 256>>>(st); }));
         CK(cudaFree(st));
     }

@@ -369,6 +369,13 @@ impl SplitCase {
         g.stream.synchronize().unwrap();
         Ok(out)
     }
+
+    /// [`SplitCase::call`] with `num_splits` splits through the library's
+    /// scratch, `kernel` and `timeline` as given: O's bits.
+    fn o_bits(&mut self, g: &Gpu, kernel: Option<&'static str>, timeline: Option<&mut CudaSlice<u64>>) -> Result<Vec<u16>, FlashAttnError> {
+        let out = self.call(g, DecodeOptions { num_splits: Some(Self::DIMS.5), scratch: None, kernel, timeline })?;
+        Ok(g.stream.clone_dtoh(&out.o).unwrap().iter().map(|x| x.to_bits()).collect())
+    }
 }
 
 /// Split-KV scratch kinds give the same bits: the library's (fused
@@ -425,10 +432,7 @@ fn gpu_decode_compact_entry() {
     let (b, _, hk, _, d, ns) = SplitCase::DIMS;
     let k = DecKernel::default_fitting(true, d, None, 227 * 1024).unwrap();
     let compact = k.compact.expect("the default has a compact entry");
-    let mut call = |kernel: Option<&'static str>, timeline: Option<&mut CudaSlice<u64>>| -> Result<Vec<u16>, FlashAttnError> {
-        let out = case.call(g, DecodeOptions { num_splits: Some(ns), scratch: None, kernel, timeline })?;
-        Ok(s.clone_dtoh(&out.o).unwrap().iter().map(|x| x.to_bits()).collect())
-    };
+    let mut call = |kernel: Option<&'static str>, timeline: Option<&mut CudaSlice<u64>>| case.o_bits(g, kernel, timeline);
     let auto = call(None, None).unwrap();
     let full = call(Some(k.name), None).unwrap();
     let small = call(Some(compact), None).unwrap();
@@ -457,10 +461,7 @@ fn gpu_decode_timeline() {
     let tiles = b * hk;
     let mut words: CudaSlice<u64> = s.alloc_zeros(tiles * ns * WORDS).unwrap();
     let mut short: CudaSlice<u64> = s.alloc_zeros(tiles * ns * WORDS - 1).unwrap();
-    let mut call = |timeline: Option<&mut CudaSlice<u64>>, kernel: Option<&'static str>| -> Result<Vec<u16>, FlashAttnError> {
-        let out = case.call(g, DecodeOptions { num_splits: Some(ns), scratch: None, kernel, timeline })?;
-        Ok(s.clone_dtoh(&out.o).unwrap().iter().map(|x| x.to_bits()).collect())
-    };
+    let mut call = |timeline: Option<&mut CudaSlice<u64>>, kernel: Option<&'static str>| case.o_bits(g, kernel, timeline);
     let plain = call(None, None).unwrap();
     let traced = call(Some(&mut words), None).unwrap();
     assert!(plain == traced, "the timeline changes the output");
