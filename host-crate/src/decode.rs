@@ -32,7 +32,7 @@
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
-use flash_attn_common::{AttnParams, DecodeParams};
+use flash_attn_common::{AttnParams, DecodeParams, MAX_TICKET_BLOCKS};
 use flash_attn_common::tc::timeline::WORDS as TIMELINE_WORDS;
 /// The flash-decoding kernels' per-block timeline layout ([`DecodeOptions::timeline`]).
 pub use flash_attn_common::tc::timeline;
@@ -116,6 +116,18 @@ pub struct DecodeOptions<'a> {
     /// of [`timeline::POINTS`]). Calls that run another
     /// kernel return [`FlashAttnError::Unsupported`].
     pub timeline: Option<&'a mut CudaSlice<u64>>,
+    /// Split-KV in the flash-decoding kernels: `true` gives each split its
+    /// own contiguous share of a tile's key blocks, so the same inputs give
+    /// the same bits on every run. `false` (default), with the fused
+    /// combine: a tile's key blocks go to its splits one at a time (a ticket
+    /// count per tile, [`AttnParams::split_tickets`]), so splits on SMs that
+    /// stream faster take more blocks and the call waits less for its
+    /// slowest SM; the partial sums then run in a different order on each
+    /// run (the result agrees to rounding, not bitwise). Paged caches,
+    /// calls with fewer than [`MIN_TICKET_BLOCKS_PER_SPLIT`] key blocks per
+    /// split, and kernels built without the schedule ([`DecKernel::tickets`])
+    /// keep the contiguous shares.
+    pub deterministic: bool,
 }
 
 /// FlashAttention-2's split heuristic: with `work` thread blocks for
@@ -183,6 +195,25 @@ pub fn decode_splits_heuristic(
         .filter(|&s| s == 1 || (work * s <= slots && n_blocks.div_ceil(n_blocks.div_ceil(s)) == s))
         .min_by_key(|&s| rank(s))
         .unwrap_or(1)
+}
+
+/// Key blocks per split from which the ticket schedule pays (H100,
+/// decode step 18: 16 per split — GQA 32/8 at 32k keys — streamed 1–2%
+/// slower with tickets, 64 per split 2–3% faster; 32 is between the two,
+/// not measured).
+pub const MIN_TICKET_BLOCKS_PER_SPLIT: usize = 32;
+
+/// Whether a flash-decoding call with `ns` splits of `n_blocks` key blocks
+/// takes the ticket schedule ([`DecodeOptions::deterministic`],
+/// [`AttnParams::split_tickets`]): split, not deterministic, a kernel built
+/// with it, a contiguous cache (over pages, every ticket's block starts with
+/// a dependent block-table load: with 256-token pages the 8-warp kernel ran
+/// 8–11% slower with tickets, decode step 18), at least
+/// [`MIN_TICKET_BLOCKS_PER_SPLIT`] key blocks per split, and tickets that fit
+/// their 16 bits. (The fused combine's counters, which hold the tickets, are
+/// checked at launch.)
+fn split_tickets(ns: usize, kernel_has_tickets: bool, paged: bool, n_blocks: usize, deterministic: bool) -> bool {
+    ns > 1 && !deterministic && kernel_has_tickets && !paged && n_blocks >= MIN_TICKET_BLOCKS_PER_SPLIT * ns && n_blocks + 2 * ns <= MAX_TICKET_BLOCKS as usize
 }
 
 fn invalid(argument: &'static str, value: String, reason: &'static str) -> FlashAttnError {
@@ -733,6 +764,9 @@ impl FlashAttention {
             Some(_) => decode_splits_heuristic(work, self.num_sms(), per_sm, n_blocks, max_splits),
             None => num_splits_heuristic(work, slots, n_blocks, max_splits),
         });
+        // The ticket schedule (decode step 18), unless the caller asks for
+        // reproducible bits.
+        let split_tickets = dec.is_some_and(|k| split_tickets(ns, k.tickets, geom.paged, n_blocks, opts.deterministic));
         let lse_len = nheads * if varlen.is_some() { q_rows } else { batch * sq };
         let grid = (main.grid as u64)
             .checked_mul(ns as u64)
@@ -787,6 +821,7 @@ impl FlashAttention {
             total_k: if varlen.is_some() { i32::MAX as u32 } else { 0 },
             br: br as u32,
             bc: bc as u32,
+            split_tickets: split_tickets as u32,
             ..opts_r.kernel_params()
         };
         Ok(AttendPlan {
@@ -892,8 +927,10 @@ impl FlashAttention {
                 (true, None, false) => Some(self.split_counters(stream, plan.main.grid as usize)?),
                 (true, None, true) => None,
             };
-            if let Some(ptr) = counters {
-                p.split_counter_ptr = ptr;
+            match counters {
+                Some(ptr) => p.split_counter_ptr = ptr,
+                // The tickets live in the fused combine's counters.
+                None => p.split_tickets = 0,
             }
             let timeline = match opts.timeline.as_mut() {
                 None => None,
@@ -979,5 +1016,31 @@ impl FlashAttention {
             drop(timeline);
         }
         Ok((o, lse))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ticket_schedule_eligibility() {
+        // MHA 32k at batch 1 (4 splits of 256 key blocks), GQA 131k (16 of 1024): tickets.
+        assert!(split_tickets(4, true, false, 256, false));
+        assert!(split_tickets(16, true, false, 1024, false));
+        // GQA 32k (16 splits of 256 blocks: 16 each): not.
+        assert!(!split_tickets(16, true, false, 256, false));
+        assert!(split_tickets(16, true, false, 16 * MIN_TICKET_BLOCKS_PER_SPLIT, false));
+        assert!(!split_tickets(16, true, false, 16 * MIN_TICKET_BLOCKS_PER_SPLIT - 1, false));
+        // Paged caches, kernels built without tickets: not.
+        assert!(!split_tickets(4, true, true, 256, false));
+        assert!(!split_tickets(4, false, false, 256, false));
+        // No split, or the caller asks for reproducible bits: not.
+        assert!(!split_tickets(1, true, false, 256, false));
+        assert!(!split_tickets(4, true, false, 256, true));
+        // The tickets' 16 bits: blocks + two draws past the end per split.
+        let max = MAX_TICKET_BLOCKS as usize;
+        assert!(split_tickets(16, true, false, max - 32, false));
+        assert!(!split_tickets(16, true, false, max - 31, false));
     }
 }

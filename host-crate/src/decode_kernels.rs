@@ -24,15 +24,21 @@ pub struct DecKernel {
     /// sooner than with the 336-byte `AttnParams`; docs/perf-notes.md decode
     /// step 17), compiled for the default configurations.
     pub compact: Option<&'static str>,
+    /// Built with the ticket schedule beside the static loop
+    /// (`AttnParams::split_tickets`, [`crate::decode::DecodeOptions::deterministic`]):
+    /// the d = 128 kernels but the 4-warp Bc-64 3-stage one (the page-16
+    /// default), which keeps the static loop alone (the ticket loop beside
+    /// it cost it 2–4%: docs/perf-notes.md decode step 18).
+    pub tickets: bool,
 }
 
 macro_rules! dec_table {
-    ($( $name:ident $(/ $compact:ident)? $bf:literal $d:literal $w:literal $bc:literal $s:literal; )*) => {
+    ($( $name:ident $(/ $compact:ident)? $bf:literal $d:literal $w:literal $bc:literal $s:literal $tk:literal; )*) => {
         /// Every flash-decoding kernel compiled into the PTX (mirrors the
         /// `dec_kernels!` list of `kernel-crate/src/tc/mod.rs`), the default
         /// of each (dtype, head dim) first.
         pub const DEC_KERNELS: &[DecKernel] = &[$(
-            DecKernel { name: stringify!($name), bf16: $bf, d: $d, warps: $w, bc: $bc, stages: $s, compact: dec_table!(@c $($compact)?) },
+            DecKernel { name: stringify!($name), bf16: $bf, d: $d, warps: $w, bc: $bc, stages: $s, compact: dec_table!(@c $($compact)?), tickets: $tk },
         )*];
     };
     (@c $c:ident) => { Some(stringify!($c)) };
@@ -42,31 +48,35 @@ macro_rules! dec_table {
 // The 8-warp d = 128 kernels issue their K/V copies with an `L2::128B`
 // prefetch hint in the sm_90 builds (`pf = 128` in the kernel list; H100,
 // decode-tune: 1–2% faster on long caches, docs/perf-notes.md decode step 10).
+// Their 3-stage build comes first (213 KB of shared memory: the H100's
+// default; with the ticket schedule on long caches and alone on GQA 32k it
+// streamed 1–2% faster than 2 stages, decode step 18); where it does not fit
+// (an A100's 164 KB) the 2-stage build is the first that does.
 dec_table! {
-    flash_fwd_tc_dec_f16_d32_w4_bc64_s3 / flash_fwd_tc_dec_f16_d32_w4_bc64_s3_c false 32 4 64 3;
-    flash_fwd_tc_dec_bf16_d32_w4_bc64_s3 / flash_fwd_tc_dec_bf16_d32_w4_bc64_s3_c true 32 4 64 3;
-    flash_fwd_tc_dec_f16_d64_w4_bc64_s3 / flash_fwd_tc_dec_f16_d64_w4_bc64_s3_c false 64 4 64 3;
-    flash_fwd_tc_dec_bf16_d64_w4_bc64_s3 / flash_fwd_tc_dec_bf16_d64_w4_bc64_s3_c true 64 4 64 3;
-    flash_fwd_tc_dec_f16_d96_w4_bc64_s3 / flash_fwd_tc_dec_f16_d96_w4_bc64_s3_c false 96 4 64 3;
-    flash_fwd_tc_dec_bf16_d96_w4_bc64_s3 / flash_fwd_tc_dec_bf16_d96_w4_bc64_s3_c true 96 4 64 3;
-    flash_fwd_tc_dec_f16_d128_w8_bc128_s2 / flash_fwd_tc_dec_f16_d128_w8_bc128_s2_c false 128 8 128 2;
-    flash_fwd_tc_dec_bf16_d128_w8_bc128_s2 / flash_fwd_tc_dec_bf16_d128_w8_bc128_s2_c true 128 8 128 2;
-    flash_fwd_tc_dec_f16_d128_w8_bc128_s3 false 128 8 128 3;
-    flash_fwd_tc_dec_bf16_d128_w8_bc128_s3 true 128 8 128 3;
-    flash_fwd_tc_dec_f16_d128_w4_bc64_s2 false 128 4 64 2;
-    flash_fwd_tc_dec_bf16_d128_w4_bc64_s2 true 128 4 64 2;
-    flash_fwd_tc_dec_f16_d128_w4_bc64_s3 / flash_fwd_tc_dec_f16_d128_w4_bc64_s3_c false 128 4 64 3;
-    flash_fwd_tc_dec_bf16_d128_w4_bc64_s3 / flash_fwd_tc_dec_bf16_d128_w4_bc64_s3_c true 128 4 64 3;
-    flash_fwd_tc_dec_f16_d128_w4_bc128_s2 false 128 4 128 2;
-    flash_fwd_tc_dec_bf16_d128_w4_bc128_s2 true 128 4 128 2;
-    flash_fwd_tc_dec_f16_d160_w4_bc64_s2 / flash_fwd_tc_dec_f16_d160_w4_bc64_s2_c false 160 4 64 2;
-    flash_fwd_tc_dec_bf16_d160_w4_bc64_s2 / flash_fwd_tc_dec_bf16_d160_w4_bc64_s2_c true 160 4 64 2;
-    flash_fwd_tc_dec_f16_d192_w4_bc64_s2 / flash_fwd_tc_dec_f16_d192_w4_bc64_s2_c false 192 4 64 2;
-    flash_fwd_tc_dec_bf16_d192_w4_bc64_s2 / flash_fwd_tc_dec_bf16_d192_w4_bc64_s2_c true 192 4 64 2;
-    flash_fwd_tc_dec_f16_d224_w4_bc64_s2 / flash_fwd_tc_dec_f16_d224_w4_bc64_s2_c false 224 4 64 2;
-    flash_fwd_tc_dec_bf16_d224_w4_bc64_s2 / flash_fwd_tc_dec_bf16_d224_w4_bc64_s2_c true 224 4 64 2;
-    flash_fwd_tc_dec_f16_d256_w4_bc64_s2 / flash_fwd_tc_dec_f16_d256_w4_bc64_s2_c false 256 4 64 2;
-    flash_fwd_tc_dec_bf16_d256_w4_bc64_s2 / flash_fwd_tc_dec_bf16_d256_w4_bc64_s2_c true 256 4 64 2;
+    flash_fwd_tc_dec_f16_d32_w4_bc64_s3 / flash_fwd_tc_dec_f16_d32_w4_bc64_s3_c false 32 4 64 3 false;
+    flash_fwd_tc_dec_bf16_d32_w4_bc64_s3 / flash_fwd_tc_dec_bf16_d32_w4_bc64_s3_c true 32 4 64 3 false;
+    flash_fwd_tc_dec_f16_d64_w4_bc64_s3 / flash_fwd_tc_dec_f16_d64_w4_bc64_s3_c false 64 4 64 3 false;
+    flash_fwd_tc_dec_bf16_d64_w4_bc64_s3 / flash_fwd_tc_dec_bf16_d64_w4_bc64_s3_c true 64 4 64 3 false;
+    flash_fwd_tc_dec_f16_d96_w4_bc64_s3 / flash_fwd_tc_dec_f16_d96_w4_bc64_s3_c false 96 4 64 3 false;
+    flash_fwd_tc_dec_bf16_d96_w4_bc64_s3 / flash_fwd_tc_dec_bf16_d96_w4_bc64_s3_c true 96 4 64 3 false;
+    flash_fwd_tc_dec_f16_d128_w8_bc128_s3 / flash_fwd_tc_dec_f16_d128_w8_bc128_s3_c false 128 8 128 3 true;
+    flash_fwd_tc_dec_bf16_d128_w8_bc128_s3 / flash_fwd_tc_dec_bf16_d128_w8_bc128_s3_c true 128 8 128 3 true;
+    flash_fwd_tc_dec_f16_d128_w8_bc128_s2 / flash_fwd_tc_dec_f16_d128_w8_bc128_s2_c false 128 8 128 2 true;
+    flash_fwd_tc_dec_bf16_d128_w8_bc128_s2 / flash_fwd_tc_dec_bf16_d128_w8_bc128_s2_c true 128 8 128 2 true;
+    flash_fwd_tc_dec_f16_d128_w4_bc64_s2 false 128 4 64 2 true;
+    flash_fwd_tc_dec_bf16_d128_w4_bc64_s2 true 128 4 64 2 true;
+    flash_fwd_tc_dec_f16_d128_w4_bc64_s3 / flash_fwd_tc_dec_f16_d128_w4_bc64_s3_c false 128 4 64 3 false;
+    flash_fwd_tc_dec_bf16_d128_w4_bc64_s3 / flash_fwd_tc_dec_bf16_d128_w4_bc64_s3_c true 128 4 64 3 false;
+    flash_fwd_tc_dec_f16_d128_w4_bc128_s2 false 128 4 128 2 true;
+    flash_fwd_tc_dec_bf16_d128_w4_bc128_s2 true 128 4 128 2 true;
+    flash_fwd_tc_dec_f16_d160_w4_bc64_s2 / flash_fwd_tc_dec_f16_d160_w4_bc64_s2_c false 160 4 64 2 false;
+    flash_fwd_tc_dec_bf16_d160_w4_bc64_s2 / flash_fwd_tc_dec_bf16_d160_w4_bc64_s2_c true 160 4 64 2 false;
+    flash_fwd_tc_dec_f16_d192_w4_bc64_s2 / flash_fwd_tc_dec_f16_d192_w4_bc64_s2_c false 192 4 64 2 false;
+    flash_fwd_tc_dec_bf16_d192_w4_bc64_s2 / flash_fwd_tc_dec_bf16_d192_w4_bc64_s2_c true 192 4 64 2 false;
+    flash_fwd_tc_dec_f16_d224_w4_bc64_s2 / flash_fwd_tc_dec_f16_d224_w4_bc64_s2_c false 224 4 64 2 false;
+    flash_fwd_tc_dec_bf16_d224_w4_bc64_s2 / flash_fwd_tc_dec_bf16_d224_w4_bc64_s2_c true 224 4 64 2 false;
+    flash_fwd_tc_dec_f16_d256_w4_bc64_s2 / flash_fwd_tc_dec_f16_d256_w4_bc64_s2_c false 256 4 64 2 false;
+    flash_fwd_tc_dec_bf16_d256_w4_bc64_s2 / flash_fwd_tc_dec_bf16_d256_w4_bc64_s2_c true 256 4 64 2 false;
 }
 
 impl DecKernel {
@@ -130,7 +140,10 @@ mod tests {
     #[test]
     fn d128_defaults_follow_the_page_size() {
         let pick = |page| DecKernel::default_fitting(true, 128, page, 227 * 1024).unwrap();
-        assert_eq!((pick(None).warps, pick(None).bc), (8, 128));
+        assert_eq!((pick(None).warps, pick(None).bc, pick(None).stages), (8, 128, 3));
+        // An A100's 164 KB: the 2-stage build.
+        let a100 = DecKernel::default_fitting(true, 128, None, 164 * 1024).unwrap();
+        assert_eq!((a100.warps, a100.bc, a100.stages), (8, 128, 2));
         assert_eq!((pick(Some(256)).warps, pick(Some(256)).bc), (8, 128));
         assert_eq!((pick(Some(64)).warps, pick(Some(64)).bc), (4, 64));
         assert_eq!((pick(Some(16)).warps, pick(Some(16)).bc, pick(Some(16)).stages), (4, 64, 3));
@@ -193,15 +206,18 @@ mod tests {
     #[test]
     fn a_plain_call_round_trips_in_184_bytes() {
         assert_eq!(DECODE_PARAMS_BYTES, 184);
-        let p = plain();
-        let c = DecodeParams::from_attn(&p, 16, 64).expect("a plain call is compact");
-        assert_eq!(c.to_attn(16, 64), p);
+        // The flags word carries causal and the ticket schedule.
+        for (causal, split_tickets) in [(0, 0), (1, 0), (0, 1), (1, 1)] {
+            let p = AttnParams { causal, split_tickets, ..plain() };
+            let c = DecodeParams::from_attn(&p, 16, 64).expect("a plain call is compact");
+            assert_eq!(c.to_attn(16, 64), p);
+        }
     }
 
     #[test]
     fn what_the_block_cannot_carry_is_refused() {
         let base = plain();
-        let refused: [(&str, AttnParams); 14] = [
+        let refused: [(&str, AttnParams); 16] = [
             ("alibi", AttnParams { alibi_ptr: 8, ..base }),
             ("alibi stride", AttnParams { alibi_batch_stride: 1, ..base }),
             ("softcap", AttnParams { softcap: 30.0, ..base }),
@@ -216,6 +232,8 @@ mod tests {
             ("many heads", AttnParams { nheads: 1 << 16, ..base }),
             ("big page", AttnParams { page_size: 1 << 16, ..base }),
             ("other bc", AttnParams { bc: 128, ..base }),
+            ("causal not a flag", AttnParams { causal: 2, ..base }),
+            ("tickets not a flag", AttnParams { split_tickets: 2, ..base }),
         ];
         for (what, p) in refused {
             assert!(DecodeParams::from_attn(&p, 16, 64).is_none(), "{what}");

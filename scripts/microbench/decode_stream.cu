@@ -4,25 +4,13 @@
 //   nvcc -O3 -arch=sm_90a -o decode_stream decode_stream.cu && ./decode_stream
 // bf16 K and V (seqlen, nheads_k, 128), L2 flushed by a 128 MB read before
 // every timed run (as fa-bench-decode), CUDA events, median of 30 runs.
-#include <cuda_runtime.h>
-#include <cstdio>
-#include <cstdlib>
-#include <cstdint>
-#include <vector>
-#include <algorithm>
+#include "microbench.cuh"
 #include <type_traits>
 #include <utility>
 #include <cooperative_groups.h>
 namespace cg = cooperative_groups;
 
-#define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e), __FILE__, __LINE__); exit(1); } } while (0)
 
-__device__ __forceinline__ uint32_t saddr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
-__device__ __forceinline__ void cp16(uint32_t s, const void* g) {
-    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16;" :: "r"(s), "l"(g));
-}
-__device__ __forceinline__ void commit() { asm volatile("cp.async.commit_group;"); }
-template <int N> __device__ __forceinline__ void wait_group() { asm volatile("cp.async.wait_group %0;" :: "n"(N)); }
 
 // The S-stage loop both decompositions share: block j waited for, a barrier,
 // block j + S − 1 issued, one 16-byte chunk of block j read.
@@ -215,11 +203,6 @@ __global__ void plain_read(const uint4* K, const uint4* V, size_t n, unsigned* s
     if (acc == 0x12345678u) sink[0] = acc;
 }
 
-__global__ void flush_read(const uint4* p, size_t n, unsigned* sink) {
-    unsigned acc = 0;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) acc ^= __ldcg(p + i).y;
-    if (acc == 0x12345678u) sink[0] = acc;
-}
 
 __global__ void empty_kernel() {}
 
@@ -239,26 +222,7 @@ __global__ void empty_smem(unsigned* sink) {
 }
 __global__ void stores_2k(float* out) { out[(size_t)blockIdx.x * 512 + threadIdx.x] = 1.f; out[(size_t)blockIdx.x * 512 + 256 + threadIdx.x] = 2.f; }
 
-struct Bench {
-    uint4* flush; size_t flush_n; unsigned* sink; cudaEvent_t e0, e1;
-    template <class F> float time(F launch, int reps = 30) {
-        std::vector<float> t;
-        for (int r = 0; r < reps + 3; ++r) {
-            flush_read<<<132 * 4, 512>>>(flush, flush_n, sink);
-            CK(cudaEventRecord(e0));
-            launch();
-            CK(cudaEventRecord(e1));
-            CK(cudaEventSynchronize(e1));
-            CK(cudaGetLastError());
-            float ms; CK(cudaEventElapsedTime(&ms, e0, e1));
-            if (r >= 3) t.push_back(ms * 1000.f);
-        }
-        std::sort(t.begin(), t.end());
-        return t[t.size() / 2];
-    }
-};
 
-template <class Kern> void set_smem(Kern k, int bytes) { CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes)); }
 
 int main() {
     int sms; CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));

@@ -9,7 +9,8 @@
 //!
 //! Usage: `decode-tune [--quick] [--flush read|write] [--splits N,...]
 //! [--kernels SUBSTR,...] [--layouts P,...] [--cells B:CACHE:HK,...]
-//! [--no-fused] [--no-event-tracking] [--timeline [--timeline-csv FILE]] [--append]`
+//! [--no-fused] [--schedules default,static] [--no-event-tracking]
+//! [--timeline [--timeline-csv FILE]] [--append]`
 //! (prints a markdown table).
 
 use clap::Parser;
@@ -36,6 +37,11 @@ struct Opts {
     /// Combine split-KV partials in a second launch (no fused combine)
     #[arg(long)]
     no_fused: bool,
+    /// Split schedules, a column each: `default` (the library's: key-block
+    /// tickets where eligible) and `static` (`DecodeOptions::deterministic`:
+    /// contiguous shares); default: `default` only
+    #[arg(long, value_delimiter = ',', value_parser = ["default", "static"])]
+    schedules: Vec<String>,
     /// Only page sizes in this list (0: contiguous); default: all
     #[arg(long, value_delimiter = ',')]
     layouts: Vec<usize>,
@@ -105,11 +111,24 @@ fn main() -> Res<()> {
         o.cells.clone()
     };
     let splits: Vec<Option<usize>> = if o.splits.is_empty() { vec![None] } else { o.splits.iter().map(|&s| (s > 0).then_some(s)).collect() };
-    let columns: Vec<(&'static str, Option<usize>)> = kernels.iter().flat_map(|&k| splits.iter().map(move |&s| (k, s))).collect();
-    let label = |(k, s): (&str, Option<usize>)| match (splits.len(), s) {
-        (1, _) => k.to_string(),
-        (_, None) => format!("{k} auto"),
-        (_, Some(s)) => format!("{k} s{s}"),
+    let schedules: Vec<bool> = if o.schedules.is_empty() { vec![false] } else { o.schedules.iter().map(|s| s == "static").collect() };
+    let mut columns: Vec<(&'static str, Option<usize>, bool)> = vec![];
+    for &k in &kernels {
+        for &s in &splits {
+            columns.extend(schedules.iter().map(|&det| (k, s, det)));
+        }
+    }
+    let label = |(k, s, det): (&str, Option<usize>, bool)| {
+        let k = match (splits.len(), s) {
+            (1, _) => k.to_string(),
+            (_, None) => format!("{k} auto"),
+            (_, Some(s)) => format!("{k} s{s}"),
+        };
+        match (schedules.len(), det) {
+            (1, _) => k,
+            (_, true) => format!("{k} static"),
+            (_, false) => format!("{k} default"),
+        }
     };
     for (batch, cache, hk) in shapes {
         for page in [None, Some(16), Some(256)] {
@@ -163,7 +182,8 @@ fn main() -> Res<()> {
         // broken configuration shows as a large difference.
         let mut first: Option<Vec<f32>> = None;
         let mut diff = 0f32;
-        for &(name, ns) in &columns {
+        for &(name, ns, det) in &columns {
+            inputs.deterministic = det;
             let out = inputs.output(g, ns, Some(name))?;
             match &first {
                 None => first = Some(out),
@@ -179,14 +199,15 @@ fn main() -> Res<()> {
             // cannot carry it).
             if o.timeline && !name.contains("fa2d") && !name.ends_with("_c") {
                 let (summary, recs) = timeline_of(g, &mut flush, &mut inputs, ns, name)?;
+                let kernel = format!("{}{}", name.trim_start_matches("flash_fwd_tc_dec_"), if det { " static" } else { "" });
                 for r in &recs {
-                    csv += &format!("{},{},{},{},{},{},{},{}", c.batch, c.cache, c.hk, c.layout(), name, r.sm, r.split, r.last as u8);
+                    csv += &format!("{},{},{},{},{},{},{},{}", c.batch, c.cache, c.hk, c.layout(), kernel, r.sm, r.split, r.last as u8);
                     for k in 0..6 {
                         csv += &format!(",{},{}", r.ns[k], r.clk[k]);
                     }
                     csv.push('\n');
                 }
-                timelines.push((c, name, ns, us, summary));
+                timelines.push((c, kernel, ns, us, summary));
             }
         }
         line += &format!(" {diff:.1e} |");
@@ -211,7 +232,7 @@ fn main() -> Res<()> {
                 c.cache,
                 c.hk,
                 c.layout(),
-                name.trim_start_matches("flash_fwd_tc_dec_"),
+                name,
                 ns.map_or("auto".to_string(), |n| n.to_string()),
                 s.iter().map(|(_, v)| format!("{v:.2}")).collect::<Vec<_>>().join(" | ")
             );

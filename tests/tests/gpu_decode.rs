@@ -105,7 +105,7 @@ fn run<T: AttnElem>(g: &Gpu, rng: &mut Rng, c: &Dec) -> Result<(), FlashAttnErro
     let params = ForwardParams { causal: c.causal, ..Default::default() };
     let block_table = btd.as_ref().zip(table.as_ref()).map(|(t, (_, per))| BlockTable { table: t as &dyn DevicePtr<i32>, max_blocks_per_seq: *per });
     let qt = Tensor::new(&qd, TensorLayout::contiguous([batch, sq, h, d]));
-    let opts = DecodeOptions { num_splits: c.num_splits, scratch: None, kernel: c.fa2d.then(|| fa2d_kernel::<T>(d)).or(c.dec), timeline: None };
+    let opts = DecodeOptions { num_splits: c.num_splits, scratch: None, kernel: c.fa2d.then(|| fa2d_kernel::<T>(d)).or(c.dec), timeline: None, deterministic: false };
     let out = if c.two_step {
         if s_new > 0 {
             g.fa.append_kv::<T>(s, &mut kd, layout, Tensor::new(&knd as &dyn DevicePtr<T>, new_layout), &csd, None, block_table)?;
@@ -246,6 +246,10 @@ fn gpu_decode_small_for_sanitizers() {
     run::<half::f16>(g, &mut rng, &c).unwrap();
     let c = Dec { batch: 2, sq: 3, max_cached: 70, s_new: 2, h: 2, hk: 1, d: 40, page: None, causal: true, num_splits: Some(2), two_step: false, fa2d: true, dec: None };
     run::<half::bf16>(g, &mut rng, &c).unwrap();
+    // Split-KV with the ticket schedule (contiguous cache, 65 key blocks of
+    // 128 for 2 splits: 3 fixed each, the rest by ticket).
+    let c = Dec { batch: 2, sq: 1, max_cached: 8300, s_new: 1, h: 8, hk: 2, d: 128, page: None, causal: false, num_splits: Some(2), two_step: false, fa2d: false, dec: None };
+    run::<half::bf16>(g, &mut rng, &c).unwrap();
     let c = VarPaged {
         lens_q: vec![5, 1, 40],
         lens_k: vec![90, 3, 33],
@@ -348,6 +352,8 @@ struct SplitCase {
     kc: CudaSlice<half::bf16>,
     vc: CudaSlice<half::bf16>,
     seqlens: CudaSlice<i32>,
+    /// Rows of the cache (`DIMS.1` unless built [`SplitCase::with_capacity`]).
+    cap: usize,
 }
 
 impl SplitCase {
@@ -355,30 +361,35 @@ impl SplitCase {
     const DIMS: (usize, usize, usize, usize, usize, usize) = (3, 5000, 8, 32, 128, 7);
 
     fn new(g: &Gpu, rng: &mut Rng) -> Self {
+        Self::with_capacity(g, rng, Self::DIMS.1, [4999, 0, 1234])
+    }
+
+    /// The same heads with a `cap`-row cache and these key counts.
+    fn with_capacity(g: &Gpu, rng: &mut Rng, cap: usize, seqlens: [i32; 3]) -> Self {
         let s = &g.stream;
-        let (b, cap, hk, h, d, _) = Self::DIMS;
+        let (b, _, hk, h, d, _) = Self::DIMS;
         let mut rnd = |n: usize| -> CudaSlice<half::bf16> { s.clone_htod(&(0..n).map(|_| half::bf16::from_f32(rng.nonzero(1.0))).collect::<Vec<_>>()).unwrap() };
-        Self { q: rnd(b * h * d), kc: rnd(b * cap * hk * d), vc: rnd(b * cap * hk * d), seqlens: s.clone_htod(&[4999i32, 0, 1234]).unwrap() }
+        Self { q: rnd(b * h * d), kc: rnd(b * cap * hk * d), vc: rnd(b * cap * hk * d), seqlens: s.clone_htod(&seqlens).unwrap(), cap }
     }
 
     /// The KV-cache call on this case with `opts` (7 splits unless set), synchronized.
     fn call(&mut self, g: &Gpu, opts: DecodeOptions<'_>) -> Result<flash_attn::ForwardOutput<half::bf16>, FlashAttnError> {
-        let (b, cap, hk, h, d, _) = Self::DIMS;
-        let cache = KvCache { k_cache: &mut self.kc, v_cache: &mut self.vc, layout: TensorLayout::contiguous([b, cap, hk, d]), cache_seqlens: &self.seqlens, cache_batch_idx: None, block_table: None, k_new: None, v_new: None };
+        let (b, _, hk, h, d, _) = Self::DIMS;
+        let cache = KvCache { k_cache: &mut self.kc, v_cache: &mut self.vc, layout: TensorLayout::contiguous([b, self.cap, hk, d]), cache_seqlens: &self.seqlens, cache_batch_idx: None, block_table: None, k_new: None, v_new: None };
         let out = g.fa.forward_kvcache::<half::bf16, _>(&g.stream, Tensor::new(&self.q, TensorLayout::contiguous([b, 1, h, d])), cache, &ForwardParams::default(), &Extras::default(), opts)?;
         g.stream.synchronize().unwrap();
         Ok(out)
     }
 
     /// [`SplitCase::call`] with `num_splits` splits through the library's
-    /// scratch, `kernel` and `timeline` as given: O's bits.
+    /// scratch, `kernel` and `timeline` as given, deterministic: O's bits.
     fn o_bits(&mut self, g: &Gpu, kernel: Option<&'static str>, timeline: Option<&mut CudaSlice<u64>>) -> Result<Vec<u16>, FlashAttnError> {
-        let out = self.call(g, DecodeOptions { num_splits: Some(Self::DIMS.5), scratch: None, kernel, timeline })?;
+        let out = self.call(g, DecodeOptions { num_splits: Some(Self::DIMS.5), scratch: None, kernel, timeline, deterministic: true })?;
         Ok(g.stream.clone_dtoh(&out.o).unwrap().iter().map(|x| x.to_bits()).collect())
     }
 }
 
-/// Split-KV scratch kinds give the same bits: the library's (fused
+/// Split-KV scratch kinds give the same bits (deterministic splits): the library's (fused
 /// combine with its per-stream counters), a caller's without counters
 /// (combine launch), a caller's with counters (fused; called twice: every
 /// launch puts the counts back to 0), the caller's accumulators starting
@@ -398,7 +409,7 @@ fn gpu_split_scratch_kinds() {
     let mut counters: CudaSlice<u32> = s.alloc_zeros(b * h).unwrap();
     let mut few: CudaSlice<u32> = s.alloc_zeros(b * hk - 1).unwrap();
     let mut call = |scratch: Option<SplitScratch<'_>>| -> Result<(Vec<u16>, Vec<f32>), FlashAttnError> {
-        let out = case.call(g, DecodeOptions { num_splits: Some(ns), scratch, kernel: None, timeline: None })?;
+        let out = case.call(g, DecodeOptions { num_splits: Some(ns), scratch, kernel: None, timeline: None, deterministic: true })?;
         let RowStats::LogSumExp(lse) = &out.stats else { unreachable!("FA2 gives the LSE") };
         Ok((s.clone_dtoh(&out.o).unwrap().iter().map(|x| x.to_bits()).collect(), s.clone_dtoh(lse).unwrap()))
     };
@@ -415,6 +426,50 @@ fn gpu_split_scratch_kinds() {
     assert!(library.0[h * d..2 * h * d].iter().all(|&x| x == 0) && library.1[h..2 * h].iter().all(|&x| x == f32::NEG_INFINITY));
     let e = call(Some(SplitScratch { o_accum: &mut o_acc, lse_accum: &mut l_acc, max_splits: ns, counters: Some(&mut few) })).unwrap_err();
     assert!(matches!(e, FlashAttnError::InvalidArgument { argument: "scratch.counters", .. }), "{e}");
+}
+
+/// The ticket schedule (the default for split calls of the d = 128
+/// flash-decoding kernels over contiguous caches with at least 32 key
+/// blocks per split): against the deterministic shares on the same inputs
+/// (a 20 000-row cache: 157 key blocks of 128; sequences of 19 999, 0 and
+/// 5 000 keys), the LSE to f32 rounding (a key block taken twice or skipped
+/// would move it by ~1e-2) and O to bf16 rounding, over repeated calls with
+/// 2 and 4 splits; the caller's counters back to 0 after every call (the
+/// tickets share their word); the sequence without keys gives O = 0,
+/// LSE = −inf.
+#[test]
+fn gpu_split_tickets() {
+    let Some(g) = gpu("gpu_split_tickets") else { return };
+    let mut rng = Rng::fresh("gpu_split_tickets");
+    let s = &g.stream;
+    let mut case = SplitCase::with_capacity(g, &mut rng, 20_000, [19_999, 0, 5_000]);
+    let (b, _, _, h, d, _) = SplitCase::DIMS;
+    let max_splits = 64;
+    let mut o_acc: CudaSlice<f32> = s.alloc_zeros(max_splits * b * h * d).unwrap();
+    let mut l_acc: CudaSlice<f32> = s.alloc_zeros(max_splits * b * h).unwrap();
+    let mut counters: CudaSlice<u32> = s.alloc_zeros(b * h).unwrap();
+    for ns in [2, 4] {
+        // O, the LSE and the counters after the call.
+        let mut call = |deterministic: bool| -> (Vec<f32>, Vec<f32>, Vec<u32>) {
+            let scratch = SplitScratch { o_accum: &mut o_acc, lse_accum: &mut l_acc, max_splits, counters: Some(&mut counters) };
+            let out = case.call(g, DecodeOptions { num_splits: Some(ns), scratch: Some(scratch), deterministic, ..Default::default() }).unwrap();
+            let RowStats::LogSumExp(lse) = &out.stats else { unreachable!("FA2 gives the LSE") };
+            (s.clone_dtoh(&out.o).unwrap().iter().map(|x| x.to_f32()).collect(), s.clone_dtoh(lse).unwrap(), s.clone_dtoh(&counters).unwrap())
+        };
+        let (o_ref, lse_ref, _) = call(true);
+        for round in 0..3 {
+            let (o, lse, left) = call(false);
+            for (i, (a, r)) in lse.iter().zip(&lse_ref).enumerate() {
+                let ok = if r.is_finite() { (a - r).abs() <= 1e-4 * r.abs().max(1.0) } else { a == r };
+                assert!(ok, "{ns} splits, call {round}: LSE row {i}: {a} against {r}");
+            }
+            for (i, (a, r)) in o.iter().zip(&o_ref).enumerate() {
+                assert!((a - r).abs() <= 1e-2 * r.abs() + 1e-4, "{ns} splits, call {round}: O element {i}: {a} against {r}");
+            }
+            assert!(o[h * d..2 * h * d].iter().all(|&x| x == 0.0) && lse[h..2 * h].iter().all(|&x| x == f32::NEG_INFINITY), "sequence 1 has no key");
+            assert!(left.iter().all(|&c| c == 0), "{ns} splits, call {round}: counters left {left:?}");
+        }
+    }
 }
 
 /// The compact entry (`DecodeParams`, 184 bytes) and the full one

@@ -44,7 +44,8 @@ pub struct DecodeParams {
     pub nheads: u16,
     pub nheads_k: u16,
     pub headdim: u16,
-    pub causal: u16,
+    /// Bit 0: `causal`; bit 1: `split_tickets`.
+    pub flags: u16,
     pub page_size: u16,
     pub num_splits: u16,
 }
@@ -110,7 +111,7 @@ impl DecodeParams {
             nheads: u16_of(p.nheads)?,
             nheads_k: u16_of(p.nheads_k)?,
             headdim: u16_of(p.headdim)?,
-            causal: u16_of(p.causal)?,
+            flags: if p.causal > 1 || p.split_tickets > 1 { return None } else { (p.causal | p.split_tickets << 1) as u16 },
             page_size: u16_of(p.page_size)?,
             num_splits: u16_of(p.num_splits)?,
         })
@@ -137,7 +138,7 @@ impl DecodeParams {
             seqlen_q: self.seqlen_q,
             seqlen_k: self.seqlen_k,
             headdim: self.headdim as u32,
-            causal: self.causal as u32,
+            causal: (self.flags & 1) as u32,
             softmax_scale: self.softmax_scale,
             softmax_scale_log2: self.softmax_scale_log2,
             br,
@@ -155,6 +156,7 @@ impl DecodeParams {
             num_splits: self.num_splits as u32,
             lse_accum_ptr: self.lse_accum_ptr,
             split_counter_ptr: self.split_counter_ptr,
+            split_tickets: (self.flags >> 1 & 1) as u32,
             ..AttnParams::default()
         }
     }

@@ -114,7 +114,22 @@ pub struct AttnParams {
     /// launch) and puts the count back to 0 for the next launch. 0: the
     /// combine kernel runs after the launch.
     pub split_counter_ptr: u64,
+    /// Split-KV with the fused combine (`split_counter_ptr` set): 1 hands a
+    /// tile's key blocks to its splits one at a time, from a ticket count
+    /// in the high 16 bits of the tile's counter (split `s` of `ns` takes
+    /// blocks `s + i·ns` for `i ≤ S` (its stages), then the block of each
+    /// ticket it draws, in order), so splits on faster SMs take more blocks;
+    /// the result is the same up to the order of the sums (not bitwise
+    /// reproducible). 0: each split takes its contiguous share. The host
+    /// sets it only when the count fits 16 bits ([`MAX_TICKET_BLOCKS`]) and
+    /// for kernels built with the schedule.
+    pub split_tickets: u32,
 }
+
+/// Key blocks plus tickets drawn past the end (two per split) that the
+/// ticket schedule ([`AttnParams::split_tickets`]) can count: the count
+/// lives in the high 16 bits of a tile's counter.
+pub const MAX_TICKET_BLOCKS: u32 = (1 << 16) - 1;
 
 impl Default for AttnParams {
     fn default() -> Self {
@@ -164,6 +179,7 @@ impl Default for AttnParams {
             num_splits: 0,
             lse_accum_ptr: 0,
             split_counter_ptr: 0,
+            split_tickets: 0,
         }
     }
 }

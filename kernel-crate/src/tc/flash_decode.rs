@@ -221,6 +221,7 @@ pub unsafe fn forward<
     const S: usize,
     const QREG: bool,
     const PF: u32,
+    const TICKETS: bool,
 >(
     p: &AttnParams,
 ) {
@@ -244,9 +245,14 @@ pub unsafe fn forward<
     }
     let d = p.headdim as usize;
 
-    // Keys some row sees, keys every row sees, and this split's blocks.
+    // Keys some row sees, keys every row sees, and this split's blocks —
+    // or, with the ticket schedule, the tile's blocks (this split takes
+    // some of them: see the main loop). Kernels built without `TICKETS`
+    // keep the static loop alone (the ticket loop beside it cost the 4-warp
+    // page-16 kernel 2–4%: decode step 18).
+    let tickets = TICKETS && p.split_tickets != 0 && p.num_splits > 1 && p.split_counter_ptr != 0;
     let win = p.key_window(seq.seqlen_q, seq.seqlen_k);
-    let (j_first, j_end, full_start, full_end) = key_blocks::<BC>(p, &win, q0, (q0 + BR).min(nq), nk, Some(split));
+    let (j_first, j_end, full_start, full_end) = key_blocks::<BC>(p, &win, q0, (q0 + BR).min(nq), nk, if tickets { None } else { Some(split) });
     let (full_start, full_end) = (full_start as usize, full_end as usize);
 
     // ---- addresses ----------------------------------------------------------
@@ -275,17 +281,50 @@ pub unsafe fn forward<
     let s_v = |s: usize| SmemTile::<D> { base: kv_base + (S + s) as u32 * kv_bytes };
     // This warp's keys of a block: rows w·Bcw.. of the stage tiles.
     let w_off = (warp * BCW) as u32 * super::tile::row_bytes(D) as u32;
-    let issue = |j: usize| {
+    // Block j into stage `stage`.
+    let issue = |j: usize, stage: usize| {
         // SAFETY: j < j_end: rows < nk exist.
-        unsafe { rc.issue::<D, BC, NW, PF>(p, s_k(j % S), s_v(j % S), j, nk, d) }
+        unsafe { rc.issue::<D, BC, NW, PF>(p, s_k(stage), s_v(stage), j, nk, d) }
+    };
+
+    // The ticket schedule (`TICKETS` kernels, `p.split_tickets`): split `s`
+    // of `ns` takes blocks `j_first + s + i·ns` (i ≤ S), then block
+    // `j_first + (S + 1)·ns + t` for each ticket `t` it draws from the high
+    // 16 bits of the tile's counter, until a ticket falls past `j_end`.
+    // Thread 0 draws a ticket right after issuing an iteration's copies and
+    // stores it in shared memory at the end of the next iteration (two
+    // words by iteration parity, in the Q tile's row padding, which nothing
+    // reads), for the iteration after: the atomic's round trip, slow while
+    // every SM streams, has more than a block's time (one iteration ahead
+    // instead of two: 2–7% slower on long caches, decode step 18). Each
+    // split draws at most two tickets past the end.
+    const NONE: usize = usize::MAX;
+    let ns = p.num_splits as usize;
+    let counter = (p.split_counter_ptr as *mut u32).wrapping_add(idx as usize);
+    let ticket_base = j_first + (S + 1) * ns;
+    let ticket_slot = |k: usize| base + (2 * D + 4 * (k & 1)) as u32;
+    let draw = || {
+        // SAFETY: the tile's counter (host: one u32 per tile, split counts
+        // in the low 16 bits); fewer than 2¹⁶ tickets (host: MAX_TICKET_BLOCKS).
+        unsafe { atom_add_u32_gpu(counter, 1 << 16) >> 16 }
+    };
+    let fixed = |i: usize| {
+        let j = j_first + split as usize + i * ns;
+        if j < j_end { j } else { NONE }
     };
 
     // ---- prologue: Q and the first S − 1 blocks -------------------------------
     // SAFETY: rows q0..min(q0 + 16, nq) of Q exist.
     unsafe { s_q.load_async(g_q, qs1, BR, (nq - q0).min(BR), d, tid, nt) };
+    let mut queue = [NONE; 2]; // tickets: blocks in flight, oldest first (S − 1)
     for s in 0..S - 1 {
-        if j_first + s < j_end {
-            issue(j_first + s);
+        if tickets {
+            queue[s] = fixed(s);
+            if queue[s] != NONE {
+                issue(queue[s], s);
+            }
+        } else if j_first + s < j_end {
+            issue(j_first + s, (j_first + s) % S);
         }
         cp_async_commit();
     }
@@ -301,45 +340,114 @@ pub unsafe fn forward<
     let row0 = (q0 + g) as i64; // sequence row of this thread's first accumulator row
 
     // ---- main loop ----------------------------------------------------------------
-    let mut j = j_first;
-    while j < j_end {
-        // Block j landed (this thread's copies; S − 2 later groups may fly),
-        // then everyone's (barrier), which also frees stage (j − 1) % S.
-        if S == 2 {
-            cp_async_wait::<0>();
-        } else {
-            cp_async_wait::<1>();
-        }
-        sync_threads();
-        if QREG && j == j_first {
-            for kk in 0..DK {
-                // SAFETY: Q landed and a barrier passed.
-                r_q[0][kk] = super::fa2::sign(unsafe { s_q.a_frag(0, kk * 16, lane) }, q_sign);
+    // Q into registers once (QREG), when it has landed.
+    macro_rules! load_q {
+        () => {
+            if QREG {
+                for kk in 0..DK {
+                    // SAFETY: Q landed and a barrier passed.
+                    r_q[0][kk] = super::fa2::sign(unsafe { s_q.a_frag(0, kk * 16, lane) }, q_sign);
+                }
             }
+        };
+    }
+    // Block `j` from stage `buf`: scores, mask, online softmax, P·V.
+    macro_rules! attend_block {
+        ($j:expr, $buf:expr) => {{
+            let (j, buf) = ($j, $buf);
+            let sk = SmemTile::<D> { base: s_k(buf).base + w_off };
+            let sv = SmemTile::<D> { base: s_v(buf).base + w_off };
+            // SAFETY: block j landed and a barrier passed.
+            let mut r_s = unsafe { qk::<T, D, DK, BCWN, 1, QREG>(&r_q, s_q, 0, q_sign, sk, lane) };
+            let k0 = j * BC + warp * BCW;
+            if mods.active() {
+                mods.apply(&mut r_s[0], k0, t, [row0 + win.shift, row0 + 8 + win.shift]);
+            }
+            if k0 < full_start || k0 + BCW > full_end {
+                mask(&mut r_s[0], k0, t, [win.lo(row0), win.lo(row0 + 8)], [win.hi(row0), win.hi(row0 + 8)]);
+                softmax_step::<BCWN, DN, 1, true>(&mut r_s, &mut r_o, &mut st, soft_scale);
+            } else {
+                softmax_step::<BCWN, DN, 1, false>(&mut r_s, &mut r_o, &mut st, soft_scale);
+            }
+            // SAFETY: as above.
+            unsafe { pv::<T, D, DN, BCWN, BCWK, 1>(&mut r_o, &r_s, sv, lane) };
+        }};
+    }
+    if tickets {
+        let mut it = 0; // iteration: block queue[0] sits in stage it % S
+        let mut drawn_out = false;
+        let mut pending = 0u32; // thread 0: the ticket drawn last iteration
+        loop {
+            // The oldest block landed (this thread's copies; S − 2 later
+            // groups may fly), then everyone's (barrier), which also frees
+            // stage (it − 1) % S.
+            if S == 2 {
+                cp_async_wait::<0>();
+            } else {
+                cp_async_wait::<1>();
+            }
+            sync_threads();
+            let j = queue[0];
+            if j == NONE {
+                break; // block-uniform: every thread holds the same queue
+            }
+            if it == 0 {
+                load_q!();
+            }
+            // The next block: the last two fixed ones, then the ticket
+            // thread 0 drew two iterations ago and stored before the barrier.
+            let next = if it < 2 {
+                fixed(S - 1 + it)
+            } else if drawn_out {
+                NONE
+            } else {
+                // SAFETY: written by thread 0 before this iteration's barrier.
+                let jn = ticket_base + unsafe { ld_volatile_shared_u32(ticket_slot(it)) } as usize;
+                if jn < j_end { jn } else { NONE }
+            };
+            drawn_out |= next == NONE;
+            if next != NONE {
+                issue(next, (it + S - 1) % S);
+            }
+            cp_async_commit();
+            // A ticket for two iterations on: drawn now, stored at the end
+            // of the next iteration (a block and more for its round trip).
+            let drawn = if !drawn_out && tid == 0 { draw() } else { 0 };
+            if S == 3 {
+                queue[0] = queue[1];
+                queue[1] = next;
+            } else {
+                queue[0] = next;
+            }
+            attend_block!(j, it % S);
+            if !drawn_out && tid == 0 && it >= 1 {
+                // SAFETY: the other parity's word, read after the next barrier.
+                unsafe { st_shared_u32(ticket_slot(it + 1), pending) };
+            }
+            pending = drawn;
+            it += 1;
         }
-        if j + S - 1 < j_end {
-            issue(j + S - 1);
+    } else {
+        let mut j = j_first;
+        while j < j_end {
+            // Block j landed (this thread's copies; S − 2 later groups may fly),
+            // then everyone's (barrier), which also frees stage (j − 1) % S.
+            if S == 2 {
+                cp_async_wait::<0>();
+            } else {
+                cp_async_wait::<1>();
+            }
+            sync_threads();
+            if j == j_first {
+                load_q!();
+            }
+            if j + S - 1 < j_end {
+                issue(j + S - 1, (j + S - 1) % S);
+            }
+            cp_async_commit();
+            attend_block!(j, j % S);
+            j += 1;
         }
-        cp_async_commit();
-
-        let buf = j % S;
-        let sk = SmemTile::<D> { base: s_k(buf).base + w_off };
-        let sv = SmemTile::<D> { base: s_v(buf).base + w_off };
-        // SAFETY: block j landed and a barrier passed.
-        let mut r_s = unsafe { qk::<T, D, DK, BCWN, 1, QREG>(&r_q, s_q, 0, q_sign, sk, lane) };
-        let k0 = j * BC + warp * BCW;
-        if mods.active() {
-            mods.apply(&mut r_s[0], k0, t, [row0 + win.shift, row0 + 8 + win.shift]);
-        }
-        if k0 < full_start || k0 + BCW > full_end {
-            mask(&mut r_s[0], k0, t, [win.lo(row0), win.lo(row0 + 8)], [win.hi(row0), win.hi(row0 + 8)]);
-            softmax_step::<BCWN, DN, 1, true>(&mut r_s, &mut r_o, &mut st, soft_scale);
-        } else {
-            softmax_step::<BCWN, DN, 1, false>(&mut r_s, &mut r_o, &mut st, soft_scale);
-        }
-        // SAFETY: as above.
-        unsafe { pv::<T, D, DN, BCWN, BCWK, 1>(&mut r_o, &r_s, sv, lane) };
-        j += 1;
     }
     cp_async_wait::<0>();
     sync_threads(); // every warp done with the stages: the merge reuses them
@@ -495,7 +603,8 @@ unsafe fn last_split(p: &AttnParams, tile: usize, flag: u32, tid: usize) -> bool
         fence_acq_rel_gpu(); // the block's partial rows before the count (release)
         let counter = (p.split_counter_ptr as *mut u32).wrapping_add(tile);
         // SAFETY: caller.
-        let last = unsafe { atom_add_u32_gpu(counter, 1) } + 1 == p.num_splits;
+        // (Low 16 bits: splits done; high 16: tickets drawn, see `forward`.)
+        let last = (unsafe { atom_add_u32_gpu(counter, 1) } + 1) & 0xffff == p.num_splits;
         if last {
             // Every split has counted: back to 0 for the next launch.
             // SAFETY: as above.

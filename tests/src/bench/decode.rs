@@ -64,6 +64,9 @@ pub struct DecodeInputs {
     /// Hand the fused combine its counters (default); `false`: the scratch
     /// has none and the combine runs as a second launch.
     pub fused: bool,
+    /// [`DecodeOptions::deterministic`] (default `false`: the library's
+    /// default schedule).
+    pub deterministic: bool,
 }
 
 impl DecodeInputs {
@@ -117,6 +120,7 @@ impl DecodeInputs {
             layout: TensorLayout::contiguous([n_rows, rows_per, c.hk, D]),
             per: c.cache.div_ceil(rows_per),
             fused: true,
+            deterministic: false,
         })
     }
 
@@ -189,6 +193,7 @@ impl DecodeInputs {
                 scratch: Some(scratch),
                 kernel,
                 timeline,
+                deterministic: self.deterministic,
             },
         )?;
         Ok(out.o)
