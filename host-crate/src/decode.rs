@@ -401,8 +401,8 @@ impl FlashAttention {
             self.check_stream(name, s)?;
         }
         if let Some((kn, vn)) = &new {
-            self.append_launch::<T>(stream, k_cache, &layout, kn, cache_seqlens, cache_batch_idx, block_table.as_ref(), &geom)?;
-            self.append_launch::<T>(stream, v_cache, &layout, vn, cache_seqlens, cache_batch_idx, block_table.as_ref(), &geom)?;
+            // K and V in one launch (decode step 20: one ~4.7 µs launch less).
+            self.append_launch::<T>(stream, (&mut *k_cache, kn), Some((&mut *v_cache, vn)), &layout, cache_seqlens, cache_batch_idx, block_table.as_ref(), &geom)?;
         }
         let (kp, _gk) = k_cache.device_ptr_mut(stream);
         let (vp, _gv) = v_cache.device_ptr_mut(stream);
@@ -560,17 +560,19 @@ impl FlashAttention {
         for (name, s) in [("cache", cache.stream()), ("new", new.data.stream()), ("stream", stream)] {
             self.check_stream(name, s)?;
         }
-        self.append_launch(stream, cache, &layout, &new, cache_seqlens, cache_batch_idx, block_table.as_ref(), &geom)
+        self.append_launch(stream, (cache, &new), None, &layout, cache_seqlens, cache_batch_idx, block_table.as_ref(), &geom)
     }
 
-    /// Enqueues `kv_append_u16` (arguments validated).
+    /// Enqueues `kv_append_u16` (arguments validated) for one cache tensor
+    /// and its new rows, or two (K and V: same shapes, caches of the same
+    /// `layout`) in the same launch.
     #[allow(clippy::too_many_arguments)]
     fn append_launch<T: AttnElem>(
         &self,
         stream: &Arc<CudaStream>,
-        cache: &mut dyn DevicePtrMut<T>,
+        (cache, new): (&mut dyn DevicePtrMut<T>, &Tensor<'_, dyn DevicePtr<T> + '_>),
+        second: Option<(&mut dyn DevicePtrMut<T>, &Tensor<'_, dyn DevicePtr<T> + '_>)>,
         layout: &TensorLayout,
-        new: &Tensor<'_, dyn DevicePtr<T> + '_>,
         cache_seqlens: &dyn DevicePtr<i32>,
         cache_batch_idx: Option<&dyn DevicePtr<i32>>,
         block_table: Option<&BlockTable<'_>>,
@@ -580,6 +582,12 @@ impl FlashAttention {
         let u = |x: usize| x as u64;
         let (src, _gs) = new.data.device_ptr(stream);
         let (dst, _gd) = cache.device_ptr_mut(stream);
+        let (src2, _gs2) = second.as_ref().map_or((0, None), |(_, n)| { let (ptr, g) = n.data.device_ptr(stream); (ptr, Some(g)) });
+        let src2_strides = second.as_ref().map_or([0; 3], |(_, n)| n.layout.strides.map(|x| x as u64));
+        let (dst2, _gd2) = match second {
+            Some((c, _)) => { let (ptr, g) = c.device_ptr_mut(stream); (ptr, Some(g)) }
+            None => (0, None),
+        };
         let (cs, _gc) = cache_seqlens.device_ptr(stream);
         let cbi = cache_batch_idx.map(|c| c.device_ptr(stream));
         let bt = block_table.map(|b| (b.table.device_ptr(stream), b.max_blocks_per_seq));
@@ -588,6 +596,9 @@ impl FlashAttention {
             q_stride: new.layout.strides.map(u),
             o_ptr: dst,
             o_stride: layout.strides.map(u),
+            k_ptr: src2,
+            k_stride: src2_strides,
+            v_ptr: dst2,
             batch: batch as u32,
             seqlen_q: s_new as u32,
             nheads: nheads_k as u32,
@@ -602,9 +613,12 @@ impl FlashAttention {
             num_pages: if geom.paged { geom.n_rows as u32 } else { 0 },
             ..AttnParams::default()
         };
-        // Both tensors move in 16-byte chunks: the tensor-core alignment rule.
+        // Every tensor moves in 16-byte chunks: the tensor-core alignment rule.
         crate::api::check_tc_alignment(&AttnParams { k_ptr: dst, k_stride: p.o_stride, v_ptr: dst, v_stride: p.o_stride, ..p })?;
-        let chunks = (batch * s_new * nheads_k * d / 8) as u64;
+        if dst2 != 0 {
+            crate::api::check_tc_alignment(&AttnParams { q_ptr: src2, q_stride: src2_strides, k_ptr: dst2, k_stride: p.o_stride, v_ptr: dst2, v_stride: p.o_stride, ..p })?;
+        }
+        let chunks = (batch * s_new * nheads_k * d / 8) as u64 * if dst2 != 0 { 2 } else { 1 };
         let cfg = LaunchConfig { grid_dim: (chunks.div_ceil(256).clamp(1, 1 << 16) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
         // The compact 184-byte block when it carries the call (no
         // cache_batch_idx, strides under 2³²): decode step 17.
@@ -620,7 +634,9 @@ impl FlashAttention {
         // SAFETY: `kv_append_u16(p: AttnParams)`: source (batch, s_new,
         // nheads_k, d) validated and 16-byte aligned; destination the
         // validated cache (rows past the capacity skipped, device values
-        // clamped); cache_seqlens holds batch i32. `kv_append_u16_c(c:
+        // clamped), and with v_ptr set a second source and cache of the same
+        // shape and layout (validated by the caller, aligned above);
+        // cache_seqlens holds batch i32. `kv_append_u16_c(c:
         // DecodeParams)` runs the same append on `c.to_attn(0, 0)` == `p`
         // (from_attn refuses what the block cannot carry).
         unsafe { launch.launch(cfg) }?;

@@ -59,7 +59,8 @@ struct Opts {
     #[arg(long, value_name = "FILE")]
     timeline_csv: Option<std::path::PathBuf>,
     /// Also time `append_kv` of one token per sequence (the append launch of
-    /// a decode step with new keys) per cell
+    /// a decode step with new keys), and a whole step with and without new
+    /// keys and values (the default kernel), per cell
     #[arg(long)]
     append: bool,
     /// Only these cells, as batch:cache:kv_heads (default: all)
@@ -177,6 +178,25 @@ fn main() -> Res<()> {
                 Step::Timed(_) => inputs.append(g),
             })?;
             eprintln!("append {} {} 32/{} {}: {:.2} µs", c.batch, c.cache, c.hk, c.layout(), m.ms.unwrap_or(f64::NAN) * 1e3);
+            // A whole step with new keys and values (append + attention,
+            // the default kernel) beside the same step without them.
+            let mut step = |with_new: bool| {
+                time_events(&g.ctx, &g.stream, timing, |st| match st {
+                    Step::Setup(_) => flush.run(&g.stream),
+                    Step::Timed(_) if with_new => inputs.run_with_new(g),
+                    Step::Timed(_) => inputs.run(g, None, None),
+                })
+            };
+            let (with, without) = (step(true)?, step(false)?);
+            eprintln!(
+                "step {} {} 32/{} {}: with new k/v {:.2} µs, without {:.2} µs",
+                c.batch,
+                c.cache,
+                c.hk,
+                c.layout(),
+                with.ms.unwrap_or(f64::NAN) * 1e3,
+                without.ms.unwrap_or(f64::NAN) * 1e3
+            );
         }
         // Every kernel's O against the first kernel's (same inputs): a
         // broken configuration shows as a large difference.

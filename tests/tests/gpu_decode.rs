@@ -282,6 +282,75 @@ fn gpu_decode_small_for_sanitizers() {
     }
 }
 
+/// New keys and values with different strides (k_new contiguous, v_new with
+/// its heads 8 elements apart and a padded sequence stride), appended in
+/// the one launch that writes both caches (decode step 20): the caches
+/// compared exactly (new rows at `cache_seqlens[b]..`, rows past the
+/// capacity not written, every other row untouched), contiguous and
+/// paged (pages of 16, a shuffled block table).
+#[test]
+fn gpu_kvcache_append_strides() {
+    let Some(g) = gpu("gpu_kvcache_append_strides") else { return };
+    let mut rng = Rng::fresh("gpu_kvcache_append_strides");
+    let s = &g.stream;
+    let (b, cap, hk, h, d, s_new) = (3, 64, 2, 4, 64, 3);
+    let lens = [5i32, 63, 0]; // sequence 1: one new row fits, two fall past the capacity
+    let rnd = |rng: &mut Rng, n: usize| -> Vec<half::f16> { (0..n).map(|_| half::f16::from_f32(rng.nonzero(1.0))).collect() };
+    let q: CudaSlice<half::f16> = s.clone_htod(&rnd(&mut rng, b * h * d)).unwrap();
+    let (hs, ss) = (d + 8, 2 * (d + 8) + 16); // v_new: head stride, sequence-row stride
+    let v_layout = TensorLayout::new([b, s_new, hk, d], [s_new * ss, ss, hs]);
+    let k_new = rnd(&mut rng, b * s_new * hk * d);
+    let v_new = rnd(&mut rng, v_layout.required_len().unwrap());
+    let (knd, vnd) = (s.clone_htod(&k_new).unwrap(), s.clone_htod(&v_new).unwrap());
+    let seqlens = s.clone_htod(&lens).unwrap();
+    for paged in [false, true] {
+        let page = 16;
+        // Logical row (b, t) → physical row of the cache.
+        let per = cap / page;
+        let mut perm: Vec<i32> = (0..(b * per) as i32).collect();
+        for i in (1..perm.len()).rev() {
+            perm.swap(i, rng.below(i + 1));
+        }
+        let phys = |bb: usize, t: usize| if paged { perm[bb * per + t / page] as usize * page + t % page } else { bb * cap + t };
+        let k0 = rnd(&mut rng, b * cap * hk * d);
+        let v0 = rnd(&mut rng, b * cap * hk * d);
+        let (mut kc, mut vc) = (s.clone_htod(&k0).unwrap(), s.clone_htod(&v0).unwrap());
+        let table = s.clone_htod(&perm).unwrap();
+        let layout = if paged { TensorLayout::contiguous([b * per, page, hk, d]) } else { TensorLayout::contiguous([b, cap, hk, d]) };
+        let cache = KvCache {
+            k_cache: &mut kc,
+            v_cache: &mut vc,
+            layout,
+            cache_seqlens: &seqlens,
+            cache_batch_idx: None,
+            block_table: paged.then(|| BlockTable { table: &table as &dyn DevicePtr<i32>, max_blocks_per_seq: per }),
+            k_new: Some(Tensor::new(&knd as &dyn DevicePtr<half::f16>, TensorLayout::contiguous([b, s_new, hk, d]))),
+            v_new: Some(Tensor::new(&vnd as &dyn DevicePtr<half::f16>, v_layout)),
+        };
+        g.fa.forward_kvcache::<half::f16, _>(s, Tensor::new(&q, TensorLayout::contiguous([b, 1, h, d])), cache, &ForwardParams::default(), &Extras::default(), DecodeOptions::default()).unwrap();
+        let (k1, v1): (Vec<half::f16>, Vec<half::f16>) = (s.clone_dtoh(&kc).unwrap(), s.clone_dtoh(&vc).unwrap());
+        let (mut k_want, mut v_want) = (k0.clone(), v0.clone());
+        for bb in 0..b {
+            for i in 0..s_new {
+                let t = lens[bb] as usize + i;
+                if t >= cap {
+                    continue; // past the capacity: not written
+                }
+                for hh in 0..hk {
+                    for c in 0..d {
+                        let dst = (phys(bb, t) * hk + hh) * d + c;
+                        k_want[dst] = k_new[((bb * s_new + i) * hk + hh) * d + c];
+                        v_want[dst] = v_new[bb * s_new * ss + i * ss + hh * hs + c];
+                    }
+                }
+            }
+        }
+        let bits = |x: &[half::f16]| x.iter().map(|y| y.to_bits()).collect::<Vec<_>>();
+        assert!(bits(&k1) == bits(&k_want), "paged {paged}: the K cache after the append");
+        assert!(bits(&v1) == bits(&v_want), "paged {paged}: the V cache after the append");
+    }
+}
+
 /// Host-visible bad input: typed errors naming the argument; device-side
 /// garbage (cache_seqlens past the capacity, block-table entries past the
 /// pages) is clamped, never out of bounds.

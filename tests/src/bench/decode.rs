@@ -127,18 +127,28 @@ impl DecodeInputs {
     /// One decode call on `g.stream` (the outputs dropped, stream-ordered):
     /// `splits` and `kernel` as [`DecodeOptions`].
     pub fn run(&mut self, g: &Gpu, splits: Option<usize>, kernel: Option<&'static str>) -> Res<()> {
-        self.call(g, splits, kernel, None).map(drop)
+        self.call(g, splits, kernel, None, false).map(drop)
+    }
+
+    /// One decode step with one new token's keys and values per sequence
+    /// (`forward_kvcache` with `k_new`/`v_new`: the append, then the
+    /// attention; the query buffer reinterpreted as `(batch, 1, kv_heads,
+    /// d)` for both). The cells' caches are full, so the append writes
+    /// nothing and the attention reads the same keys: a step's launches at
+    /// the cost of a real one.
+    pub fn run_with_new(&mut self, g: &Gpu) -> Res<()> {
+        self.call(g, None, None, None, true).map(drop)
     }
 
     /// One decode call recording the flash-decoding kernel's per-block
     /// timeline into `words` (see [`DecodeOptions::timeline`]).
     pub fn run_timeline(&mut self, g: &Gpu, splits: Option<usize>, kernel: Option<&'static str>, words: &mut CudaSlice<u64>) -> Res<()> {
-        self.call(g, splits, kernel, Some(words)).map(drop)
+        self.call(g, splits, kernel, Some(words), false).map(drop)
     }
 
     /// One decode call, its output O `(batch, 1, H, D)` copied to the host.
     pub fn output(&mut self, g: &Gpu, splits: Option<usize>, kernel: Option<&'static str>) -> Res<Vec<f32>> {
-        let o = self.call(g, splits, kernel, None)?;
+        let o = self.call(g, splits, kernel, None, false)?;
         Ok(g.stream.clone_dtoh(&o)?.iter().map(|x| x.to_f32()).collect())
     }
 
@@ -161,8 +171,9 @@ impl DecodeInputs {
         Ok(())
     }
 
-    fn call(&mut self, g: &Gpu, splits: Option<usize>, kernel: Option<&'static str>, timeline: Option<&mut CudaSlice<u64>>) -> Res<CudaSlice<half::bf16>> {
+    fn call(&mut self, g: &Gpu, splits: Option<usize>, kernel: Option<&'static str>, timeline: Option<&mut CudaSlice<u64>>, with_new: bool) -> Res<CudaSlice<half::bf16>> {
         let c = self.cell;
+        let new = || with_new.then(|| Tensor::new(&self.q as &dyn DevicePtr<half::bf16>, TensorLayout::contiguous([c.batch, 1, c.hk, D])));
         let cache = KvCache {
             k_cache: &mut self.kc,
             v_cache: &mut self.vc,
@@ -173,8 +184,8 @@ impl DecodeInputs {
                 table: &self.table as &dyn DevicePtr<i32>,
                 max_blocks_per_seq: self.per,
             }),
-            k_new: None,
-            v_new: None,
+            k_new: new(),
+            v_new: new(),
         };
         let scratch = SplitScratch {
             o_accum: &mut self.o_acc,
