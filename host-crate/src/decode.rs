@@ -346,6 +346,8 @@ struct AttendPlan {
     /// The flash-decoding kernel runs (split-KV: its fused combine can
     /// replace the combine launch).
     dec: bool,
+    /// ... one built with the k/v append fused in ([`DecKernel::append`]).
+    dec_append: bool,
     /// The flash-decoding kernel whose compact entry may run, and whether
     /// the caller forced that entry (then a call it cannot carry is an error).
     compact: Option<(&'static DecKernel, bool)>,
@@ -400,13 +402,18 @@ impl FlashAttention {
         for (name, s) in [("q", q.data.stream()), ("k_cache", k_cache.stream()), ("v_cache", v_cache.stream()), ("stream", stream)] {
             self.check_stream(name, s)?;
         }
-        if let Some((kn, vn)) = &new {
-            // K and V in one launch (decode step 20: one ~4.7 µs launch less).
+        // A flash-decoding kernel built for it appends the new rows itself as
+        // it reads them (decode step 21); the others run after an append
+        // launch (K and V in one: decode step 20).
+        let fused = new.as_ref().filter(|_| plan.dec_append).map(|(kn, vn)| (kn, vn));
+        if let Some((kn, vn)) = &new
+            && fused.is_none()
+        {
             self.append_launch::<T>(stream, (&mut *k_cache, kn), Some((&mut *v_cache, vn)), &layout, cache_seqlens, cache_batch_idx, block_table.as_ref(), &geom)?;
         }
         let (kp, _gk) = k_cache.device_ptr_mut(stream);
         let (vp, _gv) = v_cache.device_ptr_mut(stream);
-        let (o, lse) = self.attend_launch::<T>(stream, &plan, q.data, (kp, vp), cache_seqlens, cache_batch_idx, block_table.as_ref(), None, ext, opts)?;
+        let (o, lse) = self.attend_launch::<T>(stream, &plan, q.data, (kp, vp), cache_seqlens, cache_batch_idx, block_table.as_ref(), None, fused, ext, opts)?;
         Ok(ForwardOutput { o, o_layout: plan.o_layout, stats: RowStats::LogSumExp(lse) })
     }
 
@@ -453,6 +460,7 @@ impl FlashAttention {
             cache.cache_seqlens,
             cache.cache_batch_idx,
             cache.block_table.as_ref(),
+            None,
             None,
             ext,
             opts,
@@ -524,6 +532,7 @@ impl FlashAttention {
             None,
             Some(&cache.block_table),
             Some(varlen),
+            None,
             ext,
             opts,
         )?;
@@ -850,6 +859,7 @@ impl FlashAttention {
             lse_len,
             varlen: varlen.map(|_| q_rows),
             dec: dec.is_some(),
+            dec_append: dec.is_some_and(|k| k.append),
             compact,
             params,
         })
@@ -869,6 +879,7 @@ impl FlashAttention {
         cache_batch_idx: Option<&dyn DevicePtr<i32>>,
         block_table: Option<&BlockTable<'_>>,
         varlen: Option<&Varlen<'_>>,
+        new_kv: Option<(&Tensor<'_, dyn DevicePtr<T> + '_>, &Tensor<'_, dyn DevicePtr<T> + '_>)>,
         ext: &Extras<'_>,
         opts: DecodeOptions<'_>,
     ) -> Result<(CudaSlice<T>, CudaSlice<f32>)> {
@@ -926,6 +937,14 @@ impl FlashAttention {
                 None => p.cache_seqlens_ptr = sp,
             }
             crate::api::check_tc_alignment(&p)?;
+            // The append fused into the flash-decoding kernel (plan.dec):
+            // the new rows' buffers, 16-byte chunks as the cache's.
+            let kn = new_kv.map(|(kn, _)| (kn.data.device_ptr(stream), kn.layout.strides.map(|x| x as u64)));
+            let vn = new_kv.map(|(_, vn)| (vn.data.device_ptr(stream), vn.layout.strides.map(|x| x as u64)));
+            if let (Some(((kptr, _), ks)), Some(((vptr, _), vs))) = (&kn, &vn) {
+                (p.knew_ptr, p.knew_stride, p.vnew_ptr, p.vnew_stride) = (*kptr, *ks, *vptr, *vs);
+                crate::api::check_tc_alignment(&AttnParams { q_ptr: *kptr, q_stride: *ks, k_ptr: *vptr, k_stride: *vs, ..p })?;
+            }
             let caller_scratch = opts.scratch.is_some();
             let (scratch_ptrs, caller_counters) = match (ns > 1, &mut own, &mut opts.scratch) {
                 (false, _, _) => (None, None),
@@ -981,7 +1000,7 @@ impl FlashAttention {
                         return Err(FlashAttnError::Unsupported {
                             argument: "opts.kernel",
                             dtype: T::DTYPE.name(),
-                            what: "a compact flash-decoding entry for a call with ALiBi, softcap, varlen, seqused_k, cache_batch_idx, a timeline, or strides over 32 bits",
+                            what: "a compact flash-decoding entry for a call with ALiBi, softcap, varlen, seqused_k, cache_batch_idx, a timeline, new k/v to append, or strides over 32 bits",
                         });
                     }
                     None => None,
@@ -1030,6 +1049,7 @@ impl FlashAttention {
             drop(scratch_ptrs);
             drop(caller_counters);
             drop(timeline);
+            drop((kn, vn));
         }
         Ok((o, lse))
     }

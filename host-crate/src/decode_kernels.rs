@@ -30,15 +30,20 @@ pub struct DecKernel {
     /// default), which keeps the static loop alone (the ticket loop beside
     /// it cost it 2–4%: docs/perf-notes.md decode step 18).
     pub tickets: bool,
+    /// Built with the k/v append fused in (`AttnParams::knew_ptr`: the kernel
+    /// writes the new rows it reads; decode step 21): the same kernels as
+    /// `tickets`. The others run after an append launch (the path's registers
+    /// cost the 4-warp page-16 kernel 2.5–3.5% on every call, decode step 21).
+    pub append: bool,
 }
 
 macro_rules! dec_table {
-    ($( $name:ident $(/ $compact:ident)? $bf:literal $d:literal $w:literal $bc:literal $s:literal $tk:literal; )*) => {
+    ($( $name:ident $(/ $compact:ident)? $bf:literal $d:literal $w:literal $bc:literal $s:literal $tk:literal $ap:literal; )*) => {
         /// Every flash-decoding kernel compiled into the PTX (mirrors the
         /// `dec_kernels!` list of `kernel-crate/src/tc/mod.rs`), the default
         /// of each (dtype, head dim) first.
         pub const DEC_KERNELS: &[DecKernel] = &[$(
-            DecKernel { name: stringify!($name), bf16: $bf, d: $d, warps: $w, bc: $bc, stages: $s, compact: dec_table!(@c $($compact)?), tickets: $tk },
+            DecKernel { name: stringify!($name), bf16: $bf, d: $d, warps: $w, bc: $bc, stages: $s, compact: dec_table!(@c $($compact)?), tickets: $tk, append: $ap },
         )*];
     };
     (@c $c:ident) => { Some(stringify!($c)) };
@@ -53,30 +58,30 @@ macro_rules! dec_table {
 // streamed 1–2% faster than 2 stages, decode step 18); where it does not fit
 // (an A100's 164 KB) the 2-stage build is the first that does.
 dec_table! {
-    flash_fwd_tc_dec_f16_d32_w4_bc64_s3 / flash_fwd_tc_dec_f16_d32_w4_bc64_s3_c false 32 4 64 3 false;
-    flash_fwd_tc_dec_bf16_d32_w4_bc64_s3 / flash_fwd_tc_dec_bf16_d32_w4_bc64_s3_c true 32 4 64 3 false;
-    flash_fwd_tc_dec_f16_d64_w4_bc64_s3 / flash_fwd_tc_dec_f16_d64_w4_bc64_s3_c false 64 4 64 3 false;
-    flash_fwd_tc_dec_bf16_d64_w4_bc64_s3 / flash_fwd_tc_dec_bf16_d64_w4_bc64_s3_c true 64 4 64 3 false;
-    flash_fwd_tc_dec_f16_d96_w4_bc64_s3 / flash_fwd_tc_dec_f16_d96_w4_bc64_s3_c false 96 4 64 3 false;
-    flash_fwd_tc_dec_bf16_d96_w4_bc64_s3 / flash_fwd_tc_dec_bf16_d96_w4_bc64_s3_c true 96 4 64 3 false;
-    flash_fwd_tc_dec_f16_d128_w8_bc128_s3 / flash_fwd_tc_dec_f16_d128_w8_bc128_s3_c false 128 8 128 3 true;
-    flash_fwd_tc_dec_bf16_d128_w8_bc128_s3 / flash_fwd_tc_dec_bf16_d128_w8_bc128_s3_c true 128 8 128 3 true;
-    flash_fwd_tc_dec_f16_d128_w8_bc128_s2 / flash_fwd_tc_dec_f16_d128_w8_bc128_s2_c false 128 8 128 2 true;
-    flash_fwd_tc_dec_bf16_d128_w8_bc128_s2 / flash_fwd_tc_dec_bf16_d128_w8_bc128_s2_c true 128 8 128 2 true;
-    flash_fwd_tc_dec_f16_d128_w4_bc64_s2 false 128 4 64 2 true;
-    flash_fwd_tc_dec_bf16_d128_w4_bc64_s2 true 128 4 64 2 true;
-    flash_fwd_tc_dec_f16_d128_w4_bc64_s3 / flash_fwd_tc_dec_f16_d128_w4_bc64_s3_c false 128 4 64 3 false;
-    flash_fwd_tc_dec_bf16_d128_w4_bc64_s3 / flash_fwd_tc_dec_bf16_d128_w4_bc64_s3_c true 128 4 64 3 false;
-    flash_fwd_tc_dec_f16_d128_w4_bc128_s2 false 128 4 128 2 true;
-    flash_fwd_tc_dec_bf16_d128_w4_bc128_s2 true 128 4 128 2 true;
-    flash_fwd_tc_dec_f16_d160_w4_bc64_s2 / flash_fwd_tc_dec_f16_d160_w4_bc64_s2_c false 160 4 64 2 false;
-    flash_fwd_tc_dec_bf16_d160_w4_bc64_s2 / flash_fwd_tc_dec_bf16_d160_w4_bc64_s2_c true 160 4 64 2 false;
-    flash_fwd_tc_dec_f16_d192_w4_bc64_s2 / flash_fwd_tc_dec_f16_d192_w4_bc64_s2_c false 192 4 64 2 false;
-    flash_fwd_tc_dec_bf16_d192_w4_bc64_s2 / flash_fwd_tc_dec_bf16_d192_w4_bc64_s2_c true 192 4 64 2 false;
-    flash_fwd_tc_dec_f16_d224_w4_bc64_s2 / flash_fwd_tc_dec_f16_d224_w4_bc64_s2_c false 224 4 64 2 false;
-    flash_fwd_tc_dec_bf16_d224_w4_bc64_s2 / flash_fwd_tc_dec_bf16_d224_w4_bc64_s2_c true 224 4 64 2 false;
-    flash_fwd_tc_dec_f16_d256_w4_bc64_s2 / flash_fwd_tc_dec_f16_d256_w4_bc64_s2_c false 256 4 64 2 false;
-    flash_fwd_tc_dec_bf16_d256_w4_bc64_s2 / flash_fwd_tc_dec_bf16_d256_w4_bc64_s2_c true 256 4 64 2 false;
+    flash_fwd_tc_dec_f16_d32_w4_bc64_s3 / flash_fwd_tc_dec_f16_d32_w4_bc64_s3_c false 32 4 64 3 false false;
+    flash_fwd_tc_dec_bf16_d32_w4_bc64_s3 / flash_fwd_tc_dec_bf16_d32_w4_bc64_s3_c true 32 4 64 3 false false;
+    flash_fwd_tc_dec_f16_d64_w4_bc64_s3 / flash_fwd_tc_dec_f16_d64_w4_bc64_s3_c false 64 4 64 3 false false;
+    flash_fwd_tc_dec_bf16_d64_w4_bc64_s3 / flash_fwd_tc_dec_bf16_d64_w4_bc64_s3_c true 64 4 64 3 false false;
+    flash_fwd_tc_dec_f16_d96_w4_bc64_s3 / flash_fwd_tc_dec_f16_d96_w4_bc64_s3_c false 96 4 64 3 false false;
+    flash_fwd_tc_dec_bf16_d96_w4_bc64_s3 / flash_fwd_tc_dec_bf16_d96_w4_bc64_s3_c true 96 4 64 3 false false;
+    flash_fwd_tc_dec_f16_d128_w8_bc128_s3 / flash_fwd_tc_dec_f16_d128_w8_bc128_s3_c false 128 8 128 3 true true;
+    flash_fwd_tc_dec_bf16_d128_w8_bc128_s3 / flash_fwd_tc_dec_bf16_d128_w8_bc128_s3_c true 128 8 128 3 true true;
+    flash_fwd_tc_dec_f16_d128_w8_bc128_s2 / flash_fwd_tc_dec_f16_d128_w8_bc128_s2_c false 128 8 128 2 true true;
+    flash_fwd_tc_dec_bf16_d128_w8_bc128_s2 / flash_fwd_tc_dec_bf16_d128_w8_bc128_s2_c true 128 8 128 2 true true;
+    flash_fwd_tc_dec_f16_d128_w4_bc64_s2 false 128 4 64 2 true true;
+    flash_fwd_tc_dec_bf16_d128_w4_bc64_s2 true 128 4 64 2 true true;
+    flash_fwd_tc_dec_f16_d128_w4_bc64_s3 / flash_fwd_tc_dec_f16_d128_w4_bc64_s3_c false 128 4 64 3 false false;
+    flash_fwd_tc_dec_bf16_d128_w4_bc64_s3 / flash_fwd_tc_dec_bf16_d128_w4_bc64_s3_c true 128 4 64 3 false false;
+    flash_fwd_tc_dec_f16_d128_w4_bc128_s2 false 128 4 128 2 true true;
+    flash_fwd_tc_dec_bf16_d128_w4_bc128_s2 true 128 4 128 2 true true;
+    flash_fwd_tc_dec_f16_d160_w4_bc64_s2 / flash_fwd_tc_dec_f16_d160_w4_bc64_s2_c false 160 4 64 2 false false;
+    flash_fwd_tc_dec_bf16_d160_w4_bc64_s2 / flash_fwd_tc_dec_bf16_d160_w4_bc64_s2_c true 160 4 64 2 false false;
+    flash_fwd_tc_dec_f16_d192_w4_bc64_s2 / flash_fwd_tc_dec_f16_d192_w4_bc64_s2_c false 192 4 64 2 false false;
+    flash_fwd_tc_dec_bf16_d192_w4_bc64_s2 / flash_fwd_tc_dec_bf16_d192_w4_bc64_s2_c true 192 4 64 2 false false;
+    flash_fwd_tc_dec_f16_d224_w4_bc64_s2 / flash_fwd_tc_dec_f16_d224_w4_bc64_s2_c false 224 4 64 2 false false;
+    flash_fwd_tc_dec_bf16_d224_w4_bc64_s2 / flash_fwd_tc_dec_bf16_d224_w4_bc64_s2_c true 224 4 64 2 false false;
+    flash_fwd_tc_dec_f16_d256_w4_bc64_s2 / flash_fwd_tc_dec_f16_d256_w4_bc64_s2_c false 256 4 64 2 false false;
+    flash_fwd_tc_dec_bf16_d256_w4_bc64_s2 / flash_fwd_tc_dec_bf16_d256_w4_bc64_s2_c true 256 4 64 2 false false;
 }
 
 impl DecKernel {

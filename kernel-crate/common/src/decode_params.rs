@@ -58,7 +58,7 @@ const _: () = assert!(DECODE_PARAMS_BYTES <= 184);
 impl DecodeParams {
     /// The compact block of `p`, or `None` when `p` sets a field the block
     /// does not carry (ALiBi, softcap, varlen q/k, `seqused_k`,
-    /// `cache_batch_idx`, FA1's `m`, a timeline) or a value that does not
+    /// `cache_batch_idx`, FA1's `m`, a timeline, fused new k/v) or a value that does not
     /// fit (a stride ≥ 2³², a head count, head dim, page size or split
     /// count ≥ 2¹⁶), or `br`/`bc` other than the kernel's `br`, `bc`.
     /// [`DecodeParams::to_attn`] with the same `br`, `bc` gives `p` back.
@@ -73,6 +73,8 @@ impl DecodeParams {
             || p.total_q != 0
             || p.total_k != 0
             || p.cache_batch_idx_ptr != 0
+            || p.knew_ptr != 0
+            || p.vnew_ptr != 0
             || p.softcap.to_bits() != 0
             || p.softcap_pre.to_bits() != 0
             || p.br != br

@@ -124,6 +124,17 @@ pub struct AttnParams {
     /// sets it only when the count fits 16 bits ([`MAX_TICKET_BLOCKS`]) and
     /// for kernels built with the schedule.
     pub split_tickets: u32,
+    /// KV cache with the append fused into the flash-decoding kernel
+    /// (`knew_ptr` set): rows `cache_seqlens[b]..` + `seqlen_new` of sequence
+    /// `b` come from `knew`/`vnew` `(batch, seqlen_new, nheads_k, d)` (strides
+    /// `knew_stride`/`vnew_stride`) instead of the cache, and the first tile
+    /// of each KV head (query block 0, the first query head of its group)
+    /// writes them to the cache as it copies them (rows past the capacity
+    /// neither read nor written). 0: the new rows are in the cache already.
+    pub knew_ptr: u64,
+    pub vnew_ptr: u64,
+    pub knew_stride: [u64; 3],
+    pub vnew_stride: [u64; 3],
 }
 
 /// Key blocks plus tickets drawn past the end (two per split) that the
@@ -180,6 +191,10 @@ impl Default for AttnParams {
             lse_accum_ptr: 0,
             split_counter_ptr: 0,
             split_tickets: 0,
+            knew_ptr: 0,
+            vnew_ptr: 0,
+            knew_stride: [0; 3],
+            vnew_stride: [0; 3],
         }
     }
 }

@@ -23,7 +23,11 @@
 //!    fences) merges the tile's partials itself with the combine kernel's
 //!    row merge (`decode::combine_row`) — no second launch, whose launch
 //!    and ramp cost 4–7 µs of a 20–70 µs decode step; without counters
-//!    `combine_splits_*` runs after the launch.
+//!    `combine_splits_*` runs after the launch;
+//! 6. `TICKETS` kernels hand a tile's key blocks to its splits by ticket
+//!    (`AttnParams::split_tickets`, decode step 18); `APPEND` kernels read a
+//!    call's new keys and values from `k_new`/`v_new` and write them to the
+//!    cache as they copy them (`AttnParams::knew_ptr`, decode step 21).
 //!
 //! Same parameters, grid and semantics as the `fa2d` kernels (KV cache
 //! contiguous or paged, `cache_batch_idx`, varlen q, causal/window
@@ -61,6 +65,16 @@ struct KvCopy {
     b: u32,
     tid: usize,
     nt: usize,
+    /// The append fused in (`AttnParams::knew_ptr`): rows from `cached` on
+    /// come from `kn`/`vn` (this sequence's and KV head's new rows, row
+    /// strides `kn_rs`/`vn_rs`), and with `writer` they are also stored to
+    /// the cache rows they replace. Without: `cached` = usize::MAX.
+    kn: *const u16,
+    vn: *const u16,
+    kn_rs: u64,
+    vn_rs: u64,
+    cached: usize,
+    writer: bool,
 }
 
 impl KvCopy {
@@ -90,7 +104,7 @@ impl KvCopy {
             (self.k.wrapping_add(j0 * self.k_rs as usize), self.v.wrapping_add(j0 * self.v_rs as usize))
         };
         let per_row = self.paged && !one_page;
-        if (32 * NW) % (D / 8) == 0 && !per_row && j0 + BC <= nk {
+        if (32 * NW) % (D / 8) == 0 && !per_row && j0 + BC <= nk.min(self.cached) {
             // A full block of strided rows (contiguous cache, or one page):
             // this thread copies the same 16-byte column of every
             // (32·NW / cpr)-th row, so its addresses advance by a constant —
@@ -118,9 +132,28 @@ impl KvCopy {
             } else {
                 (kb.wrapping_add(r * self.k_rs as usize + c * 8), vb.wrapping_add(r * self.v_rs as usize + c * 8))
             };
+            // New rows (fused append): read from k_new/v_new; the writer tile
+            // also stores them to the cache row (ks/vs) they replace.
+            let (ks, vs) = if ok && t >= self.cached {
+                let i = t - self.cached;
+                let (nk_src, nv_src) = (self.kn.wrapping_add(i * self.kn_rs as usize + c * 8), self.vn.wrapping_add(i * self.vn_rs as usize + c * 8));
+                if self.writer {
+                    // SAFETY: row i < seqlen_new of the new tensors (t < nk ≤
+                    // cached + seqlen_new), column chunk c·8 < d, 16-byte
+                    // aligned (host-checked); the cache row t < capacity.
+                    unsafe {
+                        *(ks as *mut [u32; 4]) = *(nk_src as *const [u32; 4]);
+                        *(vs as *mut [u32; 4]) = *(nv_src as *const [u32; 4]);
+                    }
+                }
+                (nk_src, nv_src)
+            } else {
+                (ks, vs)
+            };
             let n = if ok { 16 } else { 0 };
-            // SAFETY: rows < nk lie in the sequence's (clamped) cache rows,
-            // columns < d in the row; a size of 0 reads nothing.
+            // SAFETY: rows < nk lie in the sequence's (clamped) cache rows
+            // (or the new rows), columns < d in the row; a size of 0 reads
+            // nothing.
             unsafe {
                 cp_async_cg_16_pf::<PF>(sk.addr(r, c * 8), ks as *const u8, n);
                 cp_async_cg_16_pf::<PF>(sv.addr(r, c * 8), vs as *const u8, n);
@@ -222,6 +255,7 @@ pub unsafe fn forward<
     const QREG: bool,
     const PF: u32,
     const TICKETS: bool,
+    const APPEND: bool,
 >(
     p: &AttnParams,
 ) {
@@ -270,7 +304,41 @@ pub unsafe fn forward<
             let kb = unsafe { p.kv_batch(b as u32) } as u64;
             (k_head.wrapping_add((kb * p.k_stride[0] + seq.k_row0 * p.k_stride[1]) as usize), v_head.wrapping_add((kb * p.v_stride[0] + seq.k_row0 * p.v_stride[1]) as usize))
         };
-        KvCopy { k, v, k_rs: p.k_stride[1], v_rs: p.v_stride[1], k_ps: p.k_stride[0], v_ps: p.v_stride[0], paged, b: b as u32, tid, nt }
+        // The fused append: this sequence's new rows of this KV head; the
+        // first tile of the KV head (query block 0, first query head of the
+        // group) writes them to the cache.
+        // (Kernels built without `APPEND` never take it: the path's registers
+        // cost the 4-warp page-16 kernel 2.5–3.5%, decode step 21.)
+        let (kn, vn, cached, writer) = if APPEND && p.knew_ptr != 0 {
+            let [k0, _, k2] = p.knew_stride;
+            let [v0, _, v2] = p.vnew_stride;
+            let group = (p.nheads / p.nheads_k.max(1)).max(1) as usize;
+            // SAFETY: host-sized cache_seqlens (b < batch); clamped to the capacity.
+            let c = unsafe { *(p.cache_seqlens_ptr as *const i32).add(b) }.clamp(0, p.seqlen_k as i32) as usize;
+            let kn = (p.knew_ptr as *const u16).wrapping_add((b as u64 * k0 + kvh * k2) as usize);
+            let vn = (p.vnew_ptr as *const u16).wrapping_add((b as u64 * v0 + kvh * v2) as usize);
+            (kn, vn, c, mb == 0 && h % group == 0)
+        } else {
+            (core::ptr::null(), core::ptr::null(), usize::MAX, false)
+        };
+        KvCopy {
+            k,
+            v,
+            k_rs: p.k_stride[1],
+            v_rs: p.v_stride[1],
+            k_ps: p.k_stride[0],
+            v_ps: p.v_stride[0],
+            paged,
+            b: b as u32,
+            tid,
+            nt,
+            kn,
+            vn,
+            kn_rs: p.knew_stride[1],
+            vn_rs: p.vnew_stride[1],
+            cached,
+            writer,
+        }
     };
 
     let base = smem_addr(dynamic_smem::<u8>());
