@@ -760,7 +760,9 @@ impl FlashAttention {
             // the kernel's key block (a page lookup per row): there the
             // compact build of the 4-warp page-16 kernel streams 0.5–1% slower
             // on long caches, more than its launch saves (decode step 17).
-            None => (dec, dec.filter(|k| k.compact.is_some() && (!geom.paged || geom.rows_per % k.bc == 0)).map(|k| (k, false))),
+            // (The 8-warp page-batched build runs compact over small pages:
+            // measured so, decode step 22.)
+            None => (dec, dec.filter(|k| k.compact.is_some() && (!geom.paged || geom.rows_per % k.bc == 0 || k.small_pages && k.warps == 8)).map(|k| (k, false))),
             Some(name) if name == kernel.name => (None, None),
             Some(name) => match DecKernel::by_name(name).map(|k| (k, None)).or_else(|| DecKernel::by_compact_name(name).map(|k| (k, Some((k, true))))) {
                 Some((k, c)) if k.d == kernel.d && k.bf16 == (dtype == DType::BF16) && rq <= DecKernel::BR => (Some(k), c),

@@ -35,15 +35,20 @@ pub struct DecKernel {
     /// `tickets`. The others run after an append launch (the path's registers
     /// cost the 4-warp page-16 kernel 2.5–3.5% on every call, decode step 21).
     pub append: bool,
+    /// Built for pages smaller than its key block (`PAGE_BATCH`): a thread
+    /// looks up the pages of all its rows of a block before it issues their
+    /// copies (decode step 22). The 3-stage 8-warp `_pg` build is the default
+    /// over such pages where it fits.
+    pub small_pages: bool,
 }
 
 macro_rules! dec_table {
-    ($( $name:ident $(/ $compact:ident)? $bf:literal $d:literal $w:literal $bc:literal $s:literal $tk:literal $ap:literal; )*) => {
+    ($( $name:ident $(/ $compact:ident)? $bf:literal $d:literal $w:literal $bc:literal $s:literal $tk:literal $ap:literal $pb:literal; )*) => {
         /// Every flash-decoding kernel compiled into the PTX (mirrors the
         /// `dec_kernels!` list of `kernel-crate/src/tc/mod.rs`), the default
         /// of each (dtype, head dim) first.
         pub const DEC_KERNELS: &[DecKernel] = &[$(
-            DecKernel { name: stringify!($name), bf16: $bf, d: $d, warps: $w, bc: $bc, stages: $s, compact: dec_table!(@c $($compact)?), tickets: $tk, append: $ap },
+            DecKernel { name: stringify!($name), bf16: $bf, d: $d, warps: $w, bc: $bc, stages: $s, compact: dec_table!(@c $($compact)?), tickets: $tk, append: $ap, small_pages: $pb },
         )*];
     };
     (@c $c:ident) => { Some(stringify!($c)) };
@@ -58,30 +63,32 @@ macro_rules! dec_table {
 // streamed 1–2% faster than 2 stages, decode step 18); where it does not fit
 // (an A100's 164 KB) the 2-stage build is the first that does.
 dec_table! {
-    flash_fwd_tc_dec_f16_d32_w4_bc64_s3 / flash_fwd_tc_dec_f16_d32_w4_bc64_s3_c false 32 4 64 3 false false;
-    flash_fwd_tc_dec_bf16_d32_w4_bc64_s3 / flash_fwd_tc_dec_bf16_d32_w4_bc64_s3_c true 32 4 64 3 false false;
-    flash_fwd_tc_dec_f16_d64_w4_bc64_s3 / flash_fwd_tc_dec_f16_d64_w4_bc64_s3_c false 64 4 64 3 false false;
-    flash_fwd_tc_dec_bf16_d64_w4_bc64_s3 / flash_fwd_tc_dec_bf16_d64_w4_bc64_s3_c true 64 4 64 3 false false;
-    flash_fwd_tc_dec_f16_d96_w4_bc64_s3 / flash_fwd_tc_dec_f16_d96_w4_bc64_s3_c false 96 4 64 3 false false;
-    flash_fwd_tc_dec_bf16_d96_w4_bc64_s3 / flash_fwd_tc_dec_bf16_d96_w4_bc64_s3_c true 96 4 64 3 false false;
-    flash_fwd_tc_dec_f16_d128_w8_bc128_s3 / flash_fwd_tc_dec_f16_d128_w8_bc128_s3_c false 128 8 128 3 true true;
-    flash_fwd_tc_dec_bf16_d128_w8_bc128_s3 / flash_fwd_tc_dec_bf16_d128_w8_bc128_s3_c true 128 8 128 3 true true;
-    flash_fwd_tc_dec_f16_d128_w8_bc128_s2 / flash_fwd_tc_dec_f16_d128_w8_bc128_s2_c false 128 8 128 2 true true;
-    flash_fwd_tc_dec_bf16_d128_w8_bc128_s2 / flash_fwd_tc_dec_bf16_d128_w8_bc128_s2_c true 128 8 128 2 true true;
-    flash_fwd_tc_dec_f16_d128_w4_bc64_s2 false 128 4 64 2 true true;
-    flash_fwd_tc_dec_bf16_d128_w4_bc64_s2 true 128 4 64 2 true true;
-    flash_fwd_tc_dec_f16_d128_w4_bc64_s3 / flash_fwd_tc_dec_f16_d128_w4_bc64_s3_c false 128 4 64 3 false false;
-    flash_fwd_tc_dec_bf16_d128_w4_bc64_s3 / flash_fwd_tc_dec_bf16_d128_w4_bc64_s3_c true 128 4 64 3 false false;
-    flash_fwd_tc_dec_f16_d128_w4_bc128_s2 false 128 4 128 2 true true;
-    flash_fwd_tc_dec_bf16_d128_w4_bc128_s2 true 128 4 128 2 true true;
-    flash_fwd_tc_dec_f16_d160_w4_bc64_s2 / flash_fwd_tc_dec_f16_d160_w4_bc64_s2_c false 160 4 64 2 false false;
-    flash_fwd_tc_dec_bf16_d160_w4_bc64_s2 / flash_fwd_tc_dec_bf16_d160_w4_bc64_s2_c true 160 4 64 2 false false;
-    flash_fwd_tc_dec_f16_d192_w4_bc64_s2 / flash_fwd_tc_dec_f16_d192_w4_bc64_s2_c false 192 4 64 2 false false;
-    flash_fwd_tc_dec_bf16_d192_w4_bc64_s2 / flash_fwd_tc_dec_bf16_d192_w4_bc64_s2_c true 192 4 64 2 false false;
-    flash_fwd_tc_dec_f16_d224_w4_bc64_s2 / flash_fwd_tc_dec_f16_d224_w4_bc64_s2_c false 224 4 64 2 false false;
-    flash_fwd_tc_dec_bf16_d224_w4_bc64_s2 / flash_fwd_tc_dec_bf16_d224_w4_bc64_s2_c true 224 4 64 2 false false;
-    flash_fwd_tc_dec_f16_d256_w4_bc64_s2 / flash_fwd_tc_dec_f16_d256_w4_bc64_s2_c false 256 4 64 2 false false;
-    flash_fwd_tc_dec_bf16_d256_w4_bc64_s2 / flash_fwd_tc_dec_bf16_d256_w4_bc64_s2_c true 256 4 64 2 false false;
+    flash_fwd_tc_dec_f16_d32_w4_bc64_s3 / flash_fwd_tc_dec_f16_d32_w4_bc64_s3_c false 32 4 64 3 false false false;
+    flash_fwd_tc_dec_bf16_d32_w4_bc64_s3 / flash_fwd_tc_dec_bf16_d32_w4_bc64_s3_c true 32 4 64 3 false false false;
+    flash_fwd_tc_dec_f16_d64_w4_bc64_s3 / flash_fwd_tc_dec_f16_d64_w4_bc64_s3_c false 64 4 64 3 false false false;
+    flash_fwd_tc_dec_bf16_d64_w4_bc64_s3 / flash_fwd_tc_dec_bf16_d64_w4_bc64_s3_c true 64 4 64 3 false false false;
+    flash_fwd_tc_dec_f16_d96_w4_bc64_s3 / flash_fwd_tc_dec_f16_d96_w4_bc64_s3_c false 96 4 64 3 false false false;
+    flash_fwd_tc_dec_bf16_d96_w4_bc64_s3 / flash_fwd_tc_dec_bf16_d96_w4_bc64_s3_c true 96 4 64 3 false false false;
+    flash_fwd_tc_dec_f16_d128_w8_bc128_s3 / flash_fwd_tc_dec_f16_d128_w8_bc128_s3_c false 128 8 128 3 true true false;
+    flash_fwd_tc_dec_bf16_d128_w8_bc128_s3 / flash_fwd_tc_dec_bf16_d128_w8_bc128_s3_c true 128 8 128 3 true true false;
+    flash_fwd_tc_dec_f16_d128_w8_bc128_s2 / flash_fwd_tc_dec_f16_d128_w8_bc128_s2_c false 128 8 128 2 true true false;
+    flash_fwd_tc_dec_bf16_d128_w8_bc128_s2 / flash_fwd_tc_dec_bf16_d128_w8_bc128_s2_c true 128 8 128 2 true true false;
+    flash_fwd_tc_dec_f16_d128_w8_bc128_s3_pg / flash_fwd_tc_dec_f16_d128_w8_bc128_s3_pg_c false 128 8 128 3 false false true;
+    flash_fwd_tc_dec_bf16_d128_w8_bc128_s3_pg / flash_fwd_tc_dec_bf16_d128_w8_bc128_s3_pg_c true 128 8 128 3 false false true;
+    flash_fwd_tc_dec_f16_d128_w4_bc64_s2 false 128 4 64 2 true true false;
+    flash_fwd_tc_dec_bf16_d128_w4_bc64_s2 true 128 4 64 2 true true false;
+    flash_fwd_tc_dec_f16_d128_w4_bc64_s3 / flash_fwd_tc_dec_f16_d128_w4_bc64_s3_c false 128 4 64 3 false false true;
+    flash_fwd_tc_dec_bf16_d128_w4_bc64_s3 / flash_fwd_tc_dec_bf16_d128_w4_bc64_s3_c true 128 4 64 3 false false true;
+    flash_fwd_tc_dec_f16_d128_w4_bc128_s2 false 128 4 128 2 true true false;
+    flash_fwd_tc_dec_bf16_d128_w4_bc128_s2 true 128 4 128 2 true true false;
+    flash_fwd_tc_dec_f16_d160_w4_bc64_s2 / flash_fwd_tc_dec_f16_d160_w4_bc64_s2_c false 160 4 64 2 false false false;
+    flash_fwd_tc_dec_bf16_d160_w4_bc64_s2 / flash_fwd_tc_dec_bf16_d160_w4_bc64_s2_c true 160 4 64 2 false false false;
+    flash_fwd_tc_dec_f16_d192_w4_bc64_s2 / flash_fwd_tc_dec_f16_d192_w4_bc64_s2_c false 192 4 64 2 false false false;
+    flash_fwd_tc_dec_bf16_d192_w4_bc64_s2 / flash_fwd_tc_dec_bf16_d192_w4_bc64_s2_c true 192 4 64 2 false false false;
+    flash_fwd_tc_dec_f16_d224_w4_bc64_s2 / flash_fwd_tc_dec_f16_d224_w4_bc64_s2_c false 224 4 64 2 false false false;
+    flash_fwd_tc_dec_bf16_d224_w4_bc64_s2 / flash_fwd_tc_dec_bf16_d224_w4_bc64_s2_c true 224 4 64 2 false false false;
+    flash_fwd_tc_dec_f16_d256_w4_bc64_s2 / flash_fwd_tc_dec_f16_d256_w4_bc64_s2_c false 256 4 64 2 false false false;
+    flash_fwd_tc_dec_bf16_d256_w4_bc64_s2 / flash_fwd_tc_dec_bf16_d256_w4_bc64_s2_c true 256 4 64 2 false false false;
 }
 
 impl DecKernel {
@@ -129,7 +136,8 @@ impl DecKernel {
         DEC_KERNELS
             .iter()
             .filter(fits)
-            .find(|k| ps % k.bc == 0)
+            .find(|k| ps % k.bc == 0 && !k.small_pages)
+            .or_else(|| DEC_KERNELS.iter().filter(fits).find(|k| k.small_pages))
             .or_else(|| DEC_KERNELS.iter().filter(fits).find(|k| k.warps == 4 && k.bc == 64 && k.stages == 3))
             .or_else(|| DEC_KERNELS.iter().filter(fits).find(|k| k.warps == 4 && k.bc == 64))
             .or(first)
@@ -150,9 +158,13 @@ mod tests {
         let a100 = DecKernel::default_fitting(true, 128, None, 164 * 1024).unwrap();
         assert_eq!((a100.warps, a100.bc, a100.stages), (8, 128, 2));
         assert_eq!((pick(Some(256)).warps, pick(Some(256)).bc), (8, 128));
+        assert!(!pick(Some(256)).small_pages && pick(Some(16)).small_pages && pick(Some(48)).small_pages);
         assert_eq!((pick(Some(64)).warps, pick(Some(64)).bc), (4, 64));
-        assert_eq!((pick(Some(16)).warps, pick(Some(16)).bc, pick(Some(16)).stages), (4, 64, 3));
-        assert_eq!((pick(Some(48)).warps, pick(Some(48)).bc), (4, 64));
+        assert_eq!((pick(Some(16)).warps, pick(Some(16)).bc, pick(Some(16)).stages), (8, 128, 3));
+        assert_eq!((pick(Some(48)).warps, pick(Some(48)).bc), (8, 128));
+        // An A100: the 4-warp page-batched build over 16-token pages.
+        let a100 = DecKernel::default_fitting(true, 128, Some(16), 164 * 1024).unwrap();
+        assert_eq!((a100.warps, a100.bc, a100.stages, a100.small_pages), (4, 64, 3, true));
     }
 
     #[test]

@@ -87,7 +87,7 @@ impl KvCopy {
     /// memory; for paged caches as [`AttnParams::page_of`].
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
-    unsafe fn issue<const D: usize, const BC: usize, const NW: usize, const PF: u32>(&self, p: &AttnParams, sk: SmemTile<D>, sv: SmemTile<D>, j: usize, nk: usize, d: usize) {
+    unsafe fn issue<const D: usize, const BC: usize, const NW: usize, const PF: u32, const PAGE_BATCH: bool>(&self, p: &AttnParams, sk: SmemTile<D>, sv: SmemTile<D>, j: usize, nk: usize, d: usize) {
         let cpr = D / 8;
         let j0 = j * BC;
         // Rows of a block inside one page (page size ≥ Bc, aligned): one
@@ -115,6 +115,11 @@ impl KvCopy {
             // SAFETY: every row of the block is < nk; columns < d (or a
             // zero-size copy from the row's start).
             unsafe { self.issue_full::<D, BC, NW, PF>(sk, sv, kb, vb, d) };
+            return;
+        }
+        if PAGE_BATCH && per_row && (32 * NW) % cpr == 0 && BC * cpr / (32 * NW) <= 16 && j0 + BC <= nk.min(self.cached) {
+            // SAFETY: every row of the block is < nk (cached keys).
+            unsafe { self.issue_paged_full::<D, BC, NW, PF>(p, sk, sv, j0, d) };
             return;
         }
         let mut i = self.tid;
@@ -159,6 +164,49 @@ impl KvCopy {
                 cp_async_cg_16_pf::<PF>(sv.addr(r, c * 8), vs as *const u8, n);
             }
             i += self.nt;
+        }
+    }
+
+    /// [`KvCopy::issue`] for a full block over pages smaller than it: this
+    /// thread's rows are `tid / cpr + k·(32·NW / cpr)`; their pages are
+    /// looked up first (independent loads, one L1 round trip for all), then
+    /// the copies go out (`PAGE_BATCH` kernels, decode step 22: before, each
+    /// copy waited for its own lookup).
+    ///
+    /// # Safety
+    /// Rows `j0..j0 + Bc` < the sequence's clamped length; as
+    /// [`AttnParams::page_of`]; at most 16 copies per thread.
+    #[inline(always)]
+    unsafe fn issue_paged_full<const D: usize, const BC: usize, const NW: usize, const PF: u32>(&self, p: &AttnParams, sk: SmemTile<D>, sv: SmemTile<D>, j0: usize, d: usize) {
+        let cpr = D / 8;
+        let rstep = 32 * NW / cpr;
+        let steps = BC * cpr / (32 * NW);
+        let (r0, c) = (self.tid / cpr, self.tid % cpr);
+        let (n, c8) = if c * 8 < d { (16, c * 8) } else { (0, 0) };
+        let mut pages = [0u32; 16];
+        #[allow(clippy::needless_range_loop)] // constant indices once unrolled: registers, not a stack array
+        for k in 0..16 {
+            if k < steps {
+                // SAFETY: caller (row < the clamped length).
+                pages[k] = unsafe { p.page_of(self.b, (j0 + r0 + k * rstep) as u32) };
+            }
+        }
+        let (dk, dv) = (sk.addr(r0, c * 8), sv.addr(r0, c * 8));
+        let dstep = rstep as u32 * super::tile::row_bytes(D) as u32;
+        #[allow(clippy::needless_range_loop)]
+        for k in 0..16 {
+            if k >= steps {
+                break;
+            }
+            let pg = pages[k];
+            let pr = p.page_row((j0 + r0 + k * rstep) as u32) as u64;
+            let ks = self.k.wrapping_add((pg as u64 * self.k_ps + pr * self.k_rs) as usize + c8);
+            let vs = self.v.wrapping_add((pg as u64 * self.v_ps + pr * self.v_rs) as usize + c8);
+            // SAFETY: rows of the block inside their pages; a size of 0 reads nothing.
+            unsafe {
+                cp_async_cg_16_pf::<PF>(dk + k as u32 * dstep, ks as *const u8, n);
+                cp_async_cg_16_pf::<PF>(dv + k as u32 * dstep, vs as *const u8, n);
+            }
         }
     }
 
@@ -256,6 +304,7 @@ pub unsafe fn forward<
     const PF: u32,
     const TICKETS: bool,
     const APPEND: bool,
+    const PAGE_BATCH: bool,
 >(
     p: &AttnParams,
 ) {
@@ -352,7 +401,7 @@ pub unsafe fn forward<
     // Block j into stage `stage`.
     let issue = |j: usize, stage: usize| {
         // SAFETY: j < j_end: rows < nk exist.
-        unsafe { rc.issue::<D, BC, NW, PF>(p, s_k(stage), s_v(stage), j, nk, d) }
+        unsafe { rc.issue::<D, BC, NW, PF, PAGE_BATCH>(p, s_k(stage), s_v(stage), j, nk, d) }
     };
 
     // The ticket schedule (`TICKETS` kernels, `p.split_tickets`): split `s`

@@ -191,7 +191,7 @@ tc_kernels! {
 /// Flash-decoding entry points (`flash_decode`): one per (dtype, head dim,
 /// warps, Bc, stages); `Bcw = Bc / warps` keys per warp.
 macro_rules! dec_kernels {
-    ($( $name:ident $(/ $compact:ident)? : $t:ty, d = $d:literal, w = $w:literal, bc = $bc:literal, s = $s:literal, qreg = $qreg:literal, pf = $pf:literal, tickets = $tk:literal, append = $ap:literal; )*) => {$(
+    ($( $name:ident $(/ $compact:ident)? : $t:ty, d = $d:literal, w = $w:literal, bc = $bc:literal, s = $s:literal, qreg = $qreg:literal, pf = $pf:literal, tickets = $tk:literal, append = $ap:literal, page_batch = $pb:literal; )*) => {$(
         /// Flash-decoding kernel; grid and shared memory as the host's
         /// decode table computes them.
         ///
@@ -203,7 +203,7 @@ macro_rules! dec_kernels {
         pub unsafe extern "ptx-kernel" fn $name(p: flash_attn_common::AttnParams) {
             // SAFETY: forwarded to the caller (the host's launch).
             unsafe {
-                flash_decode::forward::<$t, $d, { $d / 16 }, { $d / 8 }, $w, $bc, { $bc / $w }, { $bc / $w / 8 }, { $bc / $w / 16 }, $s, $qreg, $pf, $tk, $ap>(&p)
+                flash_decode::forward::<$t, $d, { $d / 16 }, { $d / 8 }, $w, $bc, { $bc / $w }, { $bc / $w / 8 }, { $bc / $w / 16 }, $s, $qreg, $pf, $tk, $ap, $pb>(&p)
             }
         }
         $(
@@ -218,7 +218,7 @@ macro_rules! dec_kernels {
                 let p = c.to_attn(flash_attn_common::tc::DEC_BR as u32, $bc);
                 // SAFETY: forwarded to the caller (the host's launch).
                 unsafe {
-                    flash_decode::forward::<$t, $d, { $d / 16 }, { $d / 8 }, $w, $bc, { $bc / $w }, { $bc / $w / 8 }, { $bc / $w / 16 }, $s, $qreg, $pf, $tk, $ap>(&p)
+                    flash_decode::forward::<$t, $d, { $d / 16 }, { $d / 8 }, $w, $bc, { $bc / $w }, { $bc / $w / 8 }, { $bc / $w / 16 }, $s, $qreg, $pf, $tk, $ap, $pb>(&p)
                 }
             }
         )?
@@ -226,28 +226,30 @@ macro_rules! dec_kernels {
 }
 
 dec_kernels! {
-    flash_fwd_tc_dec_f16_d32_w4_bc64_s3 / flash_fwd_tc_dec_f16_d32_w4_bc64_s3_c: F16, d = 32, w = 4, bc = 64, s = 3, qreg = false, pf = 0, tickets = false, append = false;
-    flash_fwd_tc_dec_bf16_d32_w4_bc64_s3 / flash_fwd_tc_dec_bf16_d32_w4_bc64_s3_c: Bf16, d = 32, w = 4, bc = 64, s = 3, qreg = false, pf = 0, tickets = false, append = false;
-    flash_fwd_tc_dec_f16_d64_w4_bc64_s3 / flash_fwd_tc_dec_f16_d64_w4_bc64_s3_c: F16, d = 64, w = 4, bc = 64, s = 3, qreg = false, pf = 0, tickets = false, append = false;
-    flash_fwd_tc_dec_bf16_d64_w4_bc64_s3 / flash_fwd_tc_dec_bf16_d64_w4_bc64_s3_c: Bf16, d = 64, w = 4, bc = 64, s = 3, qreg = false, pf = 0, tickets = false, append = false;
-    flash_fwd_tc_dec_f16_d96_w4_bc64_s3 / flash_fwd_tc_dec_f16_d96_w4_bc64_s3_c: F16, d = 96, w = 4, bc = 64, s = 3, qreg = false, pf = 0, tickets = false, append = false;
-    flash_fwd_tc_dec_bf16_d96_w4_bc64_s3 / flash_fwd_tc_dec_bf16_d96_w4_bc64_s3_c: Bf16, d = 96, w = 4, bc = 64, s = 3, qreg = false, pf = 0, tickets = false, append = false;
-    flash_fwd_tc_dec_f16_d128_w4_bc64_s2: F16, d = 128, w = 4, bc = 64, s = 2, qreg = false, pf = 0, tickets = true, append = true;
-    flash_fwd_tc_dec_bf16_d128_w4_bc64_s2: Bf16, d = 128, w = 4, bc = 64, s = 2, qreg = false, pf = 0, tickets = true, append = true;
-    flash_fwd_tc_dec_f16_d128_w4_bc64_s3 / flash_fwd_tc_dec_f16_d128_w4_bc64_s3_c: F16, d = 128, w = 4, bc = 64, s = 3, qreg = false, pf = 0, tickets = false, append = false;
-    flash_fwd_tc_dec_bf16_d128_w4_bc64_s3 / flash_fwd_tc_dec_bf16_d128_w4_bc64_s3_c: Bf16, d = 128, w = 4, bc = 64, s = 3, qreg = false, pf = 0, tickets = false, append = false;
-    flash_fwd_tc_dec_f16_d128_w4_bc128_s2: F16, d = 128, w = 4, bc = 128, s = 2, qreg = false, pf = 0, tickets = true, append = true;
-    flash_fwd_tc_dec_bf16_d128_w4_bc128_s2: Bf16, d = 128, w = 4, bc = 128, s = 2, qreg = false, pf = 0, tickets = true, append = true;
-    flash_fwd_tc_dec_f16_d128_w8_bc128_s3 / flash_fwd_tc_dec_f16_d128_w8_bc128_s3_c: F16, d = 128, w = 8, bc = 128, s = 3, qreg = false, pf = 128, tickets = true, append = true;
-    flash_fwd_tc_dec_bf16_d128_w8_bc128_s3 / flash_fwd_tc_dec_bf16_d128_w8_bc128_s3_c: Bf16, d = 128, w = 8, bc = 128, s = 3, qreg = false, pf = 128, tickets = true, append = true;
-    flash_fwd_tc_dec_f16_d128_w8_bc128_s2 / flash_fwd_tc_dec_f16_d128_w8_bc128_s2_c: F16, d = 128, w = 8, bc = 128, s = 2, qreg = false, pf = 128, tickets = true, append = true;
-    flash_fwd_tc_dec_bf16_d128_w8_bc128_s2 / flash_fwd_tc_dec_bf16_d128_w8_bc128_s2_c: Bf16, d = 128, w = 8, bc = 128, s = 2, qreg = false, pf = 128, tickets = true, append = true;
-    flash_fwd_tc_dec_f16_d160_w4_bc64_s2 / flash_fwd_tc_dec_f16_d160_w4_bc64_s2_c: F16, d = 160, w = 4, bc = 64, s = 2, qreg = false, pf = 0, tickets = false, append = false;
-    flash_fwd_tc_dec_bf16_d160_w4_bc64_s2 / flash_fwd_tc_dec_bf16_d160_w4_bc64_s2_c: Bf16, d = 160, w = 4, bc = 64, s = 2, qreg = false, pf = 0, tickets = false, append = false;
-    flash_fwd_tc_dec_f16_d192_w4_bc64_s2 / flash_fwd_tc_dec_f16_d192_w4_bc64_s2_c: F16, d = 192, w = 4, bc = 64, s = 2, qreg = false, pf = 0, tickets = false, append = false;
-    flash_fwd_tc_dec_bf16_d192_w4_bc64_s2 / flash_fwd_tc_dec_bf16_d192_w4_bc64_s2_c: Bf16, d = 192, w = 4, bc = 64, s = 2, qreg = false, pf = 0, tickets = false, append = false;
-    flash_fwd_tc_dec_f16_d224_w4_bc64_s2 / flash_fwd_tc_dec_f16_d224_w4_bc64_s2_c: F16, d = 224, w = 4, bc = 64, s = 2, qreg = false, pf = 0, tickets = false, append = false;
-    flash_fwd_tc_dec_bf16_d224_w4_bc64_s2 / flash_fwd_tc_dec_bf16_d224_w4_bc64_s2_c: Bf16, d = 224, w = 4, bc = 64, s = 2, qreg = false, pf = 0, tickets = false, append = false;
-    flash_fwd_tc_dec_f16_d256_w4_bc64_s2 / flash_fwd_tc_dec_f16_d256_w4_bc64_s2_c: F16, d = 256, w = 4, bc = 64, s = 2, qreg = false, pf = 0, tickets = false, append = false;
-    flash_fwd_tc_dec_bf16_d256_w4_bc64_s2 / flash_fwd_tc_dec_bf16_d256_w4_bc64_s2_c: Bf16, d = 256, w = 4, bc = 64, s = 2, qreg = false, pf = 0, tickets = false, append = false;
+    flash_fwd_tc_dec_f16_d32_w4_bc64_s3 / flash_fwd_tc_dec_f16_d32_w4_bc64_s3_c: F16, d = 32, w = 4, bc = 64, s = 3, qreg = false, pf = 0, tickets = false, append = false, page_batch = false;
+    flash_fwd_tc_dec_bf16_d32_w4_bc64_s3 / flash_fwd_tc_dec_bf16_d32_w4_bc64_s3_c: Bf16, d = 32, w = 4, bc = 64, s = 3, qreg = false, pf = 0, tickets = false, append = false, page_batch = false;
+    flash_fwd_tc_dec_f16_d64_w4_bc64_s3 / flash_fwd_tc_dec_f16_d64_w4_bc64_s3_c: F16, d = 64, w = 4, bc = 64, s = 3, qreg = false, pf = 0, tickets = false, append = false, page_batch = false;
+    flash_fwd_tc_dec_bf16_d64_w4_bc64_s3 / flash_fwd_tc_dec_bf16_d64_w4_bc64_s3_c: Bf16, d = 64, w = 4, bc = 64, s = 3, qreg = false, pf = 0, tickets = false, append = false, page_batch = false;
+    flash_fwd_tc_dec_f16_d96_w4_bc64_s3 / flash_fwd_tc_dec_f16_d96_w4_bc64_s3_c: F16, d = 96, w = 4, bc = 64, s = 3, qreg = false, pf = 0, tickets = false, append = false, page_batch = false;
+    flash_fwd_tc_dec_bf16_d96_w4_bc64_s3 / flash_fwd_tc_dec_bf16_d96_w4_bc64_s3_c: Bf16, d = 96, w = 4, bc = 64, s = 3, qreg = false, pf = 0, tickets = false, append = false, page_batch = false;
+    flash_fwd_tc_dec_f16_d128_w4_bc64_s2: F16, d = 128, w = 4, bc = 64, s = 2, qreg = false, pf = 0, tickets = true, append = true, page_batch = false;
+    flash_fwd_tc_dec_bf16_d128_w4_bc64_s2: Bf16, d = 128, w = 4, bc = 64, s = 2, qreg = false, pf = 0, tickets = true, append = true, page_batch = false;
+    flash_fwd_tc_dec_f16_d128_w4_bc64_s3 / flash_fwd_tc_dec_f16_d128_w4_bc64_s3_c: F16, d = 128, w = 4, bc = 64, s = 3, qreg = false, pf = 0, tickets = false, append = false, page_batch = true;
+    flash_fwd_tc_dec_bf16_d128_w4_bc64_s3 / flash_fwd_tc_dec_bf16_d128_w4_bc64_s3_c: Bf16, d = 128, w = 4, bc = 64, s = 3, qreg = false, pf = 0, tickets = false, append = false, page_batch = true;
+    flash_fwd_tc_dec_f16_d128_w4_bc128_s2: F16, d = 128, w = 4, bc = 128, s = 2, qreg = false, pf = 0, tickets = true, append = true, page_batch = false;
+    flash_fwd_tc_dec_bf16_d128_w4_bc128_s2: Bf16, d = 128, w = 4, bc = 128, s = 2, qreg = false, pf = 0, tickets = true, append = true, page_batch = false;
+    flash_fwd_tc_dec_f16_d128_w8_bc128_s3 / flash_fwd_tc_dec_f16_d128_w8_bc128_s3_c: F16, d = 128, w = 8, bc = 128, s = 3, qreg = false, pf = 128, tickets = true, append = true, page_batch = false;
+    flash_fwd_tc_dec_bf16_d128_w8_bc128_s3 / flash_fwd_tc_dec_bf16_d128_w8_bc128_s3_c: Bf16, d = 128, w = 8, bc = 128, s = 3, qreg = false, pf = 128, tickets = true, append = true, page_batch = false;
+    flash_fwd_tc_dec_f16_d128_w8_bc128_s2 / flash_fwd_tc_dec_f16_d128_w8_bc128_s2_c: F16, d = 128, w = 8, bc = 128, s = 2, qreg = false, pf = 128, tickets = true, append = true, page_batch = false;
+    flash_fwd_tc_dec_bf16_d128_w8_bc128_s2 / flash_fwd_tc_dec_bf16_d128_w8_bc128_s2_c: Bf16, d = 128, w = 8, bc = 128, s = 2, qreg = false, pf = 128, tickets = true, append = true, page_batch = false;
+    flash_fwd_tc_dec_f16_d128_w8_bc128_s3_pg / flash_fwd_tc_dec_f16_d128_w8_bc128_s3_pg_c: F16, d = 128, w = 8, bc = 128, s = 3, qreg = false, pf = 128, tickets = false, append = false, page_batch = true;
+    flash_fwd_tc_dec_bf16_d128_w8_bc128_s3_pg / flash_fwd_tc_dec_bf16_d128_w8_bc128_s3_pg_c: Bf16, d = 128, w = 8, bc = 128, s = 3, qreg = false, pf = 128, tickets = false, append = false, page_batch = true;
+    flash_fwd_tc_dec_f16_d160_w4_bc64_s2 / flash_fwd_tc_dec_f16_d160_w4_bc64_s2_c: F16, d = 160, w = 4, bc = 64, s = 2, qreg = false, pf = 0, tickets = false, append = false, page_batch = false;
+    flash_fwd_tc_dec_bf16_d160_w4_bc64_s2 / flash_fwd_tc_dec_bf16_d160_w4_bc64_s2_c: Bf16, d = 160, w = 4, bc = 64, s = 2, qreg = false, pf = 0, tickets = false, append = false, page_batch = false;
+    flash_fwd_tc_dec_f16_d192_w4_bc64_s2 / flash_fwd_tc_dec_f16_d192_w4_bc64_s2_c: F16, d = 192, w = 4, bc = 64, s = 2, qreg = false, pf = 0, tickets = false, append = false, page_batch = false;
+    flash_fwd_tc_dec_bf16_d192_w4_bc64_s2 / flash_fwd_tc_dec_bf16_d192_w4_bc64_s2_c: Bf16, d = 192, w = 4, bc = 64, s = 2, qreg = false, pf = 0, tickets = false, append = false, page_batch = false;
+    flash_fwd_tc_dec_f16_d224_w4_bc64_s2 / flash_fwd_tc_dec_f16_d224_w4_bc64_s2_c: F16, d = 224, w = 4, bc = 64, s = 2, qreg = false, pf = 0, tickets = false, append = false, page_batch = false;
+    flash_fwd_tc_dec_bf16_d224_w4_bc64_s2 / flash_fwd_tc_dec_bf16_d224_w4_bc64_s2_c: Bf16, d = 224, w = 4, bc = 64, s = 2, qreg = false, pf = 0, tickets = false, append = false, page_batch = false;
+    flash_fwd_tc_dec_f16_d256_w4_bc64_s2 / flash_fwd_tc_dec_f16_d256_w4_bc64_s2_c: F16, d = 256, w = 4, bc = 64, s = 2, qreg = false, pf = 0, tickets = false, append = false, page_batch = false;
+    flash_fwd_tc_dec_bf16_d256_w4_bc64_s2 / flash_fwd_tc_dec_bf16_d256_w4_bc64_s2_c: Bf16, d = 256, w = 4, bc = 64, s = 2, qreg = false, pf = 0, tickets = false, append = false, page_batch = false;
 }
