@@ -216,6 +216,9 @@ fn split_tickets(ns: usize, kernel_has_tickets: bool, paged: bool, n_blocks: usi
     ns > 1 && !deterministic && kernel_has_tickets && !paged && n_blocks >= MIN_TICKET_BLOCKS_PER_SPLIT * ns && n_blocks + 2 * ns <= MAX_TICKET_BLOCKS as usize
 }
 
+/// New keys or values `(batch, s_new, nheads_k, d)` to append ([`KvCache::k_new`]).
+type NewRows<'a, T> = Tensor<'a, dyn DevicePtr<T> + 'a>;
+
 fn invalid(argument: &'static str, value: String, reason: &'static str) -> FlashAttnError {
     FlashAttnError::InvalidArgument {
         argument,
@@ -343,11 +346,10 @@ struct AttendPlan {
     lse_len: usize,
     /// Varlen q: `total_q`.
     varlen: Option<usize>,
-    /// The flash-decoding kernel runs (split-KV: its fused combine can
-    /// replace the combine launch).
-    dec: bool,
-    /// ... one built with the k/v append fused in ([`DecKernel::append`]).
-    dec_append: bool,
+    /// The flash-decoding kernel that runs, if one does (split-KV: its fused
+    /// combine can replace the combine launch; built with [`DecKernel::append`]:
+    /// it appends new k/v itself).
+    dec: Option<&'static DecKernel>,
     /// The flash-decoding kernel whose compact entry may run, and whether
     /// the caller forced that entry (then a call it cannot carry is an error).
     compact: Option<(&'static DecKernel, bool)>,
@@ -405,7 +407,7 @@ impl FlashAttention {
         // A flash-decoding kernel built for it appends the new rows itself as
         // it reads them (decode step 21); the others run after an append
         // launch (K and V in one: decode step 20).
-        let fused = new.as_ref().filter(|_| plan.dec_append).map(|(kn, vn)| (kn, vn));
+        let fused = new.as_ref().filter(|_| plan.dec.is_some_and(|k| k.append)).map(|(kn, vn)| (kn, vn));
         if let Some((kn, vn)) = &new
             && fused.is_none()
         {
@@ -579,8 +581,8 @@ impl FlashAttention {
     fn append_launch<T: AttnElem>(
         &self,
         stream: &Arc<CudaStream>,
-        (cache, new): (&mut dyn DevicePtrMut<T>, &Tensor<'_, dyn DevicePtr<T> + '_>),
-        second: Option<(&mut dyn DevicePtrMut<T>, &Tensor<'_, dyn DevicePtr<T> + '_>)>,
+        (cache, new): (&mut dyn DevicePtrMut<T>, &NewRows<'_, T>),
+        second: Option<(&mut dyn DevicePtrMut<T>, &NewRows<'_, T>)>,
         layout: &TensorLayout,
         cache_seqlens: &dyn DevicePtr<i32>,
         cache_batch_idx: Option<&dyn DevicePtr<i32>>,
@@ -860,8 +862,7 @@ impl FlashAttention {
             o_layout,
             lse_len,
             varlen: varlen.map(|_| q_rows),
-            dec: dec.is_some(),
-            dec_append: dec.is_some_and(|k| k.append),
+            dec,
             compact,
             params,
         })
@@ -881,7 +882,7 @@ impl FlashAttention {
         cache_batch_idx: Option<&dyn DevicePtr<i32>>,
         block_table: Option<&BlockTable<'_>>,
         varlen: Option<&Varlen<'_>>,
-        new_kv: Option<(&Tensor<'_, dyn DevicePtr<T> + '_>, &Tensor<'_, dyn DevicePtr<T> + '_>)>,
+        new_kv: Option<(&NewRows<'_, T>, &NewRows<'_, T>)>,
         ext: &Extras<'_>,
         opts: DecodeOptions<'_>,
     ) -> Result<(CudaSlice<T>, CudaSlice<f32>)> {
@@ -939,7 +940,7 @@ impl FlashAttention {
                 None => p.cache_seqlens_ptr = sp,
             }
             crate::api::check_tc_alignment(&p)?;
-            // The append fused into the flash-decoding kernel (plan.dec):
+            // The append fused into the flash-decoding kernel (DecKernel::append):
             // the new rows' buffers, 16-byte chunks as the cache's.
             let kn = new_kv.map(|(kn, _)| (kn.data.device_ptr(stream), kn.layout.strides.map(|x| x as u64)));
             let vn = new_kv.map(|(_, vn)| (vn.data.device_ptr(stream), vn.layout.strides.map(|x| x as u64)));
@@ -958,7 +959,7 @@ impl FlashAttention {
             // counters, or the library's for this stream when the scratch
             // is the library's; a caller scratch without counters keeps the
             // combine launch.
-            let counters = match (ns > 1 && plan.dec, &caller_counters, caller_scratch) {
+            let counters = match (ns > 1 && plan.dec.is_some(), &caller_counters, caller_scratch) {
                 (false, _, _) => None,
                 (true, Some((c, _)), _) => Some(*c),
                 (true, None, false) => Some(self.split_counters(stream, plan.main.grid as usize)?),
@@ -971,7 +972,7 @@ impl FlashAttention {
             }
             let timeline = match opts.timeline.as_mut() {
                 None => None,
-                Some(_) if !plan.dec => return Err(FlashAttnError::Unsupported { argument: "timeline", dtype: T::DTYPE.name(), what: "a timeline of a call that does not run a flash-decoding kernel" }),
+                Some(_) if plan.dec.is_none() => return Err(FlashAttnError::Unsupported { argument: "timeline", dtype: T::DTYPE.name(), what: "a timeline of a call that does not run a flash-decoding kernel" }),
                 Some(t) if t.len() < plan.grid as usize * TIMELINE_WORDS => {
                     return Err(invalid("timeline", format!("{} u64", t.len()), "needs timeline::WORDS u64 per thread block of the launch"));
                 }

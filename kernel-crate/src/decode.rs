@@ -249,7 +249,8 @@ pub unsafe extern "ptx-kernel" fn kv_append_u16(p: AttnParams) {
 
 /// [`kv_append_u16`] taking the compact 184-byte block
 /// (`flash_attn_common::decode_params`: a parameter block over 184 bytes
-/// costs 0.3–0.85 µs per launch; the append runs twice per decode step).
+/// costs 0.3–0.85 µs per launch; a decode step with new k/v runs one append
+/// unless its flash-decoding kernel appends them itself).
 ///
 /// # Safety
 /// As [`kv_append_u16`] for `c.to_attn(0, 0)` (no `cache_batch_idx`).
