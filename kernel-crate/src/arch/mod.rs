@@ -10,6 +10,7 @@ pub mod global;
 pub mod cvt;
 pub mod ldmatrix;
 pub mod mma;
+pub mod opaque;
 // Hopper (sm_90a) primitives: only the sm_90a build compiles them (the
 // older targets' ptxas rejects wgmma and setmaxnreg).
 #[cfg(fa_sm90a)]

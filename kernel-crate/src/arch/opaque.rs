@@ -1,0 +1,15 @@
+//! Values LLVM cannot see through: a `mov` in inline asm hides what the
+//! optimizer knows about a value (its range), so it cannot narrow
+//! arithmetic on it.
+
+/// `x`, unknown to the optimizer. Used where a known range makes LLVM
+/// narrow a 32-bit division to 16 bits, which ptxas lowers to a call into
+/// a subroutine placed at the far end of the kernel's code (a cold
+/// instruction fetch at kernel start: decode step 23).
+#[inline(always)]
+pub fn u32(x: u32) -> u32 {
+    let y: u32;
+    // SAFETY: a register move.
+    unsafe { core::arch::asm!("mov.b32 {y}, {x};", y = out(reg32) y, x = in(reg32) x, options(pure, nomem, nostack)) };
+    y
+}
