@@ -31,9 +31,13 @@ pub struct DecKernel {
     /// it cost it 2–4%: docs/perf-notes.md decode step 18).
     pub tickets: bool,
     /// Built with the k/v append fused in (`AttnParams::knew_ptr`: the kernel
-    /// writes the new rows it reads; decode step 21): the same kernels as
-    /// `tickets`. The others run after an append launch (the path's registers
-    /// cost the 4-warp page-16 kernel 2.5–3.5% on every call, decode step 21).
+    /// writes the new rows it reads; decode step 21): the kernels with
+    /// `tickets`, and `_pga`, the append build of the `_pg` default over
+    /// small pages, which a call with new rows runs instead
+    /// ([`DecKernel::with_append`]; decode step 24). The others run after an
+    /// append launch (the path's registers cost the 4-warp page-16 kernel
+    /// 2.5–3.5% on every call, decode step 21: so calls without new rows
+    /// keep the build without it).
     pub append: bool,
     /// Built for pages smaller than its key block (`PAGE_BATCH`): a thread
     /// looks up the pages of all its rows of a block before it issues their
@@ -75,6 +79,8 @@ dec_table! {
     flash_fwd_tc_dec_bf16_d128_w8_bc128_s2 / flash_fwd_tc_dec_bf16_d128_w8_bc128_s2_c true 128 8 128 2 true true false;
     flash_fwd_tc_dec_f16_d128_w8_bc128_s3_pg / flash_fwd_tc_dec_f16_d128_w8_bc128_s3_pg_c false 128 8 128 3 false false true;
     flash_fwd_tc_dec_bf16_d128_w8_bc128_s3_pg / flash_fwd_tc_dec_bf16_d128_w8_bc128_s3_pg_c true 128 8 128 3 false false true;
+    flash_fwd_tc_dec_f16_d128_w8_bc128_s3_pga false 128 8 128 3 false true true;
+    flash_fwd_tc_dec_bf16_d128_w8_bc128_s3_pga true 128 8 128 3 false true true;
     flash_fwd_tc_dec_f16_d128_w4_bc64_s2 false 128 4 64 2 true true false;
     flash_fwd_tc_dec_bf16_d128_w4_bc64_s2 true 128 4 64 2 true true false;
     flash_fwd_tc_dec_f16_d128_w4_bc64_s3 / flash_fwd_tc_dec_f16_d128_w4_bc64_s3_c false 128 4 64 3 false false true;
@@ -144,6 +150,21 @@ impl DecKernel {
     }
 }
 
+impl DecKernel {
+    /// This kernel, or its build with the k/v append fused in (the same
+    /// configuration and page handling) when it has none and one exists:
+    /// what a call with new keys and values runs (decode step 24).
+    pub fn with_append(&'static self) -> &'static DecKernel {
+        if self.append {
+            return self;
+        }
+        DEC_KERNELS
+            .iter()
+            .find(|k| k.append && k.bf16 == self.bf16 && k.d == self.d && k.warps == self.warps && k.bc == self.bc && k.stages == self.stages && k.small_pages == self.small_pages)
+            .unwrap_or(self)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -165,6 +186,25 @@ mod tests {
         // An A100: the 4-warp page-batched build over 16-token pages.
         let a100 = DecKernel::default_fitting(true, 128, Some(16), 164 * 1024).unwrap();
         assert_eq!((a100.warps, a100.bc, a100.stages, a100.small_pages), (4, 64, 3, true));
+    }
+
+    #[test]
+    fn calls_with_new_rows_take_the_append_build() {
+        let pick = |page| DecKernel::default_fitting(true, 128, page, 227 * 1024).unwrap();
+        // Contiguous and whole-block pages: the default appends itself.
+        assert_eq!(pick(None).with_append(), pick(None));
+        assert!(pick(Some(256)).with_append().append);
+        // 16-token pages: the `_pg` default has no append path; its `_pga`
+        // build has, with the same configuration and page batching.
+        let (pg, pga) = (pick(Some(16)), pick(Some(16)).with_append());
+        assert!(!pg.append && pga.append && pga.name == format!("{}a", pg.name));
+        assert_eq!((pga.warps, pga.bc, pga.stages, pga.small_pages, pga.bf16, pga.d), (pg.warps, pg.bc, pg.stages, pg.small_pages, pg.bf16, pg.d));
+        assert!(pga.compact.is_none(), "the compact block cannot carry new rows");
+        // No append build: itself (the call appends in a launch first).
+        let a100 = DecKernel::default_fitting(true, 128, Some(16), 164 * 1024).unwrap();
+        assert_eq!(a100.with_append(), a100);
+        let d64 = DecKernel::default_fitting(false, 64, None, 227 * 1024).unwrap();
+        assert_eq!(d64.with_append(), d64);
     }
 
     #[test]
