@@ -148,9 +148,7 @@ impl DecKernel {
             .or_else(|| DEC_KERNELS.iter().filter(fits).find(|k| k.warps == 4 && k.bc == 64))
             .or(first)
     }
-}
 
-impl DecKernel {
     /// This kernel, or its build with the k/v append fused in (the same
     /// configuration and page handling) when it has none and one exists:
     /// what a call with new keys and values runs (decode step 24).

@@ -268,7 +268,7 @@ pub fn tensor_maps(k: &HopperKernel, p: &AttnParams) -> std::result::Result<[Ten
         (p.batch as usize, p.seqlen_q as usize, p.seqlen_k as usize)
     };
     // K and V have nheads_k heads (GQA/MQA; 0 in older parameter blocks = MHA).
-    let hk = if p.nheads_k == 0 { h } else { p.nheads_k as usize };
+    let hk = p.kv_heads() as usize;
     let st = |s: [u64; 3]| s.map(|x| x as usize);
     Ok([
         TensorMap::encode_bshd(p.q_ptr, [b, nq, h, d], st(p.q_stride), k.br() as u32, k.bf16)?,

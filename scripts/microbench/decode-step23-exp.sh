@@ -8,7 +8,7 @@
 set -u
 . scripts/microbench/lib.sh
 unpack_bins
-/tmp/h/gpu_decode-B --test-threads 1 > /tmp/t.txt 2>&1; echo "=== gpu_decode B: $(grep -E 'test result' /tmp/t.txt)" | tee $OUT/tests.txt; grep -E "FAILED|panicked" /tmp/t.txt | head -5 | tee -a $OUT/tests.txt
+run_tests gpu_decode-B
 CELLS=1:32768:8,1:4096:8,1:131072:8,1:32768:32
 for r in 1 2; do
   for b in old A B; do

@@ -7,6 +7,6 @@ set -u
 . scripts/microbench/lib.sh
 unpack_bins
 run_tests gpu_decode gpu_api ndarray_kvcache
-memcheck_decode gpu_every_decode_kernel gpu_decode_small_for_sanitizers
+sanitize_decode memcheck gpu_every_decode_kernel gpu_decode_small_for_sanitizers
 /tmp/h/fa-bench-decode $OUT/grid --no-event-tracking > $OUT/grid.log 2>&1; echo "grid rc $?"; tail -3 $OUT/grid.log
 grep -E "paged 16" $OUT/grid/decode.md | head -20 | cut -c1-200

@@ -7,7 +7,7 @@
 set -u
 . scripts/microbench/lib.sh
 unpack_bins
-/tmp/h/gpu_decode-C --test-threads 1 > /tmp/t.txt 2>&1; echo "=== gpu_decode C: $(grep -E 'test result' /tmp/t.txt)" | tee $OUT/tests.txt; grep -E "FAILED|panicked" /tmp/t.txt | head -5 | tee -a $OUT/tests.txt
+run_tests gpu_decode-C
 CELLS=1:32768:8,1:4096:8,1:131072:8,1:32768:32,1:4096:32
 for r in 1 2 3; do
   for b in A C; do

@@ -9,9 +9,8 @@ set -u
 . scripts/microbench/lib.sh
 unpack_bins
 run_tests gpu_decode gpu_api ndarray_kvcache
-memcheck_decode gpu_every_decode_kernel gpu_kvcache_append_strides gpu_decode_small_for_sanitizers
-timeout 200 compute-sanitizer --tool racecheck /tmp/h/gpu_decode --test-threads 1 gpu_kvcache_append_strides gpu_decode_small_for_sanitizers > /tmp/s.txt 2>&1
-echo "=== racecheck (rc $?): $(grep -E 'RACECHECK SUMMARY' /tmp/s.txt | tail -1)" | tee -a $OUT/tests.txt
+sanitize_decode memcheck gpu_every_decode_kernel gpu_kvcache_append_strides gpu_decode_small_for_sanitizers
+sanitize_decode racecheck gpu_kvcache_append_strides gpu_decode_small_for_sanitizers
 CELLS=1:4096:8,1:32768:8,1:32768:32,1:131072:8,8:32768:8
 for r in 1 2; do
   for b in A D; do

@@ -9,7 +9,7 @@ set -u
 . scripts/microbench/lib.sh
 unpack_bins
 run_tests gpu_decode gpu_api ndarray_kvcache
-memcheck_decode gpu_every_decode_kernel gpu_kvcache_append_strides gpu_decode_small_for_sanitizers
+sanitize_decode memcheck gpu_every_decode_kernel gpu_kvcache_append_strides gpu_decode_small_for_sanitizers
 CELLS=1:4096:8,1:32768:8,1:32768:32,1:131072:8,1:131072:32,8:32768:8
 for r in 1 2; do
   for b in D E; do

@@ -1,5 +1,5 @@
 # Shared steps of the decode device scripts (sourced; $OUT from the run
-# tool): unpack the carried binaries, run GPU test binaries, memcheck.
+# tool): unpack the carried binaries, run GPU test binaries, sanitizers.
 
 # Unpacks .stage-t/bins.tar.xz into /tmp/h and requires a GPU in the tests.
 unpack_bins() {
@@ -17,9 +17,11 @@ run_tests() {
   done
 }
 
-# memcheck_decode TEST...: compute-sanitizer memcheck over gpu_decode's
-# named tests, its error summary appended to $OUT/tests.txt.
-memcheck_decode() {
-  timeout 200 compute-sanitizer --tool memcheck /tmp/h/gpu_decode --test-threads 1 "$@" > /tmp/s.txt 2>&1
-  echo "=== memcheck (rc $?): $(grep -E 'ERROR SUMMARY' /tmp/s.txt | tail -1)" | tee -a $OUT/tests.txt
+# sanitize_decode TOOL TEST...: compute-sanitizer TOOL (memcheck,
+# racecheck) over gpu_decode's named tests, its summary appended to
+# $OUT/tests.txt.
+sanitize_decode() {
+  local tool=$1; shift
+  timeout 200 compute-sanitizer --tool $tool /tmp/h/gpu_decode --test-threads 1 "$@" > /tmp/s.txt 2>&1
+  echo "=== $tool (rc $?): $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' /tmp/s.txt | tail -1)" | tee -a $OUT/tests.txt
 }

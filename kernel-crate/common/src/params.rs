@@ -219,11 +219,16 @@ impl AttnParams {
         self.cu_seqlens_q_ptr != 0
     }
 
+    /// KV heads (`nheads_k`, or `nheads` where it is 0).
+    #[inline(always)]
+    pub fn kv_heads(&self) -> u32 {
+        if self.nheads_k == 0 { self.nheads } else { self.nheads_k }
+    }
+
     /// KV head read by query head `h` (GQA/MQA).
     #[inline(always)]
     pub fn kv_head(&self, h: u32) -> u32 {
-        let nk = if self.nheads_k == 0 { self.nheads } else { self.nheads_k };
-        h / (self.nheads / nk)
+        h / (self.nheads / self.kv_heads())
     }
 
     /// The window rule of a sequence with these lengths.

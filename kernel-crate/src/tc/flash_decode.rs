@@ -344,10 +344,7 @@ pub unsafe fn forward<
     // head counts LLVM narrowed it to a 16-bit division, which ptxas calls
     // as a subroutine at the far end of the code — a cold instruction fetch
     // before the first copy (ncu: ~0.4 µs per SM; decode step 23).
-    let kvh = {
-        let nk = if p.nheads_k == 0 { p.nheads } else { p.nheads_k };
-        (h as u32 / (arch_opaque::u32(p.nheads) / arch_opaque::u32(nk))) as u64
-    };
+    let kvh = (h as u32 / (arch_opaque::u32(p.nheads) / arch_opaque::u32(p.kv_heads()))) as u64;
     let [qs0, qs1, qs2] = p.q_stride;
     let g_q = (p.q_ptr as *const u16).wrapping_add((b as u64 * qs0 + (seq.q_row0 + q0 as u64) * qs1 + h as u64 * qs2) as usize);
     let paged = p.block_table_ptr != 0;
