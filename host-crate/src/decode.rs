@@ -125,8 +125,9 @@ pub struct DecodeOptions<'a> {
     /// slowest SM; the partial sums then run in a different order on each
     /// run (the result agrees to rounding, not bitwise). Paged caches,
     /// calls with fewer than [`MIN_TICKET_BLOCKS_PER_SPLIT`] key blocks per
-    /// split, and kernels built without the schedule ([`DecKernel::tickets`])
-    /// keep the contiguous shares.
+    /// split, kernels built without the schedule ([`DecKernel::tickets`]),
+    /// and devices with more than [`MAX_TICKET_BANDWIDTH_PER_SM`] of DRAM
+    /// bandwidth per SM (the H200) keep the contiguous shares.
     pub deterministic: bool,
 }
 
@@ -203,17 +204,33 @@ pub fn decode_splits_heuristic(
 /// not measured).
 pub const MIN_TICKET_BLOCKS_PER_SPLIT: usize = 32;
 
+/// Peak DRAM bandwidth per SM (bytes/s) up to which the ticket schedule
+/// pays (decode step 26): on an H100 SXM (3.35 TB/s, 132 SMs: 25 GB/s per
+/// SM) tickets took 3–4% off long contiguous caches (MHA 32k 193.6 →
+/// 185.5 µs, MHA 131k 735 → 712, GQA 131k 189 → 182.5); on an H200
+/// (4.8 TB/s, 132 SMs: 36 GB/s per SM) they made the same cells 12–15%
+/// slower (MHA 32k 139 → 158 µs, MHA 131k 531 → 610, GQA 131k 138 → 156).
+/// 30 GB/s lies between the two; devices whose bandwidth the driver does
+/// not report keep the H100's rule.
+pub const MAX_TICKET_BANDWIDTH_PER_SM: f64 = 30e9;
+
+/// Whether the ticket schedule pays on a device with `num_sms` SMs and
+/// peak DRAM bandwidth `bandwidth` ([`MAX_TICKET_BANDWIDTH_PER_SM`]).
+fn tickets_pay_on(bandwidth: Option<f64>, num_sms: usize) -> bool {
+    bandwidth.is_none_or(|b| b / num_sms.max(1) as f64 <= MAX_TICKET_BANDWIDTH_PER_SM)
+}
+
 /// Whether a flash-decoding call with `ns` splits of `n_blocks` key blocks
 /// takes the ticket schedule ([`DecodeOptions::deterministic`],
 /// [`AttnParams::split_tickets`]): split, not deterministic, a kernel built
-/// with it, a contiguous cache (over pages, every ticket's block starts with
-/// a dependent block-table load: with 256-token pages the 8-warp kernel ran
-/// 8–11% slower with tickets, decode step 18), at least
-/// [`MIN_TICKET_BLOCKS_PER_SPLIT`] key blocks per split, and tickets that fit
-/// their 16 bits. (The fused combine's counters, which hold the tickets, are
-/// checked at launch.)
-fn split_tickets(ns: usize, kernel_has_tickets: bool, paged: bool, n_blocks: usize, deterministic: bool) -> bool {
-    ns > 1 && !deterministic && kernel_has_tickets && !paged && n_blocks >= MIN_TICKET_BLOCKS_PER_SPLIT * ns && n_blocks + 2 * ns <= MAX_TICKET_BLOCKS as usize
+/// with it, a device where it pays ([`tickets_pay_on`]), a contiguous cache
+/// (over pages, every ticket's block starts with a dependent block-table
+/// load: with 256-token pages the 8-warp kernel ran 8–11% slower with
+/// tickets, decode step 18), at least [`MIN_TICKET_BLOCKS_PER_SPLIT`] key
+/// blocks per split, and tickets that fit their 16 bits. (The fused
+/// combine's counters, which hold the tickets, are checked at launch.)
+fn split_tickets(ns: usize, kernel_has_tickets: bool, device_pays: bool, paged: bool, n_blocks: usize, deterministic: bool) -> bool {
+    ns > 1 && !deterministic && kernel_has_tickets && device_pays && !paged && n_blocks >= MIN_TICKET_BLOCKS_PER_SPLIT * ns && n_blocks + 2 * ns <= MAX_TICKET_BLOCKS as usize
 }
 
 /// New keys or values `(batch, s_new, nheads_k, d)` to append ([`KvCache::k_new`]).
@@ -800,7 +817,8 @@ impl FlashAttention {
         });
         // The ticket schedule (decode step 18), unless the caller asks for
         // reproducible bits.
-        let split_tickets = dec.is_some_and(|k| split_tickets(ns, k.tickets, geom.paged, n_blocks, opts.deterministic));
+        let device_pays = tickets_pay_on(self.peak_mem_bandwidth(), self.num_sms());
+        let split_tickets = dec.is_some_and(|k| split_tickets(ns, k.tickets, device_pays, geom.paged, n_blocks, opts.deterministic));
         let lse_len = nheads * if varlen.is_some() { q_rows } else { batch * sq };
         let grid = (main.grid as u64)
             .checked_mul(ns as u64)
@@ -1070,21 +1088,32 @@ mod tests {
     #[test]
     fn ticket_schedule_eligibility() {
         // MHA 32k at batch 1 (4 splits of 256 key blocks), GQA 131k (16 of 1024): tickets.
-        assert!(split_tickets(4, true, false, 256, false));
-        assert!(split_tickets(16, true, false, 1024, false));
+        assert!(split_tickets(4, true, true, false, 256, false));
+        assert!(split_tickets(16, true, true, false, 1024, false));
         // GQA 32k (16 splits of 256 blocks: 16 each): not.
-        assert!(!split_tickets(16, true, false, 256, false));
-        assert!(split_tickets(16, true, false, 16 * MIN_TICKET_BLOCKS_PER_SPLIT, false));
-        assert!(!split_tickets(16, true, false, 16 * MIN_TICKET_BLOCKS_PER_SPLIT - 1, false));
+        assert!(!split_tickets(16, true, true, false, 256, false));
+        assert!(split_tickets(16, true, true, false, 16 * MIN_TICKET_BLOCKS_PER_SPLIT, false));
+        assert!(!split_tickets(16, true, true, false, 16 * MIN_TICKET_BLOCKS_PER_SPLIT - 1, false));
         // Paged caches, kernels built without tickets: not.
-        assert!(!split_tickets(4, true, true, 256, false));
-        assert!(!split_tickets(4, false, false, 256, false));
+        assert!(!split_tickets(4, true, true, true, 256, false));
+        assert!(!split_tickets(4, false, true, false, 256, false));
         // No split, or the caller asks for reproducible bits: not.
-        assert!(!split_tickets(1, true, false, 256, false));
-        assert!(!split_tickets(4, true, false, 256, true));
+        assert!(!split_tickets(1, true, true, false, 256, false));
+        assert!(!split_tickets(4, true, true, false, 256, true));
         // The tickets' 16 bits: blocks + two draws past the end per split.
         let max = MAX_TICKET_BLOCKS as usize;
-        assert!(split_tickets(16, true, false, max - 32, false));
-        assert!(!split_tickets(16, true, false, max - 31, false));
+        assert!(split_tickets(16, true, true, false, max - 32, false));
+        assert!(!split_tickets(16, true, true, false, max - 31, false));
+        // A device where tickets do not pay (decode step 26): not.
+        assert!(!split_tickets(4, true, false, false, 256, false));
+    }
+
+    #[test]
+    fn tickets_pay_by_bandwidth_per_sm() {
+        // H100 SXM (3.35 TB/s, 132 SMs): yes; H200 (4.8 TB/s, 132 SMs): no.
+        assert!(tickets_pay_on(Some(2.0 * 2_619_000e3 * 5120.0 / 8.0), 132));
+        assert!(!tickets_pay_on(Some(4.8e12), 132));
+        // Bandwidth not reported: the H100's rule.
+        assert!(tickets_pay_on(None, 132));
     }
 }

@@ -25,6 +25,9 @@ pub struct FlashAttention {
     device_name: String,
     limits: DeviceLimits,
     num_sms: usize,
+    /// Peak DRAM bandwidth in bytes/s (memory clock × bus width × 2), where
+    /// the driver reports both.
+    peak_mem_bandwidth: Option<f64>,
     kernels: HashMap<&'static str, CudaFunction>,
     /// Resident blocks per SM of each launch shape asked so far (the
     /// driver's occupancy calculator costs microseconds per call: decode
@@ -62,6 +65,14 @@ impl FlashAttention {
         let max_smem = ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?;
         let limits = DeviceLimits { max_smem_per_block: max_smem.max(0) as usize };
         let num_sms = ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?.max(1) as usize;
+        let peak_mem_bandwidth = match (
+            ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE),
+            ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH),
+        ) {
+            // kHz, bits; double data rate.
+            (Ok(khz), Ok(bits)) if khz > 0 && bits > 0 => Some(2.0 * khz as f64 * 1e3 * bits as f64 / 8.0),
+            _ => None,
+        };
         let module = ctx.load_module(Ptx::from_src(build.ptx))?;
         let mut kernels = HashMap::new();
         let dec_names = crate::decode_kernels::DEC_KERNELS.iter().flat_map(|k| std::iter::once(k.name).chain(k.compact));
@@ -75,7 +86,7 @@ impl FlashAttention {
             f.set_attribute(CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, max_smem)?;
             kernels.insert(name, f);
         }
-        Ok(Self { ctx: ctx.clone(), module, build, cc: (major, minor), device_name, limits, num_sms, kernels, occupancy: Mutex::new(HashMap::new()), split_counters: Mutex::new(HashMap::new()) })
+        Ok(Self { ctx: ctx.clone(), module, build, cc: (major, minor), device_name, limits, num_sms, peak_mem_bandwidth, kernels, occupancy: Mutex::new(HashMap::new()), split_counters: Mutex::new(HashMap::new()) })
     }
 
     /// The context the kernels are loaded in.
@@ -114,6 +125,13 @@ impl FlashAttention {
     /// Streaming multiprocessors of the device (the split-KV heuristic).
     pub fn num_sms(&self) -> usize {
         self.num_sms
+    }
+
+    /// The device's peak DRAM bandwidth in bytes/s (memory clock × bus
+    /// width × 2: 3.35e12 on an H100 SXM), if the driver reports it; the
+    /// split-KV schedule's choice ([`crate::decode::DecodeOptions::deterministic`]).
+    pub fn peak_mem_bandwidth(&self) -> Option<f64> {
+        self.peak_mem_bandwidth
     }
 
     /// A loaded kernel by name (for tests and tools: registers, local memory).

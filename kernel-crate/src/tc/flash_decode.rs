@@ -728,10 +728,13 @@ unsafe fn last_split(p: &AttnParams, tile: usize, flag: u32, tid: usize) -> bool
         // (Low 16 bits: splits done; high 16: tickets drawn, see `forward`.)
         let last = (unsafe { atom_add_u32_gpu(counter, 1) } + 1) & 0xffff == p.num_splits;
         if last {
-            // Every split has counted: back to 0 for the next launch.
+            fence_acq_rel_gpu(); // the other splits' rows after their counts (acquire)
+            // Every split has counted: back to 0 for the next launch. After
+            // the fence, which would otherwise wait for this store's round
+            // trip on the tile's critical path (decode step 26); the launch's
+            // end orders it before the next launch.
             // SAFETY: as above.
             unsafe { st_relaxed_u32_gpu(counter, 0) };
-            fence_acq_rel_gpu(); // the other splits' rows after their counts (acquire)
         }
         // SAFETY: caller.
         unsafe { st_shared_u32(flag, last as u32) };
