@@ -775,17 +775,14 @@ impl FlashAttention {
         // flash-decoding kernel (warps split the keys), else the fa2d tile.
         let dec = if rq <= DecKernel::BR { DecKernel::default_fitting(dtype == DType::BF16, kernel.d, geom.paged.then_some(geom.rows_per), self.limits().max_smem_per_block) } else { None };
         let (dec, compact) = match opts.kernel {
-            // The compact entry by default, except over pages smaller than
-            // the kernel's key block (a page lookup per row): there the
-            // compact build of the 4-warp page-16 kernel streams 0.5–1% slower
-            // on long caches, more than its launch saves (decode step 17).
-            // (The 8-warp page-batched build runs compact over small pages:
-            // measured so, decode step 22.) A call with new keys and values
-            // runs the default's build with the append fused in where there
-            // is one (`_pga` over small pages, decode step 24).
+            // The compact entry where it pays (`DecKernel::compact_by_default`).
+            // A call with new keys and values runs the default's build with
+            // the append fused in where there is one (`_pga` over small
+            // pages, decode step 24).
             None => {
                 let dec = if s_new > 0 { dec.map(DecKernel::with_append) } else { dec };
-                (dec, dec.filter(|k| k.compact.is_some() && (!geom.paged || geom.rows_per % k.bc == 0 || k.small_pages && k.warps == 8)).map(|k| (k, false)))
+                let page = geom.paged.then_some(geom.rows_per);
+                (dec, dec.filter(|k| k.compact_by_default(page)).map(|k| (k, false)))
             }
             Some(name) if name == kernel.name => (None, None),
             Some(name) => match DecKernel::by_name(name).map(|k| (k, None)).or_else(|| DecKernel::by_compact_name(name).map(|k| (k, Some((k, true))))) {

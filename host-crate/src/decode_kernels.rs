@@ -113,6 +113,17 @@ impl DecKernel {
         dec_smem_bytes(self.d, self.warps, self.bc, self.stages)
     }
 
+    /// Whether a call without an explicit kernel runs this kernel's compact
+    /// entry over a cache layout (`page`: the page size of a paged cache):
+    /// where one is compiled, except for the 4-warp page-16 build over
+    /// pages smaller than its key block, whose compact build streams 0.5–1%
+    /// slower on long caches there than its launch saves (a page lookup per
+    /// row; docs/perf-notes.md decode step 17). The 8-warp page-batched
+    /// build runs compact over small pages (measured so, decode step 22).
+    pub fn compact_by_default(&self, page: Option<usize>) -> bool {
+        self.compact.is_some() && page.is_none_or(|rows| rows % self.bc == 0 || (self.small_pages && self.warps == 8))
+    }
+
     /// Looks a configuration up by kernel name.
     pub fn by_name(name: &str) -> Option<&'static DecKernel> {
         DEC_KERNELS.iter().find(|k| k.name == name)
@@ -184,6 +195,22 @@ mod tests {
         // An A100: the 4-warp page-batched build over 16-token pages.
         let a100 = DecKernel::default_fitting(true, 128, Some(16), 164 * 1024).unwrap();
         assert_eq!((a100.warps, a100.bc, a100.stages, a100.small_pages), (4, 64, 3, true));
+    }
+
+    #[test]
+    fn compact_entries_by_layout() {
+        let pick = |page| DecKernel::default_fitting(true, 128, page, 227 * 1024).unwrap();
+        // Contiguous, pages holding whole blocks, and the 8-warp page-batched
+        // build over small pages: compact.
+        assert!(pick(None).compact_by_default(None));
+        assert!(pick(Some(256)).compact_by_default(Some(256)));
+        assert!(pick(Some(16)).compact_by_default(Some(16)));
+        // The 4-warp page-batched build over pages smaller than its block: not.
+        let a100 = DecKernel::default_fitting(true, 128, Some(16), 164 * 1024).unwrap();
+        assert!(!a100.compact_by_default(Some(16)) && a100.compact_by_default(Some(64)));
+        // Builds without a compact entry: never.
+        let pga = pick(Some(16)).with_append();
+        assert!(pga.compact.is_none() && !pga.compact_by_default(Some(16)));
     }
 
     #[test]
