@@ -220,6 +220,15 @@ fn tickets_pay_on(bandwidth: Option<f64>, num_sms: usize) -> bool {
     bandwidth.is_none_or(|b| b / num_sms.max(1) as f64 <= MAX_TICKET_BANDWIDTH_PER_SM)
 }
 
+impl FlashAttention {
+    /// Whether this device takes the ticket schedule where a call allows it
+    /// ([`DecodeOptions::deterministic`], [`MAX_TICKET_BANDWIDTH_PER_SM`]):
+    /// an H100 yes, an H200 no.
+    pub fn split_tickets_pay(&self) -> bool {
+        tickets_pay_on(self.peak_mem_bandwidth(), self.num_sms())
+    }
+}
+
 /// Whether a flash-decoding call with `ns` splits of `n_blocks` key blocks
 /// takes the ticket schedule ([`DecodeOptions::deterministic`],
 /// [`AttnParams::split_tickets`]): split, not deterministic, a kernel built
@@ -814,7 +823,7 @@ impl FlashAttention {
         });
         // The ticket schedule (decode step 18), unless the caller asks for
         // reproducible bits.
-        let device_pays = tickets_pay_on(self.peak_mem_bandwidth(), self.num_sms());
+        let device_pays = self.split_tickets_pay();
         let split_tickets = dec.is_some_and(|k| split_tickets(ns, k.tickets, device_pays, geom.paged, n_blocks, opts.deterministic));
         let lse_len = nheads * if varlen.is_some() { q_rows } else { batch * sq };
         let grid = (main.grid as u64)

@@ -8,9 +8,7 @@
 set -u
 . scripts/microbench/lib.sh
 unpack_bins
-nvidia-smi --query-gpu=name --format=csv,noheader | tee $OUT/gpu.txt
-run_tests gpu_decode gpu_api ndarray_kvcache
-sanitize_decode memcheck gpu_every_decode_kernel gpu_kvcache_append_strides gpu_decode_small_for_sanitizers
+decode_checks
 sanitize_decode racecheck gpu_kvcache_append_strides gpu_decode_small_for_sanitizers
 CELLS=1:4096:8,1:32768:8,1:32768:32,1:131072:8,1:131072:32,8:32768:8
 for r in 1 2; do

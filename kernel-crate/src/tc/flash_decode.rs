@@ -344,7 +344,10 @@ pub unsafe fn forward<
     // head counts LLVM narrowed it to a 16-bit division, which ptxas calls
     // as a subroutine at the far end of the code — a cold instruction fetch
     // before the first copy (ncu: ~0.4 µs per SM; decode step 23).
-    let kvh = (h as u32 / (arch_opaque::u32(p.nheads) / arch_opaque::u32(p.kv_heads()))) as u64;
+    // The query heads per KV head; the fused append's writer below is the
+    // first head of each group.
+    let group = arch_opaque::u32(p.nheads) / arch_opaque::u32(p.kv_heads());
+    let kvh = (h as u32 / group) as u64;
     let [qs0, qs1, qs2] = p.q_stride;
     let g_q = (p.q_ptr as *const u16).wrapping_add((b as u64 * qs0 + (seq.q_row0 + q0 as u64) * qs1 + h as u64 * qs2) as usize);
     let paged = p.block_table_ptr != 0;
@@ -366,12 +369,11 @@ pub unsafe fn forward<
         let (kn, vn, cached, writer) = if APPEND && p.knew_ptr != 0 {
             let [k0, _, k2] = p.knew_stride;
             let [v0, _, v2] = p.vnew_stride;
-            let group = (p.nheads / p.nheads_k.max(1)).max(1) as usize;
             // SAFETY: host-sized cache_seqlens (b < batch); clamped to the capacity.
             let c = unsafe { *(p.cache_seqlens_ptr as *const i32).add(b) }.clamp(0, p.seqlen_k as i32) as usize;
             let kn = (p.knew_ptr as *const u16).wrapping_add((b as u64 * k0 + kvh * k2) as usize);
             let vn = (p.vnew_ptr as *const u16).wrapping_add((b as u64 * v0 + kvh * v2) as usize);
-            (kn, vn, c, mb == 0 && h % group == 0)
+            (kn, vn, c, mb == 0 && h as u32 == kvh as u32 * group)
         } else {
             (core::ptr::null(), core::ptr::null(), usize::MAX, false)
         };
