@@ -220,15 +220,6 @@ fn tickets_pay_on(bandwidth: Option<f64>, num_sms: usize) -> bool {
     bandwidth.is_none_or(|b| b / num_sms.max(1) as f64 <= MAX_TICKET_BANDWIDTH_PER_SM)
 }
 
-impl FlashAttention {
-    /// Whether this device takes the ticket schedule where a call allows it
-    /// ([`DecodeOptions::deterministic`], [`MAX_TICKET_BANDWIDTH_PER_SM`]):
-    /// an H100 yes, an H200 no.
-    pub fn split_tickets_pay(&self) -> bool {
-        tickets_pay_on(self.peak_mem_bandwidth(), self.num_sms())
-    }
-}
-
 /// Whether a flash-decoding call with `ns` splits of `n_blocks` key blocks
 /// takes the ticket schedule ([`DecodeOptions::deterministic`],
 /// [`AttnParams::split_tickets`]): split, not deterministic, a kernel built
@@ -383,6 +374,13 @@ struct AttendPlan {
 }
 
 impl FlashAttention {
+    /// Whether this device takes the ticket schedule where a call allows it
+    /// ([`DecodeOptions::deterministic`], [`MAX_TICKET_BANDWIDTH_PER_SM`]):
+    /// an H100 yes, an H200 no.
+    pub fn split_tickets_pay(&self) -> bool {
+        tickets_pay_on(self.peak_mem_bandwidth(), self.num_sms())
+    }
+
     /// Attention of `q` against a KV cache, appending `k_new`/`v_new` first
     /// (see the module docs). Returns O `(batch, seqlen_q, nheads, d)`
     /// contiguous and the logsumexp `(batch, nheads, seqlen_q)`; causal and
