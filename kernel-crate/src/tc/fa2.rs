@@ -21,7 +21,7 @@
 //!
 //! Epilogue: the quad sums `l_i`, `O /= l_i` once, store O and the logsumexp.
 
-use super::tile::{SmemTile, tile_bytes};
+use super::tile::{FragTile, SmemTile, tile_bytes};
 use super::{Elem16, mma, pack};
 use crate::arch::cp_async::{cp_async_commit, cp_async_wait};
 use crate::arch::shfl::{shfl_xor_f32, vote_all};
@@ -71,10 +71,10 @@ pub fn scale_sign(scale_log2: f32) -> (u32, f32) {
 #[inline(always)]
 pub unsafe fn qk<T: Elem16, const D: usize, const DK: usize, const BCN: usize, const MT: usize, const QREG: bool>(
     r_q: &[[[u32; 4]; DK]; MT],
-    s_q: SmemTile<D>,
+    s_q: impl FragTile,
     q_row0: usize,
     q_sign: u32,
-    s_k: SmemTile<D>,
+    s_k: impl FragTile,
     lane: usize,
 ) -> [[[f32; 4]; BCN]; MT] {
     let mut r_s = [[[0f32; 4]; BCN]; MT];
@@ -102,7 +102,7 @@ pub unsafe fn qk<T: Elem16, const D: usize, const DK: usize, const BCN: usize, c
 pub unsafe fn pv<T: Elem16, const D: usize, const DN: usize, const BCN: usize, const BCK: usize, const MT: usize>(
     acc: &mut [[[f32; 4]; DN]; MT],
     r_s: &[[[f32; 4]; BCN]; MT],
-    s_v: SmemTile<D>,
+    s_v: impl FragTile,
     lane: usize,
 ) {
     for kk in 0..BCK {

@@ -35,7 +35,7 @@
 //! `Br = 16` rows per (sequence, head).
 
 use super::fa2::{BlockPos, Mods, key_blocks, mask, pv, qk, quad_sum, scale_sign, seq_of, softmax_step, split_of};
-use super::tile::{SmemTile, tile_bytes};
+use super::tile::{FragTile, KvTile, SmemTile, dec_kv_tile_bytes, tile_bytes};
 use super::{Elem16, pack};
 use crate::arch::cp_async::{cp_async_cg_16_pf, cp_async_commit, cp_async_wait};
 use crate::arch::global::{atom_add_u32_gpu, fence_acq_rel_gpu, st_relaxed_u32_gpu};
@@ -88,7 +88,7 @@ impl KvCopy {
     /// memory; for paged caches as [`AttnParams::page_of`].
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
-    unsafe fn issue<const D: usize, const BC: usize, const NW: usize, const PF: u32, const PAGE_BATCH: bool>(&self, p: &AttnParams, sk: SmemTile<D>, sv: SmemTile<D>, j: usize, nk: usize, d: usize) {
+    unsafe fn issue<const D: usize, const BC: usize, const NW: usize, const PF: u32, const PAGE_BATCH: bool>(&self, p: &AttnParams, sk: KvTile<D>, sv: KvTile<D>, j: usize, nk: usize, d: usize) {
         let cpr = D / 8;
         let j0 = j * BC;
         // Rows of a block inside one page (page size ≥ Bc, aligned): one
@@ -178,7 +178,7 @@ impl KvCopy {
     /// Rows `j0..j0 + Bc` < the sequence's clamped length; as
     /// [`AttnParams::page_of`]; at most 16 copies per thread.
     #[inline(always)]
-    unsafe fn issue_paged_full<const D: usize, const BC: usize, const NW: usize, const PF: u32>(&self, p: &AttnParams, sk: SmemTile<D>, sv: SmemTile<D>, j0: usize, d: usize) {
+    unsafe fn issue_paged_full<const D: usize, const BC: usize, const NW: usize, const PF: u32>(&self, p: &AttnParams, sk: KvTile<D>, sv: KvTile<D>, j0: usize, d: usize) {
         let cpr = D / 8;
         let rstep = 32 * NW / cpr;
         let steps = BC * cpr / (32 * NW);
@@ -192,21 +192,20 @@ impl KvCopy {
                 pages[k] = unsafe { p.page_of(self.b, (j0 + r0 + k * rstep) as u32) };
             }
         }
-        let (dk, dv) = (sk.addr(r0, c * 8), sv.addr(r0, c * 8));
-        let dstep = rstep as u32 * super::tile::row_bytes(D) as u32;
         #[allow(clippy::needless_range_loop)]
         for k in 0..16 {
             if k >= steps {
                 break;
             }
+            let r = r0 + k * rstep;
             let pg = pages[k];
             let pr = p.page_row((j0 + r0 + k * rstep) as u32) as u64;
             let ks = self.k.wrapping_add((pg as u64 * self.k_ps + pr * self.k_rs) as usize + c8);
             let vs = self.v.wrapping_add((pg as u64 * self.v_ps + pr * self.v_rs) as usize + c8);
             // SAFETY: rows of the block inside their pages; a size of 0 reads nothing.
             unsafe {
-                cp_async_cg_16_pf::<PF>(dk + k as u32 * dstep, ks as *const u8, n);
-                cp_async_cg_16_pf::<PF>(dv + k as u32 * dstep, vs as *const u8, n);
+                cp_async_cg_16_pf::<PF>(sk.addr(r, c * 8), ks as *const u8, n);
+                cp_async_cg_16_pf::<PF>(sv.addr(r, c * 8), vs as *const u8, n);
             }
         }
     }
@@ -220,7 +219,7 @@ impl KvCopy {
     /// `d` elements; tiles in the dynamic shared memory; `32·NW` threads
     /// (a multiple of `cpr`, and `Bc·cpr` a multiple of it).
     #[inline(always)]
-    unsafe fn issue_full<const D: usize, const BC: usize, const NW: usize, const PF: u32>(&self, sk: SmemTile<D>, sv: SmemTile<D>, kb: *const u16, vb: *const u16, d: usize) {
+    unsafe fn issue_full<const D: usize, const BC: usize, const NW: usize, const PF: u32>(&self, sk: KvTile<D>, sv: KvTile<D>, kb: *const u16, vb: *const u16, d: usize) {
         let cpr = D / 8;
         let rstep = 32 * NW / cpr;
         let steps = BC * cpr / (32 * NW);
@@ -231,13 +230,15 @@ impl KvCopy {
         let mut ks = kb.wrapping_add(r0 * self.k_rs as usize + c8);
         let mut vs = vb.wrapping_add(r0 * self.v_rs as usize + c8);
         let (kstep, vstep) = (rstep * self.k_rs as usize, rstep * self.v_rs as usize);
-        let (dk, dv) = (sk.addr(r0, c * 8), sv.addr(r0, c * 8));
-        let dstep = rstep as u32 * super::tile::row_bytes(D) as u32;
         for k in 0..steps {
-            // SAFETY: caller (row r0 + k·rstep < Bc of the block).
+            // Row r0 + k·rstep: a constant step from row r0 when rstep is
+            // a multiple of the swizzle's 8 rows (every 4- and 8-warp d = 64
+            // and 128 build).
+            let r = r0 + k * rstep;
+            // SAFETY: caller (row r < Bc of the block).
             unsafe {
-                cp_async_cg_16_pf::<PF>(dk + k as u32 * dstep, ks as *const u8, n);
-                cp_async_cg_16_pf::<PF>(dv + k as u32 * dstep, vs as *const u8, n);
+                cp_async_cg_16_pf::<PF>(sk.addr(r, c * 8), ks as *const u8, n);
+                cp_async_cg_16_pf::<PF>(sv.addr(r, c * 8), vs as *const u8, n);
             }
             ks = ks.wrapping_add(kstep);
             vs = vs.wrapping_add(vstep);
@@ -400,11 +401,12 @@ pub unsafe fn forward<
     let base = smem_addr(dynamic_smem::<u8>());
     let s_q = SmemTile::<D> { base };
     let kv_base = base + tile_bytes(BR, D) as u32;
-    let kv_bytes = tile_bytes(BC, D) as u32;
-    let s_k = |s: usize| SmemTile::<D> { base: kv_base + s as u32 * kv_bytes };
-    let s_v = |s: usize| SmemTile::<D> { base: kv_base + (S + s) as u32 * kv_bytes };
-    // This warp's keys of a block: rows w·Bcw.. of the stage tiles.
-    let w_off = (warp * BCW) as u32 * super::tile::row_bytes(D) as u32;
+    let kv_bytes = dec_kv_tile_bytes(BC, D) as u32;
+    let s_k = |s: usize| KvTile::<D> { base: kv_base + s as u32 * kv_bytes };
+    let s_v = |s: usize| KvTile::<D> { base: kv_base + (S + s) as u32 * kv_bytes };
+    // This warp's keys of a block: rows w·Bcw.. of the stage tiles (Bcw a
+    // multiple of 16: the same swizzle from the moved base).
+    let w_off = (warp * BCW) as u32 * KvTile::<D>::RB;
     // Block j into stage `stage`.
     let issue = |j: usize, stage: usize| {
         // SAFETY: j < j_end: rows < nk exist.
@@ -479,8 +481,8 @@ pub unsafe fn forward<
     macro_rules! attend_block {
         ($j:expr, $buf:expr) => {{
             let (j, buf) = ($j, $buf);
-            let sk = SmemTile::<D> { base: s_k(buf).base + w_off };
-            let sv = SmemTile::<D> { base: s_v(buf).base + w_off };
+            let sk = KvTile::<D> { base: s_k(buf).base + w_off };
+            let sv = KvTile::<D> { base: s_v(buf).base + w_off };
             // SAFETY: block j landed and a barrier passed.
             let mut r_s = unsafe { qk::<T, D, DK, BCWN, 1, QREG>(&r_q, s_q, 0, q_sign, sk, lane) };
             let k0 = j * BC + warp * BCW;

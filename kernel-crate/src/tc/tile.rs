@@ -7,11 +7,93 @@
 //! number of 16-byte chunks whenever `D/8` is even, which holds for every
 //! supported head dim), so `ldmatrix` and `cp.async` are free of bank
 //! conflicts without a swizzle.
+//!
+//! The flash-decoding kernels' K/V stages ([`KvTile`]) are unpadded and
+//! swizzled instead where the head dim allows
+//! (`flash_attn_common::tc::dec_kv_swizzled`): their copies stream the cache
+//! 4% faster (decode step 29). [`FragTile`] reads the warp fragments from
+//! either layout.
 
 use crate::arch::cp_async::cp_async_cg_16;
 use crate::arch::ldmatrix::{ldmatrix_x4, ldmatrix_x4_trans};
 
-pub use flash_attn_common::tc::{row_bytes, tile_bytes};
+pub use flash_attn_common::tc::{dec_kv_offset, dec_kv_row_bytes, dec_kv_tile_bytes, row_bytes, tile_bytes};
+
+/// A shared-memory tile of 16-bit elements that `ldmatrix` reads: its
+/// layout is [`FragTile::addr`], the fragments follow from it.
+pub trait FragTile: Copy {
+    /// Shared address of element `(row, col)`, `col` a multiple of 8 (one
+    /// 16-byte chunk).
+    fn addr(&self, row: usize, col: usize) -> u32;
+
+    /// A fragment (16 rows × 16 cols) of a row-major A operand, rows
+    /// `row0..row0+16`, cols `col0..col0+16`.
+    ///
+    /// # Safety
+    /// All 32 lanes call it; the tile was filled and a barrier passed.
+    #[inline(always)]
+    unsafe fn a_frag(&self, row0: usize, col0: usize, lane: usize) -> [u32; 4] {
+        // lanes 0-15: rows 0-15 at col0; lanes 16-31: rows 0-15 at col0+8.
+        // SAFETY: forwarded.
+        unsafe { ldmatrix_x4(self.addr(row0 + (lane & 15), col0 + (lane >> 4) * 8)) }
+    }
+
+    /// B fragments of `Bᵀ` stored row-major (rows = n, cols = k; e.g. K for
+    /// `S = Q·Kᵀ`): n-tiles `n0..n0+8` and `n0+8..n0+16`, k `k0..k0+16`.
+    /// Returns `[b0, b1]` of the first n-tile then of the second.
+    ///
+    /// # Safety
+    /// As [`FragTile::a_frag`].
+    #[inline(always)]
+    unsafe fn bt_frag_x2(&self, n0: usize, k0: usize, lane: usize) -> [u32; 4] {
+        let m = lane >> 3;
+        // SAFETY: forwarded.
+        unsafe { ldmatrix_x4(self.addr(n0 + (m >> 1) * 8 + (lane & 7), k0 + (m & 1) * 8)) }
+    }
+
+    /// B fragments of `B` stored row-major (rows = k, cols = n; e.g. V for
+    /// `O = P·V`), through `ldmatrix.trans`: k `k0..k0+16`, n-tiles
+    /// `n0..n0+8` and `n0+8..n0+16`. Returns `[b0, b1]` of each n-tile.
+    ///
+    /// # Safety
+    /// As [`FragTile::a_frag`].
+    #[inline(always)]
+    unsafe fn b_frag_trans_x2(&self, k0: usize, n0: usize, lane: usize) -> [u32; 4] {
+        let m = lane >> 3;
+        // SAFETY: forwarded.
+        unsafe { ldmatrix_x4_trans(self.addr(k0 + (m & 1) * 8 + (lane & 7), n0 + (m >> 1) * 8)) }
+    }
+}
+
+/// A K/V stage tile of the flash-decoding kernels: `D` elements per row,
+/// swizzled where `dec_kv_swizzled(D)` (unpadded rows, chunk `c` of row `r`
+/// at chunk `c ^ (r % 8)`: the 8 rows of an `ldmatrix` matrix hit 8
+/// different chunks of one 128-byte group; a warp's copies fill whole
+/// 128-byte groups), padded as [`SmemTile`] otherwise. A tile whose base is
+/// moved by a multiple of 8 rows is the same layout (the warps' key slices).
+#[derive(Clone, Copy)]
+pub struct KvTile<const D: usize> {
+    pub base: u32,
+}
+
+impl<const D: usize> KvTile<D> {
+    /// Bytes per row.
+    pub const RB: u32 = dec_kv_row_bytes(D) as u32;
+}
+
+impl<const D: usize> FragTile for KvTile<D> {
+    #[inline(always)]
+    fn addr(&self, row: usize, col: usize) -> u32 {
+        self.base + dec_kv_offset(D, row as u32, col as u32)
+    }
+}
+
+impl<const D: usize> FragTile for SmemTile<D> {
+    #[inline(always)]
+    fn addr(&self, row: usize, col: usize) -> u32 {
+        SmemTile::addr(self, row, col)
+    }
+}
 
 /// A tile of padded rows of `D` elements at a shared-window address.
 #[derive(Clone, Copy)]
@@ -117,43 +199,5 @@ impl<const D: usize> SmemTile<D> {
             unsafe { cp_async_cg_16(self.addr(r, c * 8), src as *const u8, if ok { 16 } else { 0 }) };
             i += nt;
         }
-    }
-
-    /// A fragment (16 rows × 16 cols) of a row-major A operand, rows
-    /// `row0..row0+16`, cols `col0..col0+16`.
-    ///
-    /// # Safety
-    /// All 32 lanes call it; the tile was filled and a barrier passed.
-    #[inline(always)]
-    pub unsafe fn a_frag(&self, row0: usize, col0: usize, lane: usize) -> [u32; 4] {
-        // lanes 0-15: rows 0-15 at col0; lanes 16-31: rows 0-15 at col0+8.
-        // SAFETY: forwarded.
-        unsafe { ldmatrix_x4(self.addr(row0 + (lane & 15), col0 + (lane >> 4) * 8)) }
-    }
-
-    /// B fragments of `Bᵀ` stored row-major (rows = n, cols = k; e.g. K for
-    /// `S = Q·Kᵀ`): n-tiles `n0..n0+8` and `n0+8..n0+16`, k `k0..k0+16`.
-    /// Returns `[b0, b1]` of the first n-tile then of the second.
-    ///
-    /// # Safety
-    /// As [`SmemTile::a_frag`].
-    #[inline(always)]
-    pub unsafe fn bt_frag_x2(&self, n0: usize, k0: usize, lane: usize) -> [u32; 4] {
-        let m = lane >> 3;
-        // SAFETY: forwarded.
-        unsafe { ldmatrix_x4(self.addr(n0 + (m >> 1) * 8 + (lane & 7), k0 + (m & 1) * 8)) }
-    }
-
-    /// B fragments of `B` stored row-major (rows = k, cols = n; e.g. V for
-    /// `O = P·V`), through `ldmatrix.trans`: k `k0..k0+16`, n-tiles
-    /// `n0..n0+8` and `n0+8..n0+16`. Returns `[b0, b1]` of each n-tile.
-    ///
-    /// # Safety
-    /// As [`SmemTile::a_frag`].
-    #[inline(always)]
-    pub unsafe fn b_frag_trans_x2(&self, k0: usize, n0: usize, lane: usize) -> [u32; 4] {
-        let m = lane >> 3;
-        // SAFETY: forwarded.
-        unsafe { ldmatrix_x4_trans(self.addr(k0 + (m & 1) * 8 + (lane & 7), n0 + (m >> 1) * 8)) }
     }
 }
