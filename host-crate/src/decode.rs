@@ -169,8 +169,10 @@ pub fn num_splits_heuristic(
 /// and partial again) and leave no split without keys, the one with the
 /// least such load; among equals, more
 /// resident blocks (more loads in flight), then fewer splits (fewer partials
-/// to merge). No split when the work alone fills 80% of the resident slots
-/// or there are at most 4 key blocks.
+/// to merge). No split when there are at most 4 key blocks, or when the work
+/// alone fills [`NO_SPLIT_FILL_SHORT`] of the resident slots with at most
+/// [`SHORT_KEY_BLOCKS`] key blocks per tile (not over `small_pages`: a paged
+/// cache whose pages hold less than a key block), else 80%.
 ///
 /// FlashAttention-2's wave efficiency ([`num_splits_heuristic`]) accepts
 /// 85% of the best: for GQA 32/8 at batch 1 it gives 14 splits, 112 blocks
@@ -181,9 +183,11 @@ pub fn decode_splits_heuristic(
     blocks_per_sm: usize,
     n_blocks: usize,
     max_splits: usize,
+    small_pages: bool,
 ) -> usize {
     let (sms, slots) = (sms.max(1), sms.max(1) * blocks_per_sm.max(1));
-    if work == 0 || work as f64 >= 0.8 * slots as f64 || n_blocks <= 4 {
+    let fill = if small_pages || n_blocks > SHORT_KEY_BLOCKS { 0.8 } else { NO_SPLIT_FILL_SHORT };
+    if work == 0 || work as f64 >= fill * slots as f64 || n_blocks <= 4 {
         return 1;
     }
     let rank = |s: usize| {
@@ -197,6 +201,24 @@ pub fn decode_splits_heuristic(
         .min_by_key(|&s| rank(s))
         .unwrap_or(1)
 }
+
+/// The share of the resident block slots from which
+/// [`decode_splits_heuristic`] leaves a short cache ([`SHORT_KEY_BLOCKS`])
+/// unsplit. Since the K/V stages are swizzled (decode step 29) one block
+/// streams fast enough alone that 64 of the H100's 132 SMs nearly saturate
+/// its DRAM, and a split only adds its epilogue (~3.5 µs): batch 8 GQA 32/8
+/// at 4k keys (64 tiles, 32 key blocks) runs 51.0 µs unsplit against 54.1
+/// with 2 splits (page 256: 51.4 against 54.5; decode step 30). Longer
+/// caches keep splitting up to 80%: at 32k keys the two are level (352.9
+/// against 351.4 µs, page 256 356.7 against 360.3), at 131k the split's
+/// ticket schedule wins (1370.8 against 1394.0). Over 16-token pages a block
+/// looks each row's page up and streams slower alone (at 4k 71.5 against
+/// 56.3 with 2 splits), so small pages keep 80% too.
+pub const NO_SPLIT_FILL_SHORT: f64 = 0.45;
+
+/// Key blocks per tile up to which a cache counts as short for
+/// [`NO_SPLIT_FILL_SHORT`] (8k keys at Bc = 128; measured at 32 and 256).
+pub const SHORT_KEY_BLOCKS: usize = 64;
 
 /// Key blocks per split from which the ticket schedule pays (H100,
 /// decode step 18: 16 per split — GQA 32/8 at 32k keys — streamed 1–2%
@@ -816,13 +838,24 @@ impl FlashAttention {
         let per_sm = self.blocks_per_sm(&main).unwrap_or(2);
         let slots = self.num_sms() * per_sm;
         let ns = opts.num_splits.unwrap_or_else(|| match dec {
-            Some(_) => decode_splits_heuristic(work, self.num_sms(), per_sm, n_blocks, max_splits),
+            Some(k) => decode_splits_heuristic(work, self.num_sms(), per_sm, n_blocks, max_splits, geom.paged && !geom.rows_per.is_multiple_of(k.bc)),
             None => num_splits_heuristic(work, slots, n_blocks, max_splits),
         });
         // The ticket schedule (decode step 18), unless the caller asks for
         // reproducible bits.
         let device_pays = self.split_tickets_pay();
         let split_tickets = dec.is_some_and(|k| split_tickets(ns, k.tickets, device_pays, geom.paged, n_blocks, opts.deterministic));
+        // A default call that draws no ticket and appends nothing runs the
+        // build without the ticket loop (`DecKernel::without_tickets`, decode
+        // step 29): same configuration, launch shape and split count.
+        let (dec, compact, main) = match dec {
+            Some(k) if opts.kernel.is_none() && !split_tickets && s_new == 0 && k.without_tickets() != k => {
+                let w = k.without_tickets();
+                let page = geom.paged.then_some(geom.rows_per);
+                (Some(w), w.compact_by_default(page).then_some((w, false)), Launch { kernel: w.name, ..main })
+            }
+            _ => (dec, compact, main),
+        };
         let lse_len = nheads * if varlen.is_some() { q_rows } else { batch * sq };
         let grid = (main.grid as u64)
             .checked_mul(ns as u64)
