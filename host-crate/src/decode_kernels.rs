@@ -62,10 +62,14 @@ macro_rules! dec_table {
 // The 8-warp d = 128 kernels issue their K/V copies with an `L2::128B`
 // prefetch hint in the sm_90 builds (`pf = 128` in the kernel list; H100,
 // decode-tune: 1–2% faster on long caches, docs/perf-notes.md decode step 10).
-// Their 3-stage build comes first (213 KB of shared memory: the H100's
+// Their 3-stage build comes first (196 KB of shared memory: the H100's
 // default; with the ticket schedule on long caches and alone on GQA 32k it
 // streamed 1–2% faster than 2 stages, decode step 18); where it does not fit
-// (an A100's 164 KB) the 2-stage build is the first that does.
+// (an A100's 164 KB) the 2-stage build is the first that does. The 8-warp
+// page-batched `_pg` build (small pages, and every call without tickets or new
+// k/v: `DecKernel::without_tickets`) holds Q's fragments in registers
+// (`qreg = true` in the kernel list: 0.2–0.8 µs faster on GQA calls than
+// re-reading them from shared memory every block, decode step 31).
 dec_table! {
     flash_fwd_tc_dec_f16_d32_w4_bc64_s3 / flash_fwd_tc_dec_f16_d32_w4_bc64_s3_c false 32 4 64 3 false false false;
     flash_fwd_tc_dec_bf16_d32_w4_bc64_s3 / flash_fwd_tc_dec_bf16_d32_w4_bc64_s3_c true 32 4 64 3 false false false;

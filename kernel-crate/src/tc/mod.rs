@@ -242,8 +242,8 @@ dec_kernels! {
     flash_fwd_tc_dec_bf16_d128_w8_bc128_s3 / flash_fwd_tc_dec_bf16_d128_w8_bc128_s3_c: Bf16, d = 128, w = 8, bc = 128, s = 3, qreg = false, pf = 128, tickets = true, append = true, page_batch = false;
     flash_fwd_tc_dec_f16_d128_w8_bc128_s2 / flash_fwd_tc_dec_f16_d128_w8_bc128_s2_c: F16, d = 128, w = 8, bc = 128, s = 2, qreg = false, pf = 128, tickets = true, append = true, page_batch = false;
     flash_fwd_tc_dec_bf16_d128_w8_bc128_s2 / flash_fwd_tc_dec_bf16_d128_w8_bc128_s2_c: Bf16, d = 128, w = 8, bc = 128, s = 2, qreg = false, pf = 128, tickets = true, append = true, page_batch = false;
-    flash_fwd_tc_dec_f16_d128_w8_bc128_s3_pg / flash_fwd_tc_dec_f16_d128_w8_bc128_s3_pg_c: F16, d = 128, w = 8, bc = 128, s = 3, qreg = false, pf = 128, tickets = false, append = false, page_batch = true;
-    flash_fwd_tc_dec_bf16_d128_w8_bc128_s3_pg / flash_fwd_tc_dec_bf16_d128_w8_bc128_s3_pg_c: Bf16, d = 128, w = 8, bc = 128, s = 3, qreg = false, pf = 128, tickets = false, append = false, page_batch = true;
+    flash_fwd_tc_dec_f16_d128_w8_bc128_s3_pg / flash_fwd_tc_dec_f16_d128_w8_bc128_s3_pg_c: F16, d = 128, w = 8, bc = 128, s = 3, qreg = true, pf = 128, tickets = false, append = false, page_batch = true;
+    flash_fwd_tc_dec_bf16_d128_w8_bc128_s3_pg / flash_fwd_tc_dec_bf16_d128_w8_bc128_s3_pg_c: Bf16, d = 128, w = 8, bc = 128, s = 3, qreg = true, pf = 128, tickets = false, append = false, page_batch = true;
     flash_fwd_tc_dec_f16_d128_w8_bc128_s3_pga: F16, d = 128, w = 8, bc = 128, s = 3, qreg = false, pf = 128, tickets = false, append = true, page_batch = true;
     flash_fwd_tc_dec_bf16_d128_w8_bc128_s3_pga: Bf16, d = 128, w = 8, bc = 128, s = 3, qreg = false, pf = 128, tickets = false, append = true, page_batch = true;
     flash_fwd_tc_dec_f16_d160_w4_bc64_s2 / flash_fwd_tc_dec_f16_d160_w4_bc64_s2_c: F16, d = 160, w = 4, bc = 64, s = 2, qreg = false, pf = 0, tickets = false, append = false, page_batch = false;
