@@ -93,6 +93,24 @@ impl<const D: usize> FragTile for SmemTile<D> {
     fn addr(&self, row: usize, col: usize) -> u32 {
         SmemTile::addr(self, row, col)
     }
+
+    #[inline(always)]
+    unsafe fn a_frag(&self, row0: usize, col0: usize, lane: usize) -> [u32; 4] {
+        // SAFETY: forwarded.
+        unsafe { SmemTile::a_frag(self, row0, col0, lane) }
+    }
+
+    #[inline(always)]
+    unsafe fn bt_frag_x2(&self, n0: usize, k0: usize, lane: usize) -> [u32; 4] {
+        // SAFETY: forwarded.
+        unsafe { SmemTile::bt_frag_x2(self, n0, k0, lane) }
+    }
+
+    #[inline(always)]
+    unsafe fn b_frag_trans_x2(&self, k0: usize, n0: usize, lane: usize) -> [u32; 4] {
+        // SAFETY: forwarded.
+        unsafe { SmemTile::b_frag_trans_x2(self, k0, n0, lane) }
+    }
 }
 
 /// A tile of padded rows of `D` elements at a shared-window address.
@@ -199,5 +217,43 @@ impl<const D: usize> SmemTile<D> {
             unsafe { cp_async_cg_16(self.addr(r, c * 8), src as *const u8, if ok { 16 } else { 0 }) };
             i += nt;
         }
+    }
+
+    /// A fragment (16 rows × 16 cols) of a row-major A operand, rows
+    /// `row0..row0+16`, cols `col0..col0+16`.
+    ///
+    /// # Safety
+    /// All 32 lanes call it; the tile was filled and a barrier passed.
+    #[inline(always)]
+    pub unsafe fn a_frag(&self, row0: usize, col0: usize, lane: usize) -> [u32; 4] {
+        // lanes 0-15: rows 0-15 at col0; lanes 16-31: rows 0-15 at col0+8.
+        // SAFETY: forwarded.
+        unsafe { ldmatrix_x4(self.addr(row0 + (lane & 15), col0 + (lane >> 4) * 8)) }
+    }
+
+    /// B fragments of `Bᵀ` stored row-major (rows = n, cols = k; e.g. K for
+    /// `S = Q·Kᵀ`): n-tiles `n0..n0+8` and `n0+8..n0+16`, k `k0..k0+16`.
+    /// Returns `[b0, b1]` of the first n-tile then of the second.
+    ///
+    /// # Safety
+    /// As [`SmemTile::a_frag`].
+    #[inline(always)]
+    pub unsafe fn bt_frag_x2(&self, n0: usize, k0: usize, lane: usize) -> [u32; 4] {
+        let m = lane >> 3;
+        // SAFETY: forwarded.
+        unsafe { ldmatrix_x4(self.addr(n0 + (m >> 1) * 8 + (lane & 7), k0 + (m & 1) * 8)) }
+    }
+
+    /// B fragments of `B` stored row-major (rows = k, cols = n; e.g. V for
+    /// `O = P·V`), through `ldmatrix.trans`: k `k0..k0+16`, n-tiles
+    /// `n0..n0+8` and `n0+8..n0+16`. Returns `[b0, b1]` of each n-tile.
+    ///
+    /// # Safety
+    /// As [`SmemTile::a_frag`].
+    #[inline(always)]
+    pub unsafe fn b_frag_trans_x2(&self, k0: usize, n0: usize, lane: usize) -> [u32; 4] {
+        let m = lane >> 3;
+        // SAFETY: forwarded.
+        unsafe { ldmatrix_x4_trans(self.addr(k0 + (m & 1) * 8 + (lane & 7), n0 + (m >> 1) * 8)) }
     }
 }
