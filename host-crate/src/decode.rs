@@ -170,9 +170,10 @@ pub fn num_splits_heuristic(
 /// least such load; among equals, more
 /// resident blocks (more loads in flight), then fewer splits (fewer partials
 /// to merge). No split when there are at most 4 key blocks, or when the work
-/// alone fills [`NO_SPLIT_FILL_SHORT`] of the resident slots with at most
-/// [`SHORT_KEY_BLOCKS`] key blocks per tile (not over `small_pages`: a paged
-/// cache whose pages hold less than a key block), else 80%.
+/// alone fills [`NO_SPLIT_FILL`] of the resident slots — 80% over
+/// `small_pages` (a paged cache whose pages hold less than a key block) and,
+/// past [`SHORT_KEY_BLOCKS`] key blocks per tile, for `balanced` calls
+/// (whose splits would take the ticket schedule).
 ///
 /// FlashAttention-2's wave efficiency ([`num_splits_heuristic`]) accepts
 /// 85% of the best: for GQA 32/8 at batch 1 it gives 14 splits, 112 blocks
@@ -184,9 +185,10 @@ pub fn decode_splits_heuristic(
     n_blocks: usize,
     max_splits: usize,
     small_pages: bool,
+    balanced: bool,
 ) -> usize {
     let (sms, slots) = (sms.max(1), sms.max(1) * blocks_per_sm.max(1));
-    let fill = if small_pages || n_blocks > SHORT_KEY_BLOCKS { 0.8 } else { NO_SPLIT_FILL_SHORT };
+    let fill = if small_pages || (balanced && n_blocks > SHORT_KEY_BLOCKS) { 0.8 } else { NO_SPLIT_FILL };
     if work == 0 || work as f64 >= fill * slots as f64 || n_blocks <= 4 {
         return 1;
     }
@@ -203,21 +205,22 @@ pub fn decode_splits_heuristic(
 }
 
 /// The share of the resident block slots from which
-/// [`decode_splits_heuristic`] leaves a short cache ([`SHORT_KEY_BLOCKS`])
-/// unsplit. Since the K/V stages are swizzled (decode step 29) one block
+/// [`decode_splits_heuristic`] leaves the work unsplit (it was 0.8 for
+/// every call). Since the K/V stages are swizzled (decode step 29) one block
 /// streams fast enough alone that 64 of the H100's 132 SMs nearly saturate
-/// its DRAM, and a split only adds its epilogue (~3.5 µs): batch 8 GQA 32/8
-/// at 4k keys (64 tiles, 32 key blocks) runs 51.0 µs unsplit against 54.1
-/// with 2 splits (page 256: 51.4 against 54.5; decode step 30). Longer
-/// caches keep splitting up to 80%: at 32k keys the two are level (352.9
-/// against 351.4 µs, page 256 356.7 against 360.3), at 131k the split's
-/// ticket schedule wins (1370.8 against 1394.0). Over 16-token pages a block
-/// looks each row's page up and streams slower alone (at 4k 71.5 against
-/// 56.3 with 2 splits), so small pages keep 80% too.
-pub const NO_SPLIT_FILL_SHORT: f64 = 0.45;
+/// its DRAM, and a split only adds its epilogue (~3.5 µs) or, static, its
+/// imbalance (decode step 30, batch 8 GQA 32/8, 64 tiles): at 4k keys 51.0
+/// µs unsplit against 54.1 with 2 splits (page 256: 51.4 against 54.5); over
+/// 256-token pages at 32k 351.4 against 360.1, at 131k 1380.2 against
+/// 1397.4. Two kinds of call keep splitting up to 80%: long contiguous
+/// caches whose splits take tickets (`balanced`), which balance them (131k:
+/// 1370.8 split against 1394.0 unsplit; 32k level, 347.5 against 350.6),
+/// and caches of pages smaller than a key block, where a block looks each
+/// row's page up and streams slower alone (4k: 56.3 split against 71.5).
+pub const NO_SPLIT_FILL: f64 = 0.45;
 
-/// Key blocks per tile up to which a cache counts as short for
-/// [`NO_SPLIT_FILL_SHORT`] (8k keys at Bc = 128; measured at 32 and 256).
+/// Key blocks per tile up to which even a `balanced` call takes
+/// [`NO_SPLIT_FILL`] (8k keys at Bc = 128; measured at 32 and 256).
 pub const SHORT_KEY_BLOCKS: usize = 64;
 
 /// Key blocks per split from which the ticket schedule pays (H100,
@@ -838,7 +841,11 @@ impl FlashAttention {
         let per_sm = self.blocks_per_sm(&main).unwrap_or(2);
         let slots = self.num_sms() * per_sm;
         let ns = opts.num_splits.unwrap_or_else(|| match dec {
-            Some(k) => decode_splits_heuristic(work, self.num_sms(), per_sm, n_blocks, max_splits, geom.paged && !geom.rows_per.is_multiple_of(k.bc)),
+            Some(k) => {
+                let small_pages = geom.paged && !geom.rows_per.is_multiple_of(k.bc);
+                let balanced = k.tickets && self.split_tickets_pay() && !geom.paged && !opts.deterministic;
+                decode_splits_heuristic(work, self.num_sms(), per_sm, n_blocks, max_splits, small_pages, balanced)
+            }
             None => num_splits_heuristic(work, slots, n_blocks, max_splits),
         });
         // The ticket schedule (decode step 18), unless the caller asks for

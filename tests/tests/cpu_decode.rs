@@ -637,34 +637,37 @@ fn decode_paths_in_f32() {
 #[test]
 fn decode_split_counts() {
     use flash_attn::decode::{decode_splits_heuristic as dec, num_splits_heuristic as fa2};
-    // (work tiles, blocks per SM, key blocks, pages smaller than a key block) → splits
-    for (work, per_sm, n, small, want) in [
-        (8, 1, 256, false, 16),  // b1 GQA 32k, Bc 128
-        (8, 1, 256, true, 16),   // the same over 16-token pages
-        (8, 1, 1024, false, 16), // b1 GQA 131k
-        (32, 1, 256, false, 4),  // b1 MHA 32k
-        (32, 1, 1024, false, 4), // b1 MHA 131k
-        (8, 2, 512, true, 32),   // b1 GQA 32k, Bc 64 (small pages; 33 would leave a split empty)
-        (8, 2, 2048, true, 33),  // b1 GQA 131k, Bc 64
-        (32, 2, 512, true, 8),   // b1 MHA 32k, Bc 64
-        (64, 1, 32, false, 1),   // b8 GQA 4k: 64 tiles stream as fast unsplit
-        (64, 1, 32, true, 2),    // b8 GQA 4k over 16-token pages: still split
-        (64, 1, 256, false, 2),  // b8 GQA 32k: a long cache still splits
-        (64, 1, 1024, false, 2), // b8 GQA 131k
-        (64, 1, 256, true, 2),   // b8 GQA 32k over 16-token pages
-        (60, 1, 64, false, 1),   // 60 of 132 slots (≥ 45%), 8k keys
-        (60, 1, 65, false, 2),   // one key block more: not short
-        (56, 1, 64, false, 2),   // b7 GQA: 56 of 132 (< 45%)
-        (256, 1, 256, true, 1),  // b8 MHA: the work fills the SMs
-        (1, 1, 32, false, 32),   // one tile, 4k keys: a split per key block
-        (8, 1, 4, false, 1),     // at most 4 key blocks: no split
+    // (work tiles, blocks per SM, key blocks, pages smaller than a key block,
+    // splits balanced by tickets) → splits
+    for (work, per_sm, n, small, bal, want) in [
+        (8, 1, 256, false, true, 16),   // b1 GQA 32k, Bc 128
+        (8, 1, 256, true, false, 16),   // the same over 16-token pages
+        (8, 1, 1024, false, true, 16),  // b1 GQA 131k
+        (32, 1, 256, false, true, 4),   // b1 MHA 32k
+        (32, 1, 1024, false, false, 4), // b1 MHA 131k over 256-token pages
+        (8, 2, 512, true, false, 32),   // b1 GQA 32k, Bc 64 (small pages; 33 would leave a split empty)
+        (8, 2, 2048, true, false, 33),  // b1 GQA 131k, Bc 64
+        (32, 2, 512, true, false, 8),   // b1 MHA 32k, Bc 64
+        (64, 1, 32, false, true, 1),    // b8 GQA 4k: 64 tiles stream as fast unsplit
+        (64, 1, 32, true, false, 2),    // b8 GQA 4k over 16-token pages: still split
+        (64, 1, 256, false, true, 2),   // b8 GQA 32k contiguous: tickets balance the splits
+        (64, 1, 1024, false, true, 2),  // b8 GQA 131k contiguous
+        (64, 1, 256, false, false, 1),  // b8 GQA 32k over 256-token pages (static splits)
+        (64, 1, 1024, false, false, 1), // b8 GQA 131k over 256-token pages
+        (64, 1, 256, true, false, 2),   // b8 GQA 32k over 16-token pages
+        (60, 1, 64, false, true, 1),    // 60 of 132 slots (≥ 45%), 8k keys
+        (60, 1, 65, false, true, 2),    // one key block more: not short
+        (56, 1, 64, false, false, 2),   // b7 GQA: 56 of 132 (< 45%)
+        (256, 1, 256, true, false, 1),  // b8 MHA: the work fills the SMs
+        (1, 1, 32, false, true, 32),    // one tile, 4k keys: a split per key block
+        (8, 1, 4, false, true, 1),      // at most 4 key blocks: no split
     ] {
-        assert_eq!(dec(work, 132, per_sm, n, 128, small), want, "work {work}, {per_sm}/SM, {n} key blocks, small pages {small}");
+        assert_eq!(dec(work, 132, per_sm, n, 128, small, bal), want, "work {work}, {per_sm}/SM, {n} key blocks, small pages {small}, balanced {bal}");
     }
     assert_eq!(fa2(8, 132, 256, 128), 14);
     // max_splits bounds it; a scratch of one split turns it off.
-    assert_eq!(dec(8, 132, 1, 256, 8, false), 8);
-    assert_eq!(dec(8, 132, 1, 256, 1, false), 1);
+    assert_eq!(dec(8, 132, 1, 256, 8, false, true), 8);
+    assert_eq!(dec(8, 132, 1, 256, 1, false, true), 1);
 }
 
 proptest! {
@@ -673,9 +676,9 @@ proptest! {
     /// busiest SM fewer key blocks.
     #[test]
     fn decode_split_count_is_the_least_load(
-        work in 1usize..300, sms in 1usize..200, per_sm in 1usize..4, n in 1usize..5000, max in 1usize..=128, small in any::<bool>(),
+        work in 1usize..300, sms in 1usize..200, per_sm in 1usize..4, n in 1usize..5000, max in 1usize..=128, small in any::<bool>(), bal in any::<bool>(),
     ) {
-        let s = flash_attn::decode::decode_splits_heuristic(work, sms, per_sm, n, max, small);
+        let s = flash_attn::decode::decode_splits_heuristic(work, sms, per_sm, n, max, small, bal);
         prop_assert!(s >= 1 && s <= max.max(1) && s <= n.max(1));
         let slots = sms * per_sm;
         prop_assert!(s == 1 || work * s <= slots);
