@@ -170,10 +170,8 @@ pub fn num_splits_heuristic(
 /// least such load; among equals, more
 /// resident blocks (more loads in flight), then fewer splits (fewer partials
 /// to merge). No split when there are at most 4 key blocks, or when the work
-/// alone fills [`NO_SPLIT_FILL`] of the resident slots — 80% over
-/// `small_pages` (a paged cache whose pages hold less than a key block) and,
-/// past [`SHORT_KEY_BLOCKS`] key blocks per tile, for `balanced` calls
-/// (whose splits would take the ticket schedule).
+/// alone fills the share `no_split_fill` of the resident slots
+/// ([`decode_no_split_fill`]).
 ///
 /// FlashAttention-2's wave efficiency ([`num_splits_heuristic`]) accepts
 /// 85% of the best: for GQA 32/8 at batch 1 it gives 14 splits, 112 blocks
@@ -184,12 +182,10 @@ pub fn decode_splits_heuristic(
     blocks_per_sm: usize,
     n_blocks: usize,
     max_splits: usize,
-    small_pages: bool,
-    balanced: bool,
+    no_split_fill: f64,
 ) -> usize {
     let (sms, slots) = (sms.max(1), sms.max(1) * blocks_per_sm.max(1));
-    let fill = if small_pages || (balanced && n_blocks > SHORT_KEY_BLOCKS) { 0.8 } else { NO_SPLIT_FILL };
-    if work == 0 || work as f64 >= fill * slots as f64 || n_blocks <= 4 {
+    if work == 0 || work as f64 >= no_split_fill * slots as f64 || n_blocks <= 4 {
         return 1;
     }
     let rank = |s: usize| {
@@ -222,6 +218,19 @@ pub const NO_SPLIT_FILL: f64 = 0.45;
 /// Key blocks per tile up to which even a `balanced` call takes
 /// [`NO_SPLIT_FILL`] (8k keys at Bc = 128; measured at 32 and 256).
 pub const SHORT_KEY_BLOCKS: usize = 64;
+
+/// The share of the resident block slots from which
+/// [`decode_splits_heuristic`] leaves the work unsplit: [`NO_SPLIT_FILL`],
+/// or 0.8 (the rule before decode step 30) for caches of pages smaller than
+/// a key block (`small_pages`), for `balanced` calls (their splits would
+/// take tickets) past [`SHORT_KEY_BLOCKS`] key blocks per tile, and on
+/// devices where half the SMs do not saturate the DRAM (`few_sms_saturate`
+/// false: peak bandwidth per SM over [`MAX_TICKET_BANDWIDTH_PER_SM`] — on an
+/// H200, 36 GB/s per SM, batch 8 GQA 32/8 at 32k keys ran unsplit 276.8 µs
+/// on 64 SMs, 0.89× PyTorch flash: session 11, call 8).
+pub fn decode_no_split_fill(small_pages: bool, balanced: bool, n_blocks: usize, few_sms_saturate: bool) -> f64 {
+    if !few_sms_saturate || small_pages || (balanced && n_blocks > SHORT_KEY_BLOCKS) { 0.8 } else { NO_SPLIT_FILL }
+}
 
 /// Key blocks per split from which the ticket schedule pays (H100,
 /// decode step 18: 16 per split — GQA 32/8 at 32k keys — streamed 1–2%
@@ -843,8 +852,12 @@ impl FlashAttention {
         let ns = opts.num_splits.unwrap_or_else(|| match dec {
             Some(k) => {
                 let small_pages = geom.paged && !geom.rows_per.is_multiple_of(k.bc);
-                let balanced = k.tickets && self.split_tickets_pay() && !geom.paged && !opts.deterministic;
-                decode_splits_heuristic(work, self.num_sms(), per_sm, n_blocks, max_splits, small_pages, balanced)
+                // Tickets pay, and half the SMs saturate the DRAM, on the
+                // same devices (≤ 30 GB/s of peak bandwidth per SM).
+                let lean = self.split_tickets_pay();
+                let balanced = k.tickets && lean && !geom.paged && !opts.deterministic;
+                let fill = decode_no_split_fill(small_pages, balanced, n_blocks, lean);
+                decode_splits_heuristic(work, self.num_sms(), per_sm, n_blocks, max_splits, fill)
             }
             None => num_splits_heuristic(work, slots, n_blocks, max_splits),
         });

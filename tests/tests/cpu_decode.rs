@@ -636,7 +636,9 @@ fn decode_paths_in_f32() {
 /// 14 splits = 112 blocks; 16 = 128 blocks).
 #[test]
 fn decode_split_counts() {
-    use flash_attn::decode::{decode_splits_heuristic as dec, num_splits_heuristic as fa2};
+    use flash_attn::decode::{decode_no_split_fill, decode_splits_heuristic, num_splits_heuristic as fa2};
+    // An H100: half its SMs saturate the DRAM.
+    let dec = |work, sms, per_sm, n, max, small, bal| decode_splits_heuristic(work, sms, per_sm, n, max, decode_no_split_fill(small, bal, n, true));
     // (work tiles, blocks per SM, key blocks, pages smaller than a key block,
     // splits balanced by tickets) → splits
     for (work, per_sm, n, small, bal, want) in [
@@ -664,6 +666,13 @@ fn decode_split_counts() {
     ] {
         assert_eq!(dec(work, 132, per_sm, n, 128, small, bal), want, "work {work}, {per_sm}/SM, {n} key blocks, small pages {small}, balanced {bal}");
     }
+    // An H200 (36 GB/s per SM): 64 tiles of a short cache or over whole-block
+    // pages still split (80%, the rule before decode step 30).
+    for (n, small, bal) in [(32, false, false), (256, false, false), (32, false, true)] {
+        assert_eq!(decode_splits_heuristic(64, 132, 1, n, 128, decode_no_split_fill(small, bal, n, false)), 2);
+    }
+    assert_eq!(decode_no_split_fill(false, false, 1024, false), 0.8);
+    assert_eq!(decode_no_split_fill(false, false, 1024, true), flash_attn::decode::NO_SPLIT_FILL);
     assert_eq!(fa2(8, 132, 256, 128), 14);
     // max_splits bounds it; a scratch of one split turns it off.
     assert_eq!(dec(8, 132, 1, 256, 8, false, true), 8);
@@ -676,9 +685,9 @@ proptest! {
     /// busiest SM fewer key blocks.
     #[test]
     fn decode_split_count_is_the_least_load(
-        work in 1usize..300, sms in 1usize..200, per_sm in 1usize..4, n in 1usize..5000, max in 1usize..=128, small in any::<bool>(), bal in any::<bool>(),
+        work in 1usize..300, sms in 1usize..200, per_sm in 1usize..4, n in 1usize..5000, max in 1usize..=128, fill in 0.0f64..1.0,
     ) {
-        let s = flash_attn::decode::decode_splits_heuristic(work, sms, per_sm, n, max, small, bal);
+        let s = flash_attn::decode::decode_splits_heuristic(work, sms, per_sm, n, max, fill);
         prop_assert!(s >= 1 && s <= max.max(1) && s <= n.max(1));
         let slots = sms * per_sm;
         prop_assert!(s == 1 || work * s <= slots);
