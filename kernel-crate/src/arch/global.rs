@@ -31,6 +31,29 @@ pub unsafe fn atom_add_u32_gpu(p: *mut u32, v: u32) -> u32 {
     old
 }
 
+/// `atom.acq_rel.gpu.global.add.u32`: adds `v` to `*p`, returns the old
+/// value; a release of this thread's earlier writes (and, cumulatively, of
+/// what it observed: a CTA barrier's) and an acquire of what other
+/// releases published. SASS on sm_90: `MEMBAR.ALL.GPU`, the atomic, then
+/// `CCTL.IVALL` (no second `MEMBAR` as `fence.acq_rel` after the atomic
+/// would add).
+///
+/// # Safety
+/// `p` a 4-byte aligned global address.
+#[inline(always)]
+pub unsafe fn atom_add_acq_rel_u32_gpu(p: *mut u32, v: u32) -> u32 {
+    let old: u32;
+    // SAFETY: caller.
+    unsafe {
+        core::arch::asm!(
+            "atom.acq_rel.gpu.global.add.u32 {o}, [{p}], {v};",
+            o = out(reg32) old, p = in(reg64) p, v = in(reg32) v,
+            options(nostack)
+        )
+    };
+    old
+}
+
 /// `st.relaxed.gpu.global.u32`.
 ///
 /// # Safety

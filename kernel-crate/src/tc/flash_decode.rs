@@ -38,7 +38,7 @@ use super::fa2::{BlockPos, Mods, key_blocks, mask, pv, qk, quad_sum, scale_sign,
 use super::tile::{FragTile, KvTile, SmemTile, dec_kv_tile_bytes, tile_bytes};
 use super::{Elem16, pack};
 use crate::arch::cp_async::{cp_async_cg_16_pf, cp_async_commit, cp_async_wait};
-use crate::arch::global::{atom_add_u32_gpu, fence_acq_rel_gpu, st_relaxed_u32_gpu};
+use crate::arch::global::{atom_add_acq_rel_u32_gpu, atom_add_u32_gpu, st_relaxed_u32_gpu};
 use crate::arch::smem::{dynamic_smem, ld_volatile_shared_u32, smem_addr, st_shared_u32};
 use crate::arch::opaque as arch_opaque;
 use crate::arch::sreg;
@@ -713,11 +713,12 @@ pub unsafe fn forward<
 /// other splits' partials are visible to it). Every thread of the block
 /// calls it after writing its partial rows.
 ///
-/// One fence per block, by the counting thread: the barrier orders the
-/// block's partial rows before thread 0's release fence (fences are
-/// cumulative), and thread 0's acquire fence before the barrier that lets
-/// the block read the other splits' rows — as cooperative groups' grid
-/// barrier does (decode step 14: one fence instead of one per thread).
+/// One acq_rel atomic per block, by the counting thread: the barrier orders
+/// the block's partial rows before thread 0's release (cumulative), and
+/// thread 0's acquire before the barrier that lets the block read the other
+/// splits' rows — as cooperative groups' grid barrier does with fences
+/// (decode step 14: one thread instead of every thread; step 34: the
+/// atomic's own ordering instead of two fences).
 ///
 /// # Safety
 /// `p.split_counter_ptr` holds a u32 at `tile` (0 at launch); `flag` a
@@ -726,17 +727,19 @@ pub unsafe fn forward<
 unsafe fn last_split(p: &AttnParams, tile: usize, flag: u32, tid: usize) -> bool {
     sync_threads(); // every thread's partial rows, in CTA order
     if tid == 0 {
-        fence_acq_rel_gpu(); // the block's partial rows before the count (release)
         let counter = (p.split_counter_ptr as *mut u32).wrapping_add(tile);
+        // The count releases the block's partial rows (the barrier above
+        // makes them thread 0's by cumulativity) and acquires the other
+        // splits' rows (their counts released them): one acq_rel atomic,
+        // whose SASS is one MEMBAR before it and an L1 invalidate after —
+        // a fence before and a fence after a relaxed atomic cost the last
+        // split a second MEMBAR (decode step 34).
         // SAFETY: caller.
         // (Low 16 bits: splits done; high 16: tickets drawn, see `forward`.)
-        let last = (unsafe { atom_add_u32_gpu(counter, 1) } + 1) & 0xffff == p.num_splits;
+        let last = (unsafe { atom_add_acq_rel_u32_gpu(counter, 1) } + 1) & 0xffff == p.num_splits;
         if last {
-            fence_acq_rel_gpu(); // the other splits' rows after their counts (acquire)
-            // Every split has counted: back to 0 for the next launch. After
-            // the fence, which would otherwise wait for this store's round
-            // trip on the tile's critical path (decode step 26); the launch's
-            // end orders it before the next launch.
+            // Every split has counted: back to 0 for the next launch (the
+            // launch's end orders it before the next launch).
             // SAFETY: as above.
             unsafe { st_relaxed_u32_gpu(counter, 0) };
         }
