@@ -11,7 +11,9 @@
 //!    accumulator for the 16 rows;
 //! 2. K/V blocks stream through `S` shared-memory stages (`cp.async`, one
 //!    commit group per block: K and V of a block land together), one barrier
-//!    per block;
+//!    per block; the stages are unpadded and swizzled for d = 64 and 128
+//!    (`tile::KvTile`: the padded rows cost the stream 4%, decode step 29);
+//!    `QREG` kernels hold Q's fragments in registers (decode step 31);
 //! 3. the copies are coalesced (each warp-wide copy covers whole rows),
 //!    paged or not; paged rows look their page up as they are issued;
 //! 4. at the end the warps' states merge through shared memory
