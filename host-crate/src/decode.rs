@@ -814,7 +814,8 @@ impl FlashAttention {
         };
         // At most 16 rows per (sequence, head) as launched: the
         // flash-decoding kernel (warps split the keys), else the fa2d tile.
-        let dec = if rq <= DecKernel::BR { DecKernel::default_fitting(dtype == DType::BF16, kernel.d, geom.paged.then_some(geom.rows_per), self.limits().max_smem_per_block) } else { None };
+        let page = geom.paged.then_some(geom.rows_per);
+        let dec = if rq <= DecKernel::BR { DecKernel::default_fitting(dtype == DType::BF16, kernel.d, page, self.limits().max_smem_per_block) } else { None };
         let (dec, compact) = match opts.kernel {
             // The compact entry where it pays (`DecKernel::compact_by_default`).
             // A call with new keys and values runs the default's build with
@@ -822,7 +823,6 @@ impl FlashAttention {
             // pages, decode step 24).
             None => {
                 let dec = if s_new > 0 { dec.map(DecKernel::with_append) } else { dec };
-                let page = geom.paged.then_some(geom.rows_per);
                 (dec, dec.filter(|k| k.compact_by_default(page)).map(|k| (k, false)))
             }
             Some(name) if name == kernel.name => (None, None),
@@ -849,31 +849,26 @@ impl FlashAttention {
         let n_blocks = seqlen_k.div_ceil(bc);
         let per_sm = self.blocks_per_sm(&main).unwrap_or(2);
         let slots = self.num_sms() * per_sm;
+        // Tickets pay, and half the SMs saturate the DRAM, on the same
+        // devices (≤ 30 GB/s of peak bandwidth per SM).
+        let device_pays = self.split_tickets_pay();
         let ns = opts.num_splits.unwrap_or_else(|| match dec {
             Some(k) => {
-                let small_pages = geom.paged && !geom.rows_per.is_multiple_of(k.bc);
-                // Tickets pay, and half the SMs saturate the DRAM, on the
-                // same devices (≤ 30 GB/s of peak bandwidth per SM).
-                let lean = self.split_tickets_pay();
-                let balanced = k.tickets && lean && !geom.paged && !opts.deterministic;
-                let fill = decode_no_split_fill(small_pages, balanced, n_blocks, lean);
+                let small_pages = page.is_some_and(|rows| !rows.is_multiple_of(k.bc));
+                let balanced = k.tickets && device_pays && !geom.paged && !opts.deterministic;
+                let fill = decode_no_split_fill(small_pages, balanced, n_blocks, device_pays);
                 decode_splits_heuristic(work, self.num_sms(), per_sm, n_blocks, max_splits, fill)
             }
             None => num_splits_heuristic(work, slots, n_blocks, max_splits),
         });
         // The ticket schedule (decode step 18), unless the caller asks for
         // reproducible bits.
-        let device_pays = self.split_tickets_pay();
         let split_tickets = dec.is_some_and(|k| split_tickets(ns, k.tickets, device_pays, geom.paged, n_blocks, opts.deterministic));
         // A default call that draws no ticket and appends nothing runs the
         // build without the ticket loop (`DecKernel::without_tickets`, decode
         // step 29): same configuration, launch shape and split count.
-        let (dec, compact, main) = match dec {
-            Some(k) if opts.kernel.is_none() && !split_tickets && s_new == 0 && k.without_tickets() != k => {
-                let w = k.without_tickets();
-                let page = geom.paged.then_some(geom.rows_per);
-                (Some(w), w.compact_by_default(page).then_some((w, false)), Launch { kernel: w.name, ..main })
-            }
+        let (dec, compact, main) = match dec.map(|k| (k, k.without_tickets())) {
+            Some((k, w)) if opts.kernel.is_none() && !split_tickets && s_new == 0 && w != k => (Some(w), w.compact_by_default(page).then_some((w, false)), Launch { kernel: w.name, ..main }),
             _ => (dec, compact, main),
         };
         let lse_len = nheads * if varlen.is_some() { q_rows } else { batch * sq };

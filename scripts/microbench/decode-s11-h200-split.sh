@@ -8,8 +8,4 @@ set -u
 . scripts/microbench/lib.sh
 unpack_bins
 nvidia-smi --query-gpu=name --format=csv,noheader | tee $OUT/gpu.txt
-for b in B N B N; do
-  /tmp/h/fa-bench-decode-$b /tmp/ab-$b --no-torch --batches 8 --kv-heads 8 --no-event-tracking > /tmp/ab.log 2>&1
-  echo "## $b" >> $OUT/ab.txt; grep -E "^\[ours" /tmp/ab.log >> $OUT/ab.txt
-done
-cat $OUT/ab.txt
+ab_grid --batches 8 --kv-heads 8

@@ -34,3 +34,16 @@ decode_checks() {
   run_tests gpu_decode gpu_api ndarray_kvcache
   sanitize_decode memcheck gpu_every_decode_kernel gpu_kvcache_append_strides gpu_decode_small_for_sanitizers
 }
+
+# ab_grid ARGS...: the previous build B and the new build N of
+# fa-bench-decode (/tmp/h/fa-bench-decode-{B,N}) alternating, two rounds,
+# over the cells ARGS select (e.g. --batches 8 --kv-heads 8), without peers;
+# each run's [ours ...] lines appended to $OUT/ab.txt under "## B" / "## N",
+# then printed.
+ab_grid() {
+  for b in B N B N; do
+    /tmp/h/fa-bench-decode-$b /tmp/ab-$b --no-torch --no-event-tracking "$@" > /tmp/ab.log 2>&1
+    echo "## $b" >> $OUT/ab.txt; grep -E "^\[ours" /tmp/ab.log >> $OUT/ab.txt
+  done
+  cat $OUT/ab.txt
+}
