@@ -90,8 +90,9 @@ fn warp_sum(x: f32) -> f32 {
 /// Merges row `idx` of the lse space (see [`lse_len`]: `n` rows) over the
 /// `num_splits` partials (see the module docs) and writes O's row at `o`
 /// (16-bit) and, if `lse_out` is not null, the LSE. One warp, every lane
-/// calling: lane `l` reads the LSE of splits `l, l + 32, l + 64, l + 96`,
-/// keeps their weights `exp(LSE_i − LSE)` (two warp reductions), and sums
+/// calling: lane `l` reads the LSE of split `l` (up to 32 splits; beyond,
+/// of splits `l, l + 32, l + 64, l + 96`), keeps their weights
+/// `exp(LSE_i − LSE)` (two warp reductions), and sums
 /// the partial rows four columns per lane (16-byte loads), `STEP` splits
 /// per step ([`KERNEL_STEP`] in the combine kernel, [`FUSED_STEP`] in the
 /// fused combine). The loads of a step do not wait for the weights: the first
@@ -116,77 +117,131 @@ pub(crate) unsafe fn combine_row<T: Elem16, const STEP: usize>(p: &AttnParams, n
     // and the partial loads of one warp (SASS, decode step 16).
     let (ns, d, lane) = (p.num_splits, p.headdim, lane as u32);
     let lse0 = (p.lse_accum_ptr as *const f32).wrapping_add(idx);
-    let o0 = (p.o_accum_ptr as *const f32).wrapping_add(idx * d as usize);
-    let split_stride = n * d as usize; // f32 between two splits' partial rows
+    let rows = Partials { o0: (p.o_accum_ptr as *const f32).wrapping_add(idx * d as usize), split_stride: n * d as usize, ns, d };
     // SAFETY: s < ns, idx < n: inside the accumulator.
     let lse_of = |s: u32| if s < ns { unsafe { ld_cg_f32(lse0.wrapping_add(s as usize * n)) } } else { f32::NEG_INFINITY };
-    // Splits s0..s0 + STEP of columns c..c + 4 (zeros past ns or d).
-    let load = |s0: u32, c: u32| -> [[f32; 4]; STEP] {
-        let mut x = [[0f32; 4]; STEP];
-        let mut ps = o0.wrapping_add(s0 as usize * split_stride + c as usize);
-        for (u, xu) in x.iter_mut().enumerate() {
-            // SAFETY: row (s0 + u, idx) of the accumulator (s0 + u < ns),
-            // columns c..c + 4 ≤ d: 16-byte aligned (d a multiple of 8).
-            *xu = unsafe { ld4(ps, s0 + (u as u32) < ns && c < d) };
-            ps = ps.wrapping_add(split_stride);
-        }
-        x
-    };
-    let (l0, l1, l2, l3) = (lse_of(lane), lse_of(lane + 32), lse_of(lane + 64), lse_of(lane + 96));
-    let mut x = load(0, 4 * lane);
-    let m = warp_max(l0.max(l1).max(l2.max(l3)));
     let ex = |x: f32, m: f32| if x == f32::NEG_INFINITY { 0.0 } else { (x - m).exp() };
-    let lse = if m == f32::NEG_INFINITY { m } else { m + warp_sum(ex(l0, m) + ex(l1, m) + ex(l2, m) + ex(l3, m)).ln() };
-    let (w0, w1, w2, w3) = if lse == f32::NEG_INFINITY { (0.0, 0.0, 0.0, 0.0) } else { (ex(l0, lse), ex(l1, lse), ex(l2, lse), ex(l3, lse)) };
-    let weight = |s: u32| -> f32 {
-        let x = match s >> 5 {
-            0 => w0,
-            1 => w1,
-            2 => w2,
-            _ => w3,
+    let lse = if ns <= 32 {
+        // At most 32 splits (every automatic split count of the
+        // flash-decoding kernels): lane `l` reads split `l`'s LSE alone and
+        // keeps its own weight; split `u`'s is one shuffle from lane `u`.
+        // (The four LSEs per lane below, and the choice among them per
+        // split, compiled to four branches around each shuffle: ~90
+        // branches in the fused combine's executed code, which every SM
+        // fetches cold at the very end; decode step 36.)
+        let l = lse_of(lane);
+        // SAFETY: as `Partials::load`.
+        let x = unsafe { rows.load::<STEP>(0, 4 * lane) };
+        let m = warp_max(l);
+        let lse = if m == f32::NEG_INFINITY { m } else { m + warp_sum(ex(l, m)).ln() };
+        // This lane's split's weight: 0 past ns, for an empty split, or
+        // when every split is empty.
+        let w = if lse == f32::NEG_INFINITY { 0.0 } else { ex(l, lse) };
+        // SAFETY: caller.
+        unsafe { rows.sum_into::<T, STEP>(x, lane, |s| shfl_idx_f32(w, s & 31), o) };
+        lse
+    } else {
+        let (l0, l1, l2, l3) = (lse_of(lane), lse_of(lane + 32), lse_of(lane + 64), lse_of(lane + 96));
+        // SAFETY: as `Partials::load`.
+        let x = unsafe { rows.load::<STEP>(0, 4 * lane) };
+        let m = warp_max(l0.max(l1).max(l2.max(l3)));
+        let lse = if m == f32::NEG_INFINITY { m } else { m + warp_sum(ex(l0, m) + ex(l1, m) + ex(l2, m) + ex(l3, m)).ln() };
+        let (w0, w1, w2, w3) = if lse == f32::NEG_INFINITY { (0.0, 0.0, 0.0, 0.0) } else { (ex(l0, lse), ex(l1, lse), ex(l2, lse), ex(l3, lse)) };
+        let weight = |s: u32| -> f32 {
+            let x = match s >> 5 {
+                0 => w0,
+                1 => w1,
+                2 => w2,
+                _ => w3,
+            };
+            shfl_idx_f32(x, s & 31)
         };
-        shfl_idx_f32(x, s & 31)
+        // SAFETY: caller.
+        unsafe { rows.sum_into::<T, STEP>(x, lane, weight, o) };
+        lse
     };
-    // Every lane runs every step (the weights are shuffled); lanes past
-    // the head dim load and store nothing.
-    let mut c0 = 0;
-    while c0 < d {
-        let c = c0 + 4 * lane;
-        let mut acc = [0f32; 4];
-        let mut s = 0;
-        loop {
-            for (u, xu) in x.iter().enumerate() {
-                let su = s + u as u32;
-                let w = weight(su);
-                if su < ns && w != 0.0 {
-                    for k in 0..4 {
-                        acc[k] += w * xu[k];
-                    }
-                }
-            }
-            s += STEP as u32;
-            if s >= ns {
-                break;
-            }
-            x = load(s, c);
-        }
-        if c < d {
-            let oc = o.wrapping_add(c as usize);
-            // SAFETY: O's row, columns c..c + 4 ≤ d; 4-byte aligned pairs
-            // (even c, host-checked strides).
-            unsafe {
-                *(oc as *mut u32) = pack::<T>(acc[0], acc[1]);
-                *(oc.add(2) as *mut u32) = pack::<T>(acc[2], acc[3]);
-            }
-        }
-        c0 += 128;
-        if c0 < d {
-            x = load(0, c0 + 4 * lane);
-        }
-    }
     if lane == 0 && !lse_out.is_null() {
         // SAFETY: caller.
         unsafe { *lse_out = lse };
+    }
+}
+
+/// One row of the lse space in the split accumulator: split `s`'s partial
+/// row at `o0 + s·split_stride`, `d` f32 each, `ns` splits.
+#[derive(Clone, Copy)]
+struct Partials {
+    o0: *const f32,
+    split_stride: usize,
+    ns: u32,
+    d: u32,
+}
+
+impl Partials {
+    /// Splits `s0..s0 + STEP` of columns `c..c + 4` (zeros past `ns` or `d`).
+    ///
+    /// # Safety
+    /// Rows `s < ns` of the accumulator hold `d` f32 (16-byte aligned
+    /// columns: `d` a multiple of 8).
+    #[inline(always)]
+    unsafe fn load<const STEP: usize>(&self, s0: u32, c: u32) -> [[f32; 4]; STEP] {
+        let mut x = [[0f32; 4]; STEP];
+        let mut ps = self.o0.wrapping_add(s0 as usize * self.split_stride + c as usize);
+        for (u, xu) in x.iter_mut().enumerate() {
+            // SAFETY: row (s0 + u, idx) of the accumulator (s0 + u < ns),
+            // columns c..c + 4 ≤ d: 16-byte aligned (d a multiple of 8).
+            *xu = unsafe { ld4(ps, s0 + (u as u32) < self.ns && c < self.d) };
+            ps = ps.wrapping_add(self.split_stride);
+        }
+        x
+    }
+
+    /// `O = Σ weight(s)·O_s`, four columns per lane, `STEP` splits per step
+    /// (`first`: the first step's rows of columns `4·lane..`, loaded by the
+    /// caller with its LSEs), rounded to `T` once into `o`. Every lane runs
+    /// every step (the weights are shuffled); lanes past the head dim load
+    /// and store nothing. `weight(s)` is 0 for splits past `ns` and empty
+    /// ones: a zero weight adds nothing (a select, so a row never written
+    /// cannot turn the sum into NaN).
+    ///
+    /// # Safety
+    /// As [`Partials::load`]; `o` holds `d` elements (4-byte aligned pairs).
+    #[inline(always)]
+    unsafe fn sum_into<T: Elem16, const STEP: usize>(&self, first: [[f32; 4]; STEP], lane: u32, weight: impl Fn(u32) -> f32, o: *mut u16) {
+        let mut x = first;
+        let mut c0 = 0;
+        while c0 < self.d {
+            let c = c0 + 4 * lane;
+            let mut acc = [0f32; 4];
+            let mut s = 0;
+            loop {
+                for (u, xu) in x.iter().enumerate() {
+                    let w = weight(s + u as u32);
+                    for k in 0..4 {
+                        acc[k] += if w != 0.0 { w * xu[k] } else { 0.0 };
+                    }
+                }
+                s += STEP as u32;
+                if s >= self.ns {
+                    break;
+                }
+                // SAFETY: caller.
+                x = unsafe { self.load::<STEP>(s, c) };
+            }
+            if c < self.d {
+                let oc = o.wrapping_add(c as usize);
+                // SAFETY: O's row, columns c..c + 4 ≤ d; 4-byte aligned pairs
+                // (even c, host-checked strides).
+                unsafe {
+                    *(oc as *mut u32) = pack::<T>(acc[0], acc[1]);
+                    *(oc.add(2) as *mut u32) = pack::<T>(acc[2], acc[3]);
+                }
+            }
+            c0 += 128;
+            if c0 < self.d {
+                // SAFETY: caller.
+                x = unsafe { self.load::<STEP>(0, c0 + 4 * lane) };
+            }
+        }
     }
 }
 
