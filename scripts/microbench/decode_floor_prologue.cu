@@ -29,7 +29,8 @@
 //        wait for block j and barrier again (S blocks in flight).
 // Built and run on the GPU machine:
 //   nvcc -O3 -arch=sm_90a -o dfp decode_floor_prologue.cu && ./dfp SET
-// (SET 1, 2, 3: the variants of session 12's calls 1, 2 and 3).
+// (SET 1, 2, 3: the variants of session 12's calls 1, 2 and 3; SET 4: call 6,
+// the page order: random over the cache, within 2 MB or 256 KB, in order).
 // bf16 K and V (seqlen, nheads_k, 128); L2 flushed by a 128 MB read before
 // every timed run; CUDA events, median of 30 runs; rounds alternate.
 #include "microbench.cuh"
@@ -144,7 +145,7 @@ void run(Bench& b, const char* name, const uint4* K, const uint4* V, int nkeys, 
 }
 
 int main(int argc, char** argv) {
-    const int set = argc > 1 ? atoi(argv[1]) : 3; // the variant set of session 12's call 1, 2 or 3
+    const int set = argc > 1 ? atoi(argv[1]) : 3; // the variant set of session 12's call 1, 2, 3 or 6 (4)
     Bench b; b.flush_n = (128u << 20) / 16;
     CK(cudaMalloc(&b.flush, b.flush_n * 16)); CK(cudaMemset(b.flush, 1, b.flush_n * 16));
     CK(cudaMalloc(&b.sink, 64));
@@ -158,11 +159,23 @@ int main(int argc, char** argv) {
         CK(cudaMalloc(&K, n * 16)); CK(cudaMalloc(&V, n * 16));
         CK(cudaMemset(K, 3, n * 16)); CK(cudaMemset(V, 5, n * 16));
         double mb = 2.0 * n * 16 / 1e6;
-        std::vector<int> t(nkeys / 16);
-        for (int i = 0; i < (int)t.size(); ++i) t[i] = i;
-        unsigned x = 12345u;
-        for (int i = (int)t.size() - 1; i > 0; --i) { x = x * 1664525u + 1013904223u; std::swap(t[i], t[(x >> 8) % (i + 1)]); }
-        int* t16; CK(cudaMalloc(&t16, t.size() * 4)); CK(cudaMemcpy(t16, t.data(), t.size() * 4, cudaMemcpyHostToDevice));
+        // A random order of the 16-token pages (32 KB of K each): over the
+        // whole cache (g = 0), or only within groups of g pages (g = 8: 256
+        // KB, g = 64: 2 MB, a GPU large page), or none (g = 1: in order).
+        auto table = [&](int g) {
+            std::vector<int> t(nkeys / 16);
+            for (int i = 0; i < (int)t.size(); ++i) t[i] = i;
+            unsigned x = 12345u;
+            const int n = (int)t.size(), gs = g == 0 ? n : g;
+            for (int lo = 0; lo < n; lo += gs)
+                for (int i = std::min(n, lo + gs) - 1; i > lo; --i) { x = x * 1664525u + 1013904223u; std::swap(t[i], t[lo + (x >> 8) % (i - lo + 1)]); }
+            int* d; CK(cudaMalloc(&d, t.size() * 4)); CK(cudaMemcpy(d, t.data(), t.size() * 4, cudaMemcpyHostToDevice));
+            return d;
+        };
+        int* t16 = table(0);
+        int* t16g8 = table(8);
+        int* t16g64 = table(64);
+        int* t16id = table(1);
         for (int round = 1; round <= 2; ++round) {
             if (set == 1) {
                 run<0, false, 0, 1, 0>(b, "none", K, V, nkeys, hk, count, mb, round, nullptr);
@@ -185,6 +198,18 @@ int main(int argc, char** argv) {
                 run<0, true, 0, 1, 0, 1, 1>(b, "count first", K, V, nkeys, hk, count, mb, round, nullptr);
                 run<0, true, 0, 1, 16, 1, 0>(b, "count first", K, V, nkeys, hk, count, mb, round, t16);
                 run<0, true, 0, 1, 16, 1, 1>(b, "count first", K, V, nkeys, hk, count, mb, round, t16);
+            } else if (set == 4) {
+                // Page order: random over the cache, within 2 MB, within 256 KB, in order.
+                run<0, false, 0, 1, 0>(b, "none", K, V, nkeys, hk, count, mb, round, nullptr);
+                run<0, false, 0, 1, 16>(b, "pages random", K, V, nkeys, hk, count, mb, round, t16);
+                run<0, false, 0, 1, 16>(b, "pages random within 2 MB", K, V, nkeys, hk, count, mb, round, t16g64);
+                run<0, false, 0, 1, 16>(b, "pages random within 256 KB", K, V, nkeys, hk, count, mb, round, t16g8);
+                run<0, false, 0, 1, 16>(b, "pages in order", K, V, nkeys, hk, count, mb, round, t16id);
+                run<0, false, 0, 1, 0, 1>(b, "none", K, V, nkeys, hk, count, mb, round, nullptr);
+                run<0, false, 0, 1, 16, 1>(b, "pages random", K, V, nkeys, hk, count, mb, round, t16);
+                run<0, false, 0, 1, 16, 1>(b, "pages random within 2 MB", K, V, nkeys, hk, count, mb, round, t16g64);
+                run<0, false, 0, 1, 16, 1>(b, "pages random within 256 KB", K, V, nkeys, hk, count, mb, round, t16g8);
+                run<0, false, 0, 1, 16, 1>(b, "pages in order", K, V, nkeys, hk, count, mb, round, t16id);
             } else {
                 run<0, false, 0, 1, 0>(b, "none", K, V, nkeys, hk, count, mb, round, nullptr);
                 run<0, false, 0, 1, 0, 1>(b, "none", K, V, nkeys, hk, count, mb, round, nullptr);
@@ -200,7 +225,7 @@ int main(int argc, char** argv) {
                 run<0, false, 0, 2, 16, 1>(b, "none", K, V, nkeys, hk, count, mb, round, t16);
             }
         }
-        CK(cudaFree(K)); CK(cudaFree(V)); CK(cudaFree(t16));
+        CK(cudaFree(K)); CK(cudaFree(V)); CK(cudaFree(t16)); CK(cudaFree(t16g8)); CK(cudaFree(t16g64)); CK(cudaFree(t16id));
     }
     return 0;
 }
