@@ -332,14 +332,15 @@ pub unsafe fn forward<
     }
     let d = p.headdim as usize;
 
-    // Keys some row sees, keys every row sees, and this split's blocks —
-    // or, with the ticket schedule, the tile's blocks (this split takes
-    // some of them: see the main loop). Kernels built without `TICKETS`
+    // Keys some row sees, keys every row sees, and the tile's blocks (this
+    // split takes some of them, see `fixed`; with the ticket schedule more
+    // by ticket).
+    // Kernels built without `TICKETS`
     // keep the static loop alone (the ticket loop beside it cost the 4-warp
     // page-16 kernel 2–4%: decode step 18).
     let tickets = TICKETS && p.split_tickets != 0 && p.num_splits > 1 && p.split_counter_ptr != 0;
     let win = p.key_window(seq.seqlen_q, seq.seqlen_k);
-    let (j_first, j_end, full_start, full_end) = key_blocks::<BC>(p, &win, q0, (q0 + BR).min(nq), nk, if tickets { None } else { Some(split) });
+    let (j_first, j_end, full_start, full_end) = key_blocks::<BC>(p, &win, q0, (q0 + BR).min(nq), nk, None);
     let (full_start, full_end) = (full_start as usize, full_end as usize);
 
     // ---- addresses ----------------------------------------------------------
@@ -436,9 +437,22 @@ pub unsafe fn forward<
         // in the low 16 bits); fewer than 2¹⁶ tickets (host: MAX_TICKET_BLOCKS).
         unsafe { atom_add_u32_gpu(counter, 1 << 16) >> 16 }
     };
+    // This split's i-th block of the static schedule (the ticket
+    // schedule's first S + 1), or NONE past its blocks: the tile's blocks
+    // `s, s + ns, s + 2·ns, …` (interleaved: a tile's splits read
+    // neighbouring blocks at the same time; decode step 38) — but over
+    // pages smaller than a block, whose rows lie in random pages anyway,
+    // a contiguous share of them (interleaved cost those calls 0.5–2%).
+    let (s_first, s_step, s_end) = if tickets || !(paged && p.page_size < BC as u32) {
+        (j_first + split as usize, ns, j_end)
+    } else {
+        let per = (j_end - j_first).div_ceil(ns);
+        let first = (j_first + split as usize * per).min(j_end);
+        (first, 1, (first + per).min(j_end))
+    };
     let fixed = |i: usize| {
-        let j = j_first + split as usize + i * ns;
-        if j < j_end { j } else { NONE }
+        let j = s_first + i * s_step;
+        if j < s_end { j } else { NONE }
     };
 
     // ---- prologue: Q and the first S − 1 blocks -------------------------------
@@ -451,8 +465,8 @@ pub unsafe fn forward<
             if queue[s] != NONE {
                 issue(queue[s], s);
             }
-        } else if j_first + s < j_end {
-            issue(j_first + s, (j_first + s) % S);
+        } else if fixed(s) != NONE {
+            issue(fixed(s), s);
         }
         cp_async_commit();
     }
@@ -556,25 +570,32 @@ pub unsafe fn forward<
             it += 1;
         }
     } else {
-        let mut j = j_first;
-        while j < j_end {
+        // The static schedule (`fixed`): the split's i-th block in stage
+        // i % S.
+        let mut i = 0;
+        loop {
+            let j = fixed(i);
+            if j == NONE {
+                break; // block-uniform
+            }
             // Block j landed (this thread's copies; S − 2 later groups may fly),
-            // then everyone's (barrier), which also frees stage (j − 1) % S.
+            // then everyone's (barrier), which also frees stage (i − 1) % S.
             if S == 2 {
                 cp_async_wait::<0>();
             } else {
                 cp_async_wait::<1>();
             }
             sync_threads();
-            if j == j_first {
+            if i == 0 {
                 load_q!();
             }
-            if j + S - 1 < j_end {
-                issue(j + S - 1, (j + S - 1) % S);
+            let jn = fixed(i + S - 1);
+            if jn != NONE {
+                issue(jn, (i + S - 1) % S);
             }
             cp_async_commit();
-            attend_block!(j, j % S);
-            j += 1;
+            attend_block!(j, i % S);
+            i += 1;
         }
     }
     cp_async_wait::<0>();
