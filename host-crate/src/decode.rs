@@ -116,9 +116,10 @@ pub struct DecodeOptions<'a> {
     /// of [`timeline::POINTS`]). Calls that run another
     /// kernel return [`FlashAttnError::Unsupported`].
     pub timeline: Option<&'a mut CudaSlice<u64>>,
-    /// Split-KV in the flash-decoding kernels: `true` gives each split its
-    /// own contiguous share of a tile's key blocks, so the same inputs give
-    /// the same bits on every run. `false` (default), with the fused
+    /// Split-KV in the flash-decoding kernels: `true` gives each split a
+    /// fixed share of a tile's key blocks (split `s` of `ns`: blocks `s, s +
+    /// ns, …`; over pages smaller than a key block, a contiguous run), so
+    /// the same inputs give the same bits on every run. `false` (default), with the fused
     /// combine: a tile's key blocks go to its splits one at a time (a ticket
     /// count per tile, [`AttnParams::split_tickets`]), so splits on SMs that
     /// stream faster take more blocks and the call waits less for its
@@ -127,7 +128,7 @@ pub struct DecodeOptions<'a> {
     /// calls with fewer than [`MIN_TICKET_BLOCKS_PER_SPLIT`] key blocks per
     /// split, kernels built without the schedule ([`DecKernel::tickets`]),
     /// and devices with more than [`MAX_TICKET_BANDWIDTH_PER_SM`] of DRAM
-    /// bandwidth per SM (the H200) keep the contiguous shares.
+    /// bandwidth per SM (the H200) keep the fixed shares.
     pub deterministic: bool,
 }
 

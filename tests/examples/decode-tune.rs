@@ -39,7 +39,7 @@ struct Opts {
     no_fused: bool,
     /// Split schedules, a column each: `default` (the library's: key-block
     /// tickets where eligible) and `static` (`DecodeOptions::deterministic`:
-    /// contiguous shares); default: `default` only
+    /// fixed shares); default: `default` only
     #[arg(long, value_delimiter = ',', value_parser = ["default", "static"])]
     schedules: Vec<String>,
     /// Only page sizes in this list (0: contiguous); default: all

@@ -120,7 +120,8 @@ pub struct AttnParams {
     /// blocks `s + i·ns` for `i ≤ S` (its stages), then the block of each
     /// ticket it draws, in order), so splits on faster SMs take more blocks;
     /// the result is the same up to the order of the sums (not bitwise
-    /// reproducible). 0: each split takes its contiguous share. The host
+    /// reproducible). 0: each split takes a fixed share (blocks `s + i·ns`;
+    /// over pages smaller than a key block, a contiguous run). The host
     /// sets it only when the count fits 16 bits ([`MAX_TICKET_BLOCKS`]) and
     /// for kernels built with the schedule.
     pub split_tickets: u32,
