@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Decode, session 12 call 5: the committed build — every GPU test binary
+# Decode, session 12 calls 5 and 9: the committed build — every GPU test binary
 # (decode, API, ndarray, attention, features, half, hopper), memcheck and
 # racecheck over the decode cases, then the grid (fa-bench-decode, PyTorch in
 # the same run) and the batch-1 32k cells twice more (PyTorch beside, for
