@@ -153,8 +153,20 @@ pub fn time_events(
     ctx: &Arc<CudaContext>,
     stream: &Arc<CudaStream>,
     t: Timing,
-    mut run: impl FnMut(Step) -> Res<()>,
+    run: impl FnMut(Step) -> Res<()>,
 ) -> Res<Meas> {
+    Ok(Meas::from_times(time_events_runs(ctx, stream, t, run)?, t.reps))
+}
+
+/// [`time_events`]' timed runs themselves (ms, in run order), for callers
+/// that pool several measurements (e.g. two configurations timed in
+/// alternating halves).
+pub fn time_events_runs(
+    ctx: &Arc<CudaContext>,
+    stream: &Arc<CudaStream>,
+    t: Timing,
+    mut run: impl FnMut(Step) -> Res<()>,
+) -> Res<Vec<f64>> {
     let ev = || -> Res<CudaEvent> { Ok(ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?) };
     let mut t0 = f64::INFINITY;
     for i in 0..t.warmup {
@@ -175,11 +187,10 @@ pub fn time_events(
         z.record(stream)?;
     }
     stream.synchronize()?;
-    let ts = evs
+    Ok(evs
         .iter()
         .map(|(a, z)| a.elapsed_ms(z).map(f64::from))
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok(Meas::from_times(ts, t.reps))
+        .collect::<Result<Vec<_>, _>>()?)
 }
 
 /// One query row of the check's reference: the f64 output row, its

@@ -4,7 +4,8 @@
 //! bf16, d = 128, 32 query heads over 32 (MHA) or 8 (GQA) KV heads, batch ∈
 //! {1, 8, 64} × cache length ∈ {4096, 32768, 131072}, contiguous and paged
 //! (page 16 and 256, pages in a random order). Per cell: the median of
-//! CUDA-event-timed runs after warm-up, the L2 flushed before every run
+//! CUDA-event-timed runs after warm-up (ours with automatic splits and with
+//! one split in alternating halves), the L2 flushed before every run
 //! outside the events (`--flush read`, the default: a kernel reads 128 MB;
 //! `--flush write`: a 64 MB memset whose dirty lines are written back inside
 //! the timed run — see `bench::flush`); K/V bandwidth = K and V bytes read
@@ -34,7 +35,7 @@ use std::path::PathBuf;
 use clap::{ArgAction, Parser};
 use flash_attn_tests::bench::decode::DecodeInputs;
 use flash_attn_tests::bench::flush::{FlushKind, L2Flush};
-use flash_attn_tests::bench::{Meas, Res, Step, Timing, time_events, torch_peer};
+use flash_attn_tests::bench::{Meas, Res, Step, Timing, time_events_runs, torch_peer};
 use flash_attn_tests::{Gpu, Rng, gpu};
 use serde_json::json;
 
@@ -176,16 +177,26 @@ fn skip_reason(o: &Opts, c: &Cell, free: usize) -> Option<String> {
     None
 }
 
-/// Times one cell, with automatic splits and with `num_splits = 1`.
+/// Times one cell, with automatic splits and with `num_splits = 1`, in two
+/// alternating halves each (auto, one split, auto, one split; each half
+/// after its own warm-up): timed back to back, the second of two identical
+/// configurations (the heuristic's own one-split calls) measured up to 2.3%
+/// apart (session 12, calls 5 and 9), enough to flag a call as "slower with
+/// splits" that runs no split at all.
 fn measure(g: &Gpu, o: &Opts, c: &Cell, rng: &mut Rng, flush: &mut L2Flush) -> Res<(Meas, Meas)> {
     let mut inputs = DecodeInputs::new(g, *c, rng)?;
-    let mut time = |splits: Option<usize>| -> Res<Meas> {
-        time_events(&g.ctx, &g.stream, o.timing(), |step| match step {
+    let t = o.timing();
+    let half = Timing { reps: t.reps.div_ceil(2), ..t };
+    let mut time = |splits: Option<usize>| -> Res<Vec<f64>> {
+        time_events_runs(&g.ctx, &g.stream, half, |step| match step {
             Step::Setup(_) => flush.run(&g.stream),
             Step::Timed(_) => inputs.run(g, splits, None),
         })
     };
-    Ok((time(None)?, time(Some(1))?))
+    let (mut auto, mut one) = (time(None)?, time(Some(1))?);
+    auto.extend(time(None)?);
+    one.extend(time(Some(1))?);
+    Ok((Meas::from_times(auto, t.reps), Meas::from_times(one, t.reps)))
 }
 
 fn us(m: &Meas) -> String {

@@ -85,7 +85,7 @@ pub fn write(o: &Opts, device: &str, rows: &[Row], t: &Peer) -> Res<String> {
     let mut md = format!(
         "## fa-bench-decode: {device}, {torch}\n\n\
          bf16, d = {D}, one query token, {H} query heads; K/V bytes read once / time. CUDA events, {} warm-up runs, median of {} runs, \
-         {} run; cudarc's event tracking {}. \"no split\": our kernel with num_splits = 1; \"no split / ours\" ≥ 1 means split-KV is not slower. \
+         {} run; cudarc's event tracking {}. \"no split\": our kernel with num_splits = 1 (ours and no split timed in alternating halves); \"no split / ours\" ≥ 1 means split-KV is not slower. \
          PyTorch has no paged cache: its contiguous time stands beside our paged rows.\n\n",
         o.timing().warmup,
         o.reps(),
