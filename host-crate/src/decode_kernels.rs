@@ -352,7 +352,7 @@ mod tests {
             ("big page", AttnParams { page_size: 1 << 16, ..base }),
             ("other bc", AttnParams { bc: 128, ..base }),
             ("causal not a flag", AttnParams { causal: 2, ..base }),
-            ("tickets not a flag", AttnParams { split_tickets: 2, ..base }),
+            ("tickets not two flags", AttnParams { split_tickets: 4, ..base }),
         ];
         for (what, p) in refused {
             assert!(DecodeParams::from_attn(&p, 16, 64).is_none(), "{what}");

@@ -44,7 +44,7 @@ pub struct DecodeParams {
     pub nheads: u16,
     pub nheads_k: u16,
     pub headdim: u16,
-    /// Bit 0: `causal`; bit 1: `split_tickets`.
+    /// Bit 0: `causal`; bits 1–2: `split_tickets` (its two bits).
     pub flags: u16,
     pub page_size: u16,
     pub num_splits: u16,
@@ -113,7 +113,7 @@ impl DecodeParams {
             nheads: u16_of(p.nheads)?,
             nheads_k: u16_of(p.nheads_k)?,
             headdim: u16_of(p.headdim)?,
-            flags: if p.causal > 1 || p.split_tickets > 1 { return None } else { (p.causal | p.split_tickets << 1) as u16 },
+            flags: if p.causal > 1 || p.split_tickets > 3 { return None } else { (p.causal | p.split_tickets << 1) as u16 },
             page_size: u16_of(p.page_size)?,
             num_splits: u16_of(p.num_splits)?,
         })
@@ -158,7 +158,7 @@ impl DecodeParams {
             num_splits: self.num_splits as u32,
             lse_accum_ptr: self.lse_accum_ptr,
             split_counter_ptr: self.split_counter_ptr,
-            split_tickets: (self.flags >> 1 & 1) as u32,
+            split_tickets: (self.flags >> 1 & 3) as u32,
             ..AttnParams::default()
         }
     }

@@ -26,7 +26,7 @@ pub mod tc;
 
 pub use decode_params::DecodeParams;
 pub use mask::{KeyWindow, ScoreMod, UNBOUNDED};
-pub use params::{AttnParams, MAX_TICKET_BLOCKS, SeqInfo};
+pub use params::{AttnParams, INTERLEAVE_PAGED, MAX_TICKET_BLOCKS, SeqInfo};
 pub use plan::{HbmTraffic, PlanError, TilingPlan};
 pub use real::Real;
 pub use softmax::{LN_2, LOG2_E, RowState};

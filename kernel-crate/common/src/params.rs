@@ -120,10 +120,13 @@ pub struct AttnParams {
     /// blocks `s + i·ns` for `i ≤ S` (its stages), then the block of each
     /// ticket it draws, in order), so splits on faster SMs take more blocks;
     /// the result is the same up to the order of the sums (not bitwise
-    /// reproducible). 0: each split takes a fixed share (blocks `s + i·ns`;
-    /// over pages smaller than a key block, a contiguous run). The host
-    /// sets it only when the count fits 16 bits ([`MAX_TICKET_BLOCKS`]) and
-    /// for kernels built with the schedule.
+    /// reproducible). Bit 0 clear: each split takes a fixed share — over a
+    /// contiguous cache, and over pages when bit 1 ([`INTERLEAVE_PAGED`])
+    /// is set, blocks `s + i·ns`; over other pages a contiguous run. The
+    /// host sets bit 0 only when the count fits 16 bits
+    /// ([`MAX_TICKET_BLOCKS`]) and for kernels built with the schedule,
+    /// bit 1 on devices where the interleaved order pays over pages of at
+    /// least a key block (decode step 38).
     pub split_tickets: u32,
     /// KV cache with the append fused into the flash-decoding kernel
     /// (`knew_ptr` set): rows `cache_seqlens[b]..` + `seqlen_new` of sequence
@@ -137,6 +140,12 @@ pub struct AttnParams {
     pub knew_stride: [u64; 3],
     pub vnew_stride: [u64; 3],
 }
+
+/// [`AttnParams::split_tickets`] bit 1: fixed split shares interleaved over
+/// a paged cache too (the H100: 1–1.5% faster over 256-token pages; the
+/// H200, whose blocks stream faster than each one's page lookup returns:
+/// 6–7% slower; decode step 38).
+pub const INTERLEAVE_PAGED: u32 = 2;
 
 /// Key blocks plus tickets drawn past the end (two per split) that the
 /// ticket schedule ([`AttnParams::split_tickets`]) can count: the count
