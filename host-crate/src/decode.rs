@@ -118,8 +118,10 @@ pub struct DecodeOptions<'a> {
     pub timeline: Option<&'a mut CudaSlice<u64>>,
     /// Split-KV in the flash-decoding kernels: `true` gives each split a
     /// fixed share of a tile's key blocks (split `s` of `ns`: blocks `s, s +
-    /// ns, …`; over pages smaller than a key block, a contiguous run), so
-    /// the same inputs give the same bits on every run. `false` (default), with the fused
+    /// ns, …` over a contiguous cache, and over pages of at least a key
+    /// block on devices that gain from it ([`INTERLEAVE_PAGED`]); else a
+    /// contiguous run), so the same inputs give the same bits on every run
+    /// on one device. `false` (default), with the fused
     /// combine: a tile's key blocks go to its splits one at a time (a ticket
     /// count per tile, [`AttnParams::split_tickets`]), so splits on SMs that
     /// stream faster take more blocks and the call waits less for its
