@@ -866,9 +866,10 @@ impl FlashAttention {
         // Tickets pay, and half the SMs saturate the DRAM, on the same
         // devices (≤ 30 GB/s of peak bandwidth per SM).
         let device_pays = self.split_tickets_pay();
+        // Pages smaller than the flash-decoding kernel's key block.
+        let small_pages = dec.is_some_and(|k| page.is_some_and(|rows| !rows.is_multiple_of(k.bc)));
         let ns = opts.num_splits.unwrap_or_else(|| match dec {
             Some(k) => {
-                let small_pages = page.is_some_and(|rows| !rows.is_multiple_of(k.bc));
                 let balanced = k.tickets && device_pays && !geom.paged && !opts.deterministic;
                 let fill = decode_no_split_fill(small_pages, balanced, n_blocks, device_pays);
                 decode_splits_heuristic(work, self.num_sms(), per_sm, n_blocks, max_splits, fill)
@@ -880,7 +881,7 @@ impl FlashAttention {
         let split_tickets = dec.is_some_and(|k| split_tickets(ns, k.tickets, device_pays, geom.paged, n_blocks, opts.deterministic));
         // Fixed shares interleaved over whole-block pages where it pays
         // (decode step 38).
-        let interleave_paged = dec.is_some_and(|k| interleave_paged(geom.paged, page.is_some_and(|rows| !rows.is_multiple_of(k.bc)), device_pays));
+        let interleave_paged = dec.is_some() && interleave_paged(geom.paged, small_pages, device_pays);
         // A default call that draws no ticket and appends nothing runs the
         // build without the ticket loop (`DecKernel::without_tickets`, decode
         // step 29): same configuration, launch shape and split count.

@@ -334,10 +334,9 @@ pub unsafe fn forward<
 
     // Keys some row sees, keys every row sees, and the tile's blocks (this
     // split takes some of them, see `fixed`; with the ticket schedule more
-    // by ticket).
-    // Kernels built without `TICKETS`
-    // keep the static loop alone (the ticket loop beside it cost the 4-warp
-    // page-16 kernel 2–4%: decode step 18).
+    // by ticket). Kernels built without `TICKETS` keep the static loop
+    // alone (the ticket loop beside it cost the 4-warp page-16 kernel
+    // 2–4%: decode step 18).
     let tickets = TICKETS && p.split_tickets & 1 != 0 && p.num_splits > 1 && p.split_counter_ptr != 0;
     let win = p.key_window(seq.seqlen_q, seq.seqlen_k);
     let (j_first, j_end, full_start, full_end) = key_blocks::<BC>(p, &win, q0, (q0 + BR).min(nq), nk, None);
