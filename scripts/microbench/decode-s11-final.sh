@@ -10,10 +10,7 @@ set -u
 unpack_bins
 mkdir -p $OUT/f
 OUT0=$OUT; OUT=$OUT/f
-decode_checks
-run_tests gpu_attention gpu_features gpu_half gpu_hopper
-sanitize_decode racecheck gpu_decode_small_for_sanitizers
-timeout 300 /tmp/h/fa-bench-decode $OUT/grid --no-event-tracking > $OUT/grid.log 2>&1; echo "grid rc $?"; tail -3 $OUT/grid.log
-grep -E "\| 1 \| (4096|32768|131072) " $OUT/grid/decode.md | cut -c1-200
+all_checks
+grid_runs 0
 OUT=$OUT0
 tar cJf $OUT/final.tar.xz -C $OUT f && rm -rf $OUT/f

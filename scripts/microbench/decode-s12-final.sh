@@ -11,15 +11,7 @@ set -u
 unpack_bins
 mkdir -p $OUT/f
 OUT0=$OUT; OUT=$OUT/f
-decode_checks
-run_tests gpu_attention gpu_features gpu_half gpu_hopper
-sanitize_decode racecheck gpu_decode_small_for_sanitizers
-timeout 300 /tmp/h/fa-bench-decode $OUT/grid --no-event-tracking > $OUT/grid.log 2>&1; echo "grid rc $?"; tail -3 $OUT/grid.log
-grep -E "\| 1 \| (4096|32768|131072) " $OUT/grid/decode.md | cut -c1-200
-for r in 2 3; do
-  timeout 120 /tmp/h/fa-bench-decode /tmp/b1-$r --no-event-tracking --batches 1 --caches 32768 > /tmp/b1.log 2>&1
-  cp /tmp/b1-$r/decode.md $OUT/b1-32k-$r.md
-  echo "## repeat $r"; grep -E "\| 1 \| 32768 " /tmp/b1-$r/decode.md | cut -c1-200
-done
+all_checks
+grid_runs 2
 OUT=$OUT0
 tar cJf $OUT/final.tar.xz -C $OUT f && rm -rf $OUT/f

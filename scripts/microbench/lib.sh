@@ -47,3 +47,24 @@ ab_grid() {
   done
   cat $OUT/ab.txt
 }
+
+# all_checks: decode_checks, then the other GPU test binaries (attention,
+# features, half, hopper) and racecheck over the small decode case.
+all_checks() {
+  decode_checks
+  run_tests gpu_attention gpu_features gpu_half gpu_hopper
+  sanitize_decode racecheck gpu_decode_small_for_sanitizers
+}
+
+# grid_runs R: the grid (fa-bench-decode, PyTorch in the same run) into
+# $OUT/grid, then the batch-1 32k cells R more times ($OUT/b1-32k-N.md, for
+# the bar cells' spread).
+grid_runs() {
+  timeout 300 /tmp/h/fa-bench-decode $OUT/grid --no-event-tracking > $OUT/grid.log 2>&1; echo "grid rc $?"; tail -3 $OUT/grid.log
+  grep -E "\| 1 \| (4096|32768|131072) " $OUT/grid/decode.md | cut -c1-200
+  for r in $(seq 2 $(( $1 + 1 ))); do
+    timeout 120 /tmp/h/fa-bench-decode /tmp/b1-$r --no-event-tracking --batches 1 --caches 32768 > /tmp/b1.log 2>&1
+    cp /tmp/b1-$r/decode.md $OUT/b1-32k-$r.md
+    echo "## repeat $r"; grep -E "\| 1 \| 32768 " /tmp/b1-$r/decode.md | cut -c1-200
+  done
+}

@@ -8,14 +8,14 @@
 //! (`host-crate/src/decode_kernels.rs`, docs/perf-notes.md).
 //!
 //! Usage: `decode-tune [--quick] [--flush read|write] [--splits N,...]
-//! [--kernels SUBSTR,...] [--layouts P,...] [--cells B:CACHE:HK,...]
+//! [--kernels SUBSTR,...] [--layouts P,...] [--cells B:CACHE:HK,...] [--page-order random|inorder|group:N,...]
 //! [--no-fused] [--schedules default,static] [--no-event-tracking]
 //! [--timeline [--timeline-csv FILE]] [--append]`
 //! (prints a markdown table).
 
 use clap::Parser;
 use flash_attn::decode_kernels::DEC_KERNELS;
-use flash_attn_tests::bench::decode::{Cell, D, DecodeInputs, H};
+use flash_attn_tests::bench::decode::{Cell, D, DecodeInputs, H, PageOrder};
 use flash_attn_tests::bench::flush::{FlushKind, L2Flush};
 use flash_attn::decode::timeline::WORDS as TIMELINE_WORDS;
 use flash_attn_tests::bench::timeline;
@@ -63,6 +63,11 @@ struct Opts {
     /// keys and values (the default kernel), per cell
     #[arg(long)]
     append: bool,
+    /// Where the pages of paged cells lie: `random` (the benchmark's
+    /// permutation of the pool), `inorder`, or `group:N` (shuffled within
+    /// groups of N pages); a row per order (default: random)
+    #[arg(long, value_delimiter = ',', value_parser = PageOrder::parse)]
+    page_order: Vec<PageOrder>,
     /// Only these cells, as batch:cache:kv_heads (default: all)
     #[arg(long, value_delimiter = ',', value_parser = parse_cell)]
     cells: Vec<(usize, usize, usize)>,
@@ -159,18 +164,31 @@ fn main() -> Res<()> {
     );
     let mut timelines = vec![];
     let mut csv = String::from("batch,cache,kv_heads,layout,kernel,sm,split,last,start_ns,start_clk,prologue_ns,prologue_clk,loop_end_ns,loop_end_clk,stored_ns,stored_clk,counted_ns,counted_clk,end_ns,end_clk\n");
-    for c in cells {
+    let orders = if o.page_order.is_empty() { vec![PageOrder::Random] } else { o.page_order.clone() };
+    let cells: Vec<(Cell, PageOrder)> = cells
+        .into_iter()
+        .flat_map(|c| {
+            let n = if c.page.is_some() { orders.len() } else { 1 };
+            orders[..n].iter().map(move |&po| (c, po))
+        })
+        .collect();
+    for (c, order) in cells {
         if !o.layouts.is_empty() && !o.layouts.contains(&c.page.unwrap_or(0)) {
             continue;
         }
-        let mut inputs = DecodeInputs::new(g, c, &mut rng)?;
+        let mut inputs = DecodeInputs::with_page_order(g, c, &mut rng, order)?;
         inputs.fused = !o.no_fused;
+        let layout = match (c.page, order) {
+            (Some(_), PageOrder::Grouped(1)) => format!("{} in order", c.layout()),
+            (Some(_), PageOrder::Grouped(n)) => format!("{} within {n}", c.layout()),
+            _ => c.layout(),
+        };
         let mut line = format!(
             "| {} | {} | 32/{} | {} |",
             c.batch,
             c.cache,
             c.hk,
-            c.layout()
+            layout
         );
         if o.append {
             let m = time_events(&g.ctx, &g.stream, timing, |step| match step {
@@ -221,13 +239,13 @@ fn main() -> Res<()> {
                 let (summary, recs) = timeline_of(g, &mut flush, &mut inputs, ns, name)?;
                 let kernel = format!("{}{}", name.trim_start_matches("flash_fwd_tc_dec_"), if det { " static" } else { "" });
                 for r in &recs {
-                    csv += &format!("{},{},{},{},{},{},{},{}", c.batch, c.cache, c.hk, c.layout(), kernel, r.sm, r.split, r.last as u8);
+                    csv += &format!("{},{},{},{},{},{},{},{}", c.batch, c.cache, c.hk, layout, kernel, r.sm, r.split, r.last as u8);
                     for k in 0..6 {
                         csv += &format!(",{},{}", r.ns[k], r.clk[k]);
                     }
                     csv.push('\n');
                 }
-                timelines.push((c, kernel, ns, us, summary));
+                timelines.push((c, layout.clone(), kernel, ns, us, summary));
             }
         }
         line += &format!(" {diff:.1e} |");
@@ -239,19 +257,19 @@ fn main() -> Res<()> {
     if let Some(path) = &o.timeline_csv {
         std::fs::write(path, &csv)?;
     }
-    if let Some((_, _, _, _, first)) = timelines.first() {
+    if let Some((_, _, _, _, _, first)) = timelines.first() {
         let mut t = format!(
             "| batch | cache | heads | layout | kernel | splits | event µs | {} |\n|---|---|---|---|---|---|---|{}\n",
             first.iter().map(|(k, _)| *k).collect::<Vec<_>>().join(" | "),
             "---|".repeat(first.len())
         );
-        for (c, name, ns, us, s) in &timelines {
+        for (c, layout, name, ns, us, s) in &timelines {
             t += &format!(
                 "| {} | {} | 32/{} | {} | {} | {} | {us:.1} | {} |\n",
                 c.batch,
                 c.cache,
                 c.hk,
-                c.layout(),
+                layout,
                 name,
                 ns.map_or("auto".to_string(), |n| n.to_string()),
                 s.iter().map(|(_, v)| format!("{v:.2}")).collect::<Vec<_>>().join(" | ")

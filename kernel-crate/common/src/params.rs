@@ -373,9 +373,26 @@ impl AttnParams {
     /// `t / page_size < block_table_stride` (the sequence's clamped length).
     #[inline(always)]
     pub unsafe fn page_of(&self, b: u32, t: u32) -> u32 {
+        // SAFETY: caller.
+        self.clamp_page(unsafe { self.page_entry(b, t) })
+    }
+
+    /// Paged KV: the block-table entry of key `t` of sequence `b` as
+    /// stored (unclamped; [`AttnParams::clamp_page`] makes it a page) —
+    /// for loads issued ahead of their use, the clamp where they are used.
+    ///
+    /// # Safety
+    /// As [`AttnParams::page_of`].
+    #[inline(always)]
+    pub unsafe fn page_entry(&self, b: u32, t: u32) -> i32 {
         let slot = b as u64 * self.block_table_stride as u64 + self.page_index(t) as u64;
         // SAFETY: caller.
-        let x = unsafe { *(self.block_table_ptr as *const i32).add(slot as usize) };
+        unsafe { *(self.block_table_ptr as *const i32).add(slot as usize) }
+    }
+
+    /// Paged KV: a block-table entry clamped to `0..num_pages`.
+    #[inline(always)]
+    pub fn clamp_page(&self, x: i32) -> u32 {
         if x < 0 { 0 } else if x as u32 >= self.num_pages { self.num_pages.saturating_sub(1) } else { x as u32 }
     }
 

@@ -46,6 +46,47 @@ impl Cell {
     }
 }
 
+/// Where a paged cell's pages lie in the pool: a random permutation of the
+/// whole pool (the benchmark's default: FlashAttention-2's tests draw block
+/// tables so, the worst case for the DRAM), or shuffled only within groups
+/// of `n` consecutive pages (`Grouped(1)`: in order) — a diagnostic of
+/// how much of the paged cost is placement (perf notes, decode steps 37, 39).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum PageOrder {
+    #[default]
+    Random,
+    Grouped(usize),
+}
+
+impl PageOrder {
+    /// `random`, `inorder` or `group:N`.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        match s {
+            "random" => Ok(PageOrder::Random),
+            "inorder" => Ok(PageOrder::Grouped(1)),
+            _ => match s.strip_prefix("group:").map(str::parse::<usize>) {
+                Some(Ok(n)) if n > 0 => Ok(PageOrder::Grouped(n)),
+                _ => Err(format!("{s}: want random, inorder or group:N (N > 0)")),
+            },
+        }
+    }
+
+    /// The pool's page order: `perm[i]` is the page holding logical page `i`.
+    pub fn permutation(self, n: usize, rng: &mut Rng) -> Vec<i32> {
+        let mut perm: Vec<i32> = (0..n as i32).collect();
+        let group = match self {
+            PageOrder::Random => n.max(1),
+            PageOrder::Grouped(g) => g,
+        };
+        for chunk in perm.chunks_mut(group) {
+            for i in (1..chunk.len()).rev() {
+                chunk.swap(i, rng.below(i + 1));
+            }
+        }
+        perm
+    }
+}
+
 /// The device inputs of one cell.
 pub struct DecodeInputs {
     pub cell: Cell,
@@ -73,6 +114,12 @@ impl DecodeInputs {
     /// Allocates and fills the cell's caches (random values repeated from a
     /// 4 Mi-element pattern), its query and its block table.
     pub fn new(g: &Gpu, c: Cell, rng: &mut Rng) -> Res<Self> {
+        Self::with_page_order(g, c, rng, PageOrder::Random)
+    }
+
+    /// [`DecodeInputs::new`] with the pages of a paged cell placed as
+    /// `order` says.
+    pub fn with_page_order(g: &Gpu, c: Cell, rng: &mut Rng, order: PageOrder) -> Res<Self> {
         let s = &g.stream;
         let (n_rows, rows_per) = match c.page {
             None => (c.batch, c.cache),
@@ -102,11 +149,7 @@ impl DecodeInputs {
                 .collect::<Vec<_>>(),
         )?;
         let seqlens = s.clone_htod(&vec![c.cache as i32; c.batch])?;
-        let mut perm: Vec<i32> = (0..n_rows as i32).collect();
-        for i in (1..perm.len()).rev() {
-            perm.swap(i, rng.below(i + 1));
-        }
-        let table = s.clone_htod(&perm)?;
+        let table = s.clone_htod(&order.permutation(n_rows, rng))?;
         Ok(DecodeInputs {
             cell: c,
             kc,
@@ -208,5 +251,29 @@ impl DecodeInputs {
             },
         )?;
         Ok(out.o)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::PageOrder;
+    use crate::Rng;
+
+    #[test]
+    fn page_orders_are_permutations_within_their_groups() {
+        let mut rng = Rng::with_seed(3);
+        for (order, n) in [(PageOrder::Random, 100), (PageOrder::Grouped(1), 37), (PageOrder::Grouped(8), 100), (PageOrder::Random, 0)] {
+            let perm = order.permutation(n, &mut rng);
+            let mut sorted = perm.clone();
+            sorted.sort();
+            assert_eq!(sorted, (0..n as i32).collect::<Vec<_>>(), "{order:?}");
+            if let PageOrder::Grouped(g) = order {
+                assert!(perm.iter().enumerate().all(|(i, &p)| p as usize / g == i / g), "{order:?}: {perm:?}");
+            }
+        }
+        assert_eq!(PageOrder::Grouped(1).permutation(5, &mut rng), vec![0, 1, 2, 3, 4]);
+        assert_eq!(PageOrder::parse("group:8"), Ok(PageOrder::Grouped(8)));
+        assert_eq!(PageOrder::parse("inorder"), Ok(PageOrder::Grouped(1)));
+        assert!(PageOrder::parse("group:0").is_err() && PageOrder::parse("sorted").is_err());
     }
 }
