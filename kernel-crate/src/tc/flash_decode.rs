@@ -96,9 +96,7 @@ impl KvCopy {
     unsafe fn issue<const D: usize, const BC: usize, const NW: usize, const PF: u32, const PAGE_BATCH: bool>(&self, p: &AttnParams, sk: KvTile<D>, sv: KvTile<D>, j: usize, nk: usize, d: usize, pre: Option<i32>) {
         let cpr = D / 8;
         let j0 = j * BC;
-        // Rows of a block inside one page (page size ≥ Bc, aligned): one
-        // lookup for the block, then strided rows as in a contiguous cache.
-        let one_page = self.paged && p.page_index(j0 as u32) == p.page_index((j0 + BC - 1) as u32);
+        let one_page = self.one_page::<BC>(p, j0);
         let (kb, vb) = if one_page {
             // SAFETY: j0 < nk (the caller issues blocks with keys).
             let page = match pre {
@@ -126,7 +124,7 @@ impl KvCopy {
             unsafe { self.issue_full::<D, BC, NW, PF>(sk, sv, kb, vb, d) };
             return;
         }
-        if PAGE_BATCH && per_row && (32 * NW) % cpr == 0 && BC * cpr / (32 * NW) <= 16 && j0 + BC <= nk.min(self.cached) {
+        if per_row && self.batched_full::<D, BC, NW, PAGE_BATCH>(j0, nk) {
             // SAFETY: every row of the block is < nk (cached keys).
             unsafe { self.issue_paged_full::<D, BC, NW, PF>(p, sk, sv, j0, d, pre) };
             return;
@@ -176,6 +174,23 @@ impl KvCopy {
         }
     }
 
+    /// Paged cache, and the `Bc` rows of the block from key `j0` lie in one
+    /// page (page size ≥ Bc, aligned): one lookup for the block, then
+    /// strided rows as in a contiguous cache.
+    #[inline(always)]
+    fn one_page<const BC: usize>(&self, p: &AttnParams, j0: usize) -> bool {
+        self.paged && p.page_index(j0 as u32) == p.page_index((j0 + BC - 1) as u32)
+    }
+
+    /// A full block (every row cached, none new) that the page-batched
+    /// copies ([`KvCopy::issue_paged_full`]) can take when its rows span
+    /// several pages.
+    #[inline(always)]
+    fn batched_full<const D: usize, const BC: usize, const NW: usize, const PAGE_BATCH: bool>(&self, j0: usize, nk: usize) -> bool {
+        let cpr = D / 8;
+        PAGE_BATCH && (32 * NW) % cpr == 0 && BC * cpr / (32 * NW) <= 16 && j0 + BC <= nk.min(self.cached)
+    }
+
     /// The block-table entry of the one page this thread's copies of block
     /// `j` read, loaded ahead of [`KvCopy::issue`] so that several blocks'
     /// lookups fly together (the prologue: decode step 39; unclamped, so
@@ -195,10 +210,10 @@ impl KvCopy {
         let cpr = D / 8;
         let steps = BC * cpr / (32 * NW);
         let j0 = j * BC;
-        if p.page_index(j0 as u32) == p.page_index((j0 + BC - 1) as u32) {
+        if self.one_page::<BC>(p, j0) {
             // SAFETY: j0 < nk (caller).
             Some(unsafe { p.page_entry(self.b, j0 as u32) })
-        } else if PAGE_BATCH && (32 * NW) % cpr == 0 && steps <= 16 && j0 + BC <= nk.min(self.cached) && p.page_size % steps as u32 == 0 {
+        } else if self.batched_full::<D, BC, NW, PAGE_BATCH>(j0, nk) && p.page_size % steps as u32 == 0 {
             // SAFETY: the block's rows are < nk (checked above).
             Some(unsafe { p.page_entry(self.b, (j0 + self.tid / cpr * steps) as u32) })
         } else {
