@@ -12,12 +12,7 @@ set -u
 . scripts/microbench/lib.sh
 unpack_bins
 decode_checks
-for r in 1 2; do
-  for b in B N; do
-    /tmp/h/decode-tune-$b --no-event-tracking --cells 1:32768:8,1:32768:32,1:131072:8,8:32768:8 --layouts 0,16,256 --page-order random,inorder,group:8 --kernels s3_pg_c > $OUT/tune-$b-$r.md 2>&1
-    echo "## $b round $r"; grep -E "^\| [18] " $OUT/tune-$b-$r.md | sort -u
-  done
-done
+ab_tune --cells 1:32768:8,1:32768:32,1:131072:8,8:32768:8 --layouts 0,16,256 --page-order random,inorder,group:8 --kernels s3_pg_c
 for b in B N; do
   /tmp/h/decode-tune-$b --no-event-tracking --cells 1:32768:8 --layouts 16 --splits 0,8 --kernels s3_pg_c > $OUT/splits-$b.md 2>&1
   echo "## splits $b"; grep -E "^\| 1 " $OUT/splits-$b.md | sort -u

@@ -68,3 +68,15 @@ grid_runs() {
     echo "## repeat $r"; grep -E "\| 1 \| 32768 " /tmp/b1-$r/decode.md | cut -c1-200
   done
 }
+
+# ab_tune ARGS...: decode-tune of the previous build B and the new build N
+# (/tmp/h/decode-tune-{B,N}) alternating, two rounds, over the cells and
+# kernels ARGS select; tables in $OUT/tune-{B,N}-{1,2}.md, their rows printed.
+ab_tune() {
+  for r in 1 2; do
+    for b in B N; do
+      /tmp/h/decode-tune-$b --no-event-tracking "$@" > $OUT/tune-$b-$r.md 2>&1
+      echo "## $b round $r"; grep -E "^\| [0-9]+ " $OUT/tune-$b-$r.md | sort -u
+    done
+  done
+}
