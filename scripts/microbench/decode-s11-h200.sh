@@ -9,11 +9,11 @@
 set -u
 . scripts/microbench/lib.sh
 unpack_bins
-mkdir -p $OUT/h; OUT0=$OUT; OUT=$OUT/h
-decode_checks
-/tmp/h/decode-tune --no-event-tracking --cells 1:32768:8,1:32768:32,1:131072:8,1:131072:32 --layouts 0,256 --kernels w8_bc128_s3_c,w8_bc128_s3_pg_c --schedules default,static > $OUT/schedules.md 2>&1
-grep -E "^\| (batch|1) " $OUT/schedules.md | cut -c1-300 | sort -u
-timeout 330 /tmp/h/fa-bench-decode $OUT/grid --no-event-tracking > $OUT/grid.log 2>&1; echo "grid rc $?"; tail -3 $OUT/grid.log
-grep -E "\| 1 \| (4096|32768|131072) " $OUT/grid/decode.md | cut -c1-200
-OUT=$OUT0
-tar cJf $OUT/h200.tar.xz -C $OUT h && rm -rf $OUT/h
+run() {
+  decode_checks
+  /tmp/h/decode-tune --no-event-tracking --cells 1:32768:8,1:32768:32,1:131072:8,1:131072:32 --layouts 0,256 --kernels w8_bc128_s3_c,w8_bc128_s3_pg_c --schedules default,static > $OUT/schedules.md 2>&1
+  grep -E "^\| (batch|1) " $OUT/schedules.md | cut -c1-300 | sort -u
+  timeout 330 /tmp/h/fa-bench-decode $OUT/grid --no-event-tracking > $OUT/grid.log 2>&1; echo "grid rc $?"; tail -3 $OUT/grid.log
+  grep -E "\| 1 \| (4096|32768|131072) " $OUT/grid/decode.md | cut -c1-200
+}
+packed h200 h run

@@ -9,9 +9,4 @@
 set -u
 . scripts/microbench/lib.sh
 unpack_bins
-mkdir -p $OUT/f
-OUT0=$OUT; OUT=$OUT/f
-all_checks
-grid_runs 2
-OUT=$OUT0
-tar cJf $OUT/final.tar.xz -C $OUT f && rm -rf $OUT/f
+packed final f final_run 2

@@ -9,12 +9,10 @@
 set -u
 . scripts/microbench/lib.sh
 unpack_bins
-mkdir -p $OUT/f
-OUT0=$OUT; OUT=$OUT/f
-all_checks
-grid_runs 1
-# Placement on the committed kernel: pages in order and within 8-page groups.
-/tmp/h/decode-tune --no-event-tracking --cells 1:32768:8,1:131072:8 --layouts 0,16,256 --page-order random,inorder,group:8 --kernels s3_pg_c > $OUT/order.md 2>&1
-echo "## page order"; grep -E "^\| 1 " $OUT/order.md | sort -u
-OUT=$OUT0
-tar cJf $OUT/final.tar.xz -C $OUT f && rm -rf $OUT/f
+run() {
+  final_run 1
+  # Placement on the committed kernel: pages in order and within 8-page groups.
+  /tmp/h/decode-tune --no-event-tracking --cells 1:32768:8,1:131072:8 --layouts 0,16,256 --page-order random,inorder,group:8 --kernels s3_pg_c > $OUT/order.md 2>&1
+  echo "## page order"; grep -E "^\| 1 " $OUT/order.md | sort -u
+}
+packed final f run

@@ -80,3 +80,21 @@ ab_tune() {
     done
   done
 }
+
+# final_run R: all_checks, then grid_runs R (the committed build's record).
+final_run() {
+  all_checks
+  grid_runs "$1"
+}
+
+# packed TAR DIR CMD...: runs CMD with $OUT pointing at $OUT/DIR, then packs
+# that folder into $OUT/TAR.tar.xz (the run tool returns at most 8 files).
+packed() {
+  local tarname=$1 dir=$2 out=$OUT
+  shift 2
+  mkdir -p $out/$dir
+  OUT=$out/$dir
+  "$@"
+  OUT=$out
+  tar cJf $OUT/$tarname.tar.xz -C $OUT $dir && rm -rf $OUT/$dir
+}
