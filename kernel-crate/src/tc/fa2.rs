@@ -370,6 +370,8 @@ pub fn key_blocks<const BC: usize>(p: &AttnParams, win: &flash_attn_common::KeyW
     let j_end = if kv_start < kv_end { (kv_end as usize).div_ceil(BC) } else { j_first };
     match split {
         Some(s) if p.num_splits > 1 => {
+            // (The flash-decoding kernel's contiguous share is the same
+            // three lines, kept apart: decode step 39, review.)
             let per = (j_end - j_first).div_ceil(p.num_splits as usize);
             let first = (j_first + s as usize * per).min(j_end);
             (first, (first + per).min(j_end), full_start, full_end)

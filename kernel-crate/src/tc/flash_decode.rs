@@ -533,6 +533,9 @@ pub unsafe fn forward<
     let (s_first, s_step, s_end) = if tickets || !paged || p.split_tickets & INTERLEAVE_PAGED != 0 {
         (j_first + split as usize, ns, j_end)
     } else {
+        // `fa2::key_blocks`' share, written out: one helper for both gave
+        // this build 255 registers instead of 248 and ran slower over
+        // 16-token pages (decode step 39, review).
         let per = (j_end - j_first).div_ceil(ns);
         let first = (j_first + split as usize * per).min(j_end);
         (first, 1, (first + per).min(j_end))
