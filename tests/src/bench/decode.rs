@@ -71,6 +71,24 @@ impl PageOrder {
         }
     }
 
+    /// The name [`PageOrder::parse`] takes back.
+    pub fn name(self) -> String {
+        match self {
+            PageOrder::Random => "random".into(),
+            PageOrder::Grouped(1) => "inorder".into(),
+            PageOrder::Grouped(n) => format!("group:{n}"),
+        }
+    }
+
+    /// For a report's method line.
+    pub fn describe(self) -> String {
+        match self {
+            PageOrder::Random => "pages placed by a random permutation of the pool (as FlashAttention-2's tests draw block tables)".into(),
+            PageOrder::Grouped(1) => "pages in order (as FlashInfer's decode benchmark hands them out)".into(),
+            PageOrder::Grouped(n) => format!("pages shuffled within groups of {n}"),
+        }
+    }
+
     /// The pool's page order: `perm[i]` is the page holding logical page `i`.
     pub fn permutation(self, n: usize, rng: &mut Rng) -> Vec<i32> {
         let mut perm: Vec<i32> = (0..n as i32).collect();
@@ -275,5 +293,9 @@ mod tests {
         assert_eq!(PageOrder::parse("group:8"), Ok(PageOrder::Grouped(8)));
         assert_eq!(PageOrder::parse("inorder"), Ok(PageOrder::Grouped(1)));
         assert!(PageOrder::parse("group:0").is_err() && PageOrder::parse("sorted").is_err());
+        for o in [PageOrder::Random, PageOrder::Grouped(1), PageOrder::Grouped(8)] {
+            assert_eq!(PageOrder::parse(&o.name()), Ok(o), "{o:?}");
+            assert!(!o.describe().is_empty());
+        }
     }
 }

@@ -3,7 +3,8 @@
 //!
 //! bf16, d = 128, 32 query heads over 32 (MHA) or 8 (GQA) KV heads, batch ∈
 //! {1, 8, 64} × cache length ∈ {4096, 32768, 131072}, contiguous and paged
-//! (page 16 and 256, pages in a random order). Per cell: the median of
+//! (page 16 and 256, pages in a random order; `--page-order inorder|group:N`
+//! places them otherwise). Per cell: the median of
 //! CUDA-event-timed runs after warm-up (ours with automatic splits and with
 //! one split in alternating halves), the L2 flushed before every run
 //! outside the events (`--flush read`, the default: a kernel reads 128 MB;
@@ -26,14 +27,15 @@
 //! ours solid per batch, heads and layout, PyTorch flash dashed).
 //!
 //! Usage: `fa-bench-decode [OUT] [--quick] [--batches 1,8,64] [--caches ...]
-//! [--kv-heads 32,8] [--layouts contiguous,16,256] [--reps N] [--flush read|write] [--no-torch]`.
+//! [--kv-heads 32,8] [--layouts contiguous,16,256] [--page-order random|inorder|group:N] [--reps N]
+//! [--flush read|write] [--no-torch]`.
 
 mod report;
 
 use std::path::PathBuf;
 
 use clap::{ArgAction, Parser};
-use flash_attn_tests::bench::decode::DecodeInputs;
+use flash_attn_tests::bench::decode::{DecodeInputs, PageOrder};
 use flash_attn_tests::bench::flush::{FlushKind, L2Flush};
 use flash_attn_tests::bench::{Meas, Res, Step, Timing, time_events_runs, torch_peer};
 use flash_attn_tests::{Gpu, Rng, gpu};
@@ -85,6 +87,12 @@ pub struct Opts {
     /// Python with torch
     #[arg(long, value_name = "PATH", default_value = "python3")]
     pub python: String,
+    /// Where the pages of paged cells lie in the pool: `random` (a random
+    /// permutation, as FlashAttention-2's tests draw block tables: the
+    /// default), `inorder` (as FlashInfer's decode benchmark), or `group:N`
+    /// (shuffled within groups of N pages)
+    #[arg(long = "page-order", value_name = "ORDER", default_value = "random", value_parser = PageOrder::parse)]
+    pub page_order: PageOrder,
     /// Turn cudarc's cross-stream event tracking off, as `fa-bench` and
     /// `fa-run` do: no event wait and record per buffer per call. Default:
     /// on, the setting of a cudarc context with a new stream and of candle
@@ -184,7 +192,7 @@ fn skip_reason(o: &Opts, c: &Cell, free: usize) -> Option<String> {
 /// apart (session 12, calls 5 and 9), enough to flag a call as "slower with
 /// splits" that runs no split at all.
 fn measure(g: &Gpu, o: &Opts, c: &Cell, rng: &mut Rng, flush: &mut L2Flush) -> Res<(Meas, Meas)> {
-    let mut inputs = DecodeInputs::new(g, *c, rng)?;
+    let mut inputs = DecodeInputs::with_page_order(g, *c, rng, o.page_order)?;
     let t = o.timing();
     let half = Timing { reps: t.reps.div_ceil(2), ..t };
     let mut time = |splits: Option<usize>| -> Res<Vec<f64>> {

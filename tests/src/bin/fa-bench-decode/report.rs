@@ -86,11 +86,12 @@ pub fn write(o: &Opts, device: &str, rows: &[Row], t: &Peer) -> Res<String> {
         "## fa-bench-decode: {device}, {torch}\n\n\
          bf16, d = {D}, one query token, {H} query heads; K/V bytes read once / time. CUDA events, {} warm-up runs, median of {} runs, \
          {} run; cudarc's event tracking {}. \"no split\": our kernel with num_splits = 1 (ours and no split timed in alternating halves); \"no split / ours\" ≥ 1 means split-KV is not slower. \
-         PyTorch has no paged cache: its contiguous time stands beside our paged rows.\n\n",
+         PyTorch has no paged cache: its contiguous time stands beside our paged rows. Paged cells: {}.\n\n",
         o.timing().warmup,
         o.reps(),
         o.flush.describe(),
-        if o.no_event_tracking { "off" } else { "on" }
+        if o.no_event_tracking { "off" } else { "on" },
+        o.page_order.describe()
     );
     md += "| batch | cache | heads q/kv | layout | ours µs | ours TB/s | % of 3.35 | ours no split µs | no split / ours | PyTorch flash µs (TB/s) | cuDNN µs | efficient µs | ours / flash |\n";
     md += "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
@@ -185,7 +186,7 @@ pub fn write(o: &Opts, device: &str, rows: &[Row], t: &Peer) -> Res<String> {
     }
     let json = json!({
         "tool": "fa-bench-decode", "device": device, "torch": t.version, "torch_available": t.available, "torch_reason": t.reason,
-        "method": {"warmup": o.timing().warmup, "reps": o.reps(), "l2_flush": o.flush.name(), "l2_flush_bytes": match o.flush { FlushKind::Read => flush::READ_BYTES, FlushKind::Write => flush::WRITE_BYTES }, "mem_cap_gb": o.mem_cap_gb, "h": H, "d": D},
+        "method": {"warmup": o.timing().warmup, "reps": o.reps(), "l2_flush": o.flush.name(), "l2_flush_bytes": match o.flush { FlushKind::Read => flush::READ_BYTES, FlushKind::Write => flush::WRITE_BYTES }, "mem_cap_gb": o.mem_cap_gb, "page_order": o.page_order.name(), "h": H, "d": D},
         "rows": json_rows, "summary": summary,
     });
     std::fs::write(o.out.join("decode.md"), &md)?;
