@@ -99,10 +99,7 @@ impl KvCopy {
         let one_page = self.one_page::<BC>(p, j0);
         let (kb, vb) = if one_page {
             // SAFETY: j0 < nk (the caller issues blocks with keys).
-            let page = match pre {
-                Some(x) => p.clamp_page(x),
-                None => unsafe { p.page_of(self.b, j0 as u32) },
-            } as u64;
+            let page = unsafe { self.page(p, j0 as u32, pre) } as u64;
             let r0 = p.page_row(j0 as u32) as u64;
             (self.k.wrapping_add((page * self.k_ps + r0 * self.k_rs) as usize), self.v.wrapping_add((page * self.v_ps + r0 * self.v_rs) as usize))
         } else if self.paged {
@@ -171,6 +168,20 @@ impl KvCopy {
                 cp_async_cg_16_pf::<PF>(sv.addr(r, c * 8), vs as *const u8, n);
             }
             i += self.nt;
+        }
+    }
+
+    /// The page holding key `t`: `pre` (its block-table entry, loaded ahead
+    /// by [`KvCopy::lookup`]) clamped, or looked up now.
+    ///
+    /// # Safety
+    /// As [`AttnParams::page_of`].
+    #[inline(always)]
+    unsafe fn page(&self, p: &AttnParams, t: u32, pre: Option<i32>) -> u32 {
+        match pre {
+            Some(x) => p.clamp_page(x),
+            // SAFETY: caller.
+            None => unsafe { p.page_of(self.b, t) },
         }
     }
 
@@ -250,10 +261,7 @@ impl KvCopy {
             let t0 = (j0 + r0) as u32;
             // SAFETY: caller (rows < the clamped length); rows r0..r0 + steps
             // share row t0's page (page_size a multiple of steps, r0 too).
-            let pg = match pre {
-                Some(x) => p.clamp_page(x),
-                None => unsafe { p.page_of(self.b, t0) },
-            } as u64;
+            let pg = unsafe { self.page(p, t0, pre) } as u64;
             let pr = p.page_row(t0) as u64;
             let mut ks = self.k.wrapping_add((pg * self.k_ps + pr * self.k_rs) as usize + c8);
             let mut vs = self.v.wrapping_add((pg * self.v_ps + pr * self.v_rs) as usize + c8);
