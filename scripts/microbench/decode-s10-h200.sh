@@ -7,7 +7,7 @@
 set -u
 . scripts/microbench/lib.sh
 unpack_bins
-nvidia-smi --query-gpu=name --format=csv,noheader | tee $OUT/gpu.txt
+gpu_name
 for r in 1 2; do
   for b in B N; do
     echo "## round $r $b" >> $OUT/tune.txt

@@ -7,7 +7,7 @@
 set -u
 . scripts/microbench/lib.sh
 unpack_bins
-nvidia-smi --query-gpu=name --format=csv,noheader | tee $OUT/gpu.txt
+gpu_name
 timeout 240 ncu --clock-control none --cache-control all -k 'regex:^(?!.*(reduce|Reduce|fill|distribution|elementwise)).*' \
   --section LaunchStats --section SpeedOfLight --section Occupancy python3 scripts/microbench/peers_ncu.py > $OUT/peers_ncu.txt 2>&1
 echo "ncu rc $?"

@@ -7,7 +7,7 @@
 set -u
 . scripts/microbench/lib.sh
 unpack_bins
-nvidia-smi --query-gpu=name --format=csv,noheader | tee $OUT/gpu.txt
+gpu_name
 run_tests gpu_decode
 sanitize_decode memcheck gpu_every_decode_kernel gpu_decode_small_for_sanitizers
 for b in B N B N B N; do

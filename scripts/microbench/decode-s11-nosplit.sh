@@ -8,7 +8,7 @@
 set -u
 . scripts/microbench/lib.sh
 unpack_bins
-nvidia-smi --query-gpu=name --format=csv,noheader | tee $OUT/gpu.txt
+gpu_name
 ab_grid --batches 8 --kv-heads 8
 /tmp/h/decode-tune --no-event-tracking --timeline --cells 1:32768:8 --layouts 0,16,256 --kernels w8_bc128_s3_pg > $OUT/timeline.md 2>&1
 grep -E "^\| 1 " $OUT/timeline.md | cut -c1-420

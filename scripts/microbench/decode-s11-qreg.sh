@@ -9,7 +9,7 @@
 set -u
 . scripts/microbench/lib.sh
 unpack_bins
-nvidia-smi --query-gpu=name --format=csv,noheader | tee $OUT/gpu.txt
+gpu_name
 for r in 1 2; do
   /tmp/h/decode-tune --no-event-tracking --cells 1:4096:8,1:32768:8,1:32768:32,1:131072:8 --layouts 0,16,256 \
     --kernels w8_bc128_s3_pg_c,w8_bc128_s3_pgq_c,w8_bc128_s2_c,w4_bc128_s2 > $OUT/tune-$r.md 2>&1

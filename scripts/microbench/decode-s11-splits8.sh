@@ -6,7 +6,7 @@
 set -u
 . scripts/microbench/lib.sh
 unpack_bins
-nvidia-smi --query-gpu=name --format=csv,noheader | tee $OUT/gpu.txt
+gpu_name
 for r in 1 2 3; do
   /tmp/h/decode-tune --no-event-tracking --cells 1:32768:8,1:131072:8 --layouts 0,16,256 --kernels w8_bc128_s3_pg_c --splits 0,8,10,12 > $OUT/splits-$r.md 2>&1
 done

@@ -6,7 +6,7 @@
 set -u
 . scripts/microbench/lib.sh
 unpack_bins
-nvidia-smi --query-gpu=name --format=csv,noheader | tee $OUT/gpu.txt
+gpu_name
 for r in 1 2; do
   for w in 3 30; do
     /tmp/h/fa-bench-decode /tmp/g --no-torch --batches 1 --kv-heads 8 --caches 4096,32768 --warmup $w --no-event-tracking 2>&1 | grep -E "^\[ours" | sed "s/^/round $r warmup $w: /" | tee -a $OUT/warmup.txt

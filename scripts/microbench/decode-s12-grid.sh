@@ -7,7 +7,7 @@
 set -u
 . scripts/microbench/lib.sh
 unpack_bins
-nvidia-smi --query-gpu=name --format=csv,noheader | tee $OUT/gpu.txt
+gpu_name
 timeout 420 /tmp/h/fa-bench-decode $OUT/grid --no-event-tracking > $OUT/grid.log 2>&1; echo "grid rc $?"; tail -3 $OUT/grid.log
 grep -E "\| (1|8) \| (4096|32768|131072) " $OUT/grid/decode.md | cut -c1-200
 tar cJf $OUT/grid.tar.xz -C $OUT grid grid.log && rm -rf $OUT/grid $OUT/grid.log

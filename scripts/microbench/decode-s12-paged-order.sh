@@ -7,5 +7,5 @@
 set -u
 . scripts/microbench/lib.sh
 unpack_bins
-nvidia-smi --query-gpu=name --format=csv,noheader | tee $OUT/gpu.txt
+gpu_name
 ab_grid --batches 1 --caches 32768,131072 --kv-heads 8

@@ -8,7 +8,7 @@
 set -u
 . scripts/microbench/lib.sh
 unpack_bins
-nvidia-smi --query-gpu=name --format=csv,noheader | tee $OUT/gpu.txt
+gpu_name
 for r in 1 2; do
   /tmp/h/decode-tune --no-event-tracking --cells 1:32768:32 --layouts 0,16,256 --splits 0,2,3,4 --kernels s3_pg_c,w8_bc128_s3_c > $OUT/mha-$r.md 2>&1
   echo "## MHA 32k round $r"; grep -E "^\| (1|batch) " $OUT/mha-$r.md | sort -u

@@ -7,7 +7,7 @@
 set -u
 . scripts/microbench/lib.sh
 unpack_bins
-nvidia-smi --query-gpu=name --format=csv,noheader | tee $OUT/gpu.txt
+gpu_name
 for r in 1 2; do
   /tmp/h/decode-tune-N --no-event-tracking --cells 1:32768:8,1:131072:8,1:32768:32 --layouts 0,16 --splits 0,16,32 --kernels w4_bc64_s3_c,s3_pg_c > $OUT/w4-$r.md 2>&1
   echo "## round $r"; grep -E "^\| (1|batch) " $OUT/w4-$r.md | sort -u

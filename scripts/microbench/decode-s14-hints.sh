@@ -10,7 +10,7 @@
 set -u
 . scripts/microbench/lib.sh
 unpack_bins
-nvidia-smi --query-gpu=name --format=csv,noheader | tee $OUT/gpu.txt
+gpu_name
 /tmp/h/gpu_decode --test-threads 1 gpu_every_decode_kernel > /tmp/t.txt 2>&1; echo "=== gpu_every_decode_kernel: $(grep 'test result' /tmp/t.txt)" | tee $OUT/tests.txt
 cells=1:32768:8,1:131072:8,1:32768:32,1:4096:8,8:32768:8
 for r in 1 2; do

@@ -7,7 +7,7 @@
 set -u
 . scripts/microbench/lib.sh
 unpack_bins
-nvidia-smi --query-gpu=name --format=csv,noheader | tee $OUT/gpu.txt
+gpu_name
 for r in 1 2; do
   for order in random inorder; do
     timeout 280 /tmp/h/fa-bench-decode /tmp/p-$order-$r --no-event-tracking --batches 1 --caches 32768,131072 --page-order $order > /tmp/p.log 2>&1

@@ -26,11 +26,16 @@ sanitize_decode() {
   echo "=== $tool (rc $?): $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' /tmp/s.txt | tail -1)" | tee -a $OUT/tests.txt
 }
 
+# gpu_name: the GPU's name to $OUT/gpu.txt (and stdout).
+gpu_name() {
+  nvidia-smi --query-gpu=name --format=csv,noheader | tee $OUT/gpu.txt
+}
+
 # decode_checks: the GPU name to $OUT/gpu.txt, the decode test binaries
 # (gpu_decode, gpu_api, ndarray_kvcache), and memcheck over every
 # flash-decoding kernel and the append cases.
 decode_checks() {
-  nvidia-smi --query-gpu=name --format=csv,noheader | tee $OUT/gpu.txt
+  gpu_name
   run_tests gpu_decode gpu_api ndarray_kvcache
   sanitize_decode memcheck gpu_every_decode_kernel gpu_kvcache_append_strides gpu_decode_small_for_sanitizers
 }
