@@ -64,8 +64,11 @@ struct Opts {
     #[arg(long)]
     append: bool,
     /// Where the pages of paged cells lie: `random` (the benchmark's
-    /// permutation of the pool), `inorder`, or `group:N` (shuffled within
-    /// groups of N pages); a row per order (default: random)
+    /// permutation of the pool), `inorder`, `group:N` (shuffled within
+    /// groups of N pages), `sorted:N` (random, then each run of N logical
+    /// pages sorted by address) or `ranged:S:F` (random, then each of S
+    /// split shares of a sequence given an address range after its first F
+    /// pages); a row per order (default: random)
     #[arg(long, value_delimiter = ',', value_parser = PageOrder::parse)]
     page_order: Vec<PageOrder>,
     /// Only these cells, as batch:cache:kv_heads (default: all)
@@ -178,10 +181,11 @@ fn main() -> Res<()> {
         }
         let mut inputs = DecodeInputs::with_page_order(g, c, &mut rng, order)?;
         inputs.fused = !o.no_fused;
+        // The placement by its `PageOrder` name (`inorder`, `group:N`,
+        // `sorted:N`); the benchmark's random permutation unnamed.
         let layout = match (c.page, order) {
-            (Some(_), PageOrder::Grouped(1)) => format!("{} in order", c.layout()),
-            (Some(_), PageOrder::Grouped(n)) => format!("{} within {n}", c.layout()),
-            _ => c.layout(),
+            (Some(_), PageOrder::Random) | (None, _) => c.layout(),
+            (Some(_), _) => format!("{} {}", c.layout(), order.name()),
         };
         let mut line = format!(
             "| {} | {} | 32/{} | {} |",

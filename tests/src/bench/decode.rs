@@ -56,17 +56,37 @@ pub enum PageOrder {
     #[default]
     Random,
     Grouped(usize),
+    /// A random permutation, then each run of `n` logical pages sorted by
+    /// address: what a kernel reading each split's `n` pages in address
+    /// order would stream (decode step 42).
+    Sorted(usize),
+    /// A random permutation, then in each sequence's row of pages, split
+    /// into `splits` equal shares: the first `first` pages of each share
+    /// left random, the others given the row's remaining pages in address
+    /// order, share after share — what a kernel handing each split an
+    /// address range of the row's pages (after `first` pages read in
+    /// logical order) would stream (decode step 42).
+    Ranged { splits: usize, first: usize },
 }
 
 impl PageOrder {
-    /// `random`, `inorder` or `group:N`.
+    /// `random`, `inorder`, `group:N` or `sorted:N`.
     pub fn parse(s: &str) -> Result<Self, String> {
+        let n = |p: &str| match s.strip_prefix(p).map(str::parse::<usize>) {
+            Some(Ok(n)) if n > 0 => Some(n),
+            _ => None,
+        };
         match s {
             "random" => Ok(PageOrder::Random),
             "inorder" => Ok(PageOrder::Grouped(1)),
-            _ => match s.strip_prefix("group:").map(str::parse::<usize>) {
-                Some(Ok(n)) if n > 0 => Ok(PageOrder::Grouped(n)),
-                _ => Err(format!("{s}: want random, inorder or group:N (N > 0)")),
+            _ if s.starts_with("ranged:") => match s["ranged:".len()..].split_once(':').map(|(a, b)| (a.parse::<usize>(), b.parse::<usize>())) {
+                Some((Ok(splits), Ok(first))) if splits > 0 => Ok(PageOrder::Ranged { splits, first }),
+                _ => Err(format!("{s}: want ranged:SPLITS:FIRST (SPLITS > 0)")),
+            },
+            _ => match (n("group:"), n("sorted:")) {
+                (Some(g), _) => Ok(PageOrder::Grouped(g)),
+                (_, Some(r)) => Ok(PageOrder::Sorted(r)),
+                _ => Err(format!("{s}: want random, inorder, group:N, sorted:N (N > 0) or ranged:SPLITS:FIRST")),
             },
         }
     }
@@ -77,6 +97,8 @@ impl PageOrder {
             PageOrder::Random => "random".into(),
             PageOrder::Grouped(1) => "inorder".into(),
             PageOrder::Grouped(n) => format!("group:{n}"),
+            PageOrder::Sorted(n) => format!("sorted:{n}"),
+            PageOrder::Ranged { splits, first } => format!("ranged:{splits}:{first}"),
         }
     }
 
@@ -86,19 +108,38 @@ impl PageOrder {
             PageOrder::Random => "pages placed by a random permutation of the pool (as FlashAttention-2's tests draw block tables)".into(),
             PageOrder::Grouped(1) => "pages in order (as FlashInfer's decode benchmark hands them out)".into(),
             PageOrder::Grouped(n) => format!("pages shuffled within groups of {n}"),
+            PageOrder::Sorted(n) => format!("a random permutation of the pool, each run of {n} logical pages sorted by address"),
+            PageOrder::Ranged { splits, first } => format!("a random permutation of the pool, each sequence's {splits} split shares given address ranges after their first {first} pages"),
         }
     }
 
-    /// The pool's page order: `perm[i]` is the page holding logical page `i`.
-    pub fn permutation(self, n: usize, rng: &mut Rng) -> Vec<i32> {
+    /// The pool's page order: `perm[i]` is the page holding logical page `i`
+    /// (`per` pages per sequence, rows one after another).
+    pub fn permutation(self, n: usize, per: usize, rng: &mut Rng) -> Vec<i32> {
         let mut perm: Vec<i32> = (0..n as i32).collect();
         let group = match self {
-            PageOrder::Random => n.max(1),
+            PageOrder::Random | PageOrder::Sorted(_) | PageOrder::Ranged { .. } => n.max(1),
             PageOrder::Grouped(g) => g,
         };
         for chunk in perm.chunks_mut(group) {
             for i in (1..chunk.len()).rev() {
                 chunk.swap(i, rng.below(i + 1));
+            }
+        }
+        if let PageOrder::Sorted(r) = self {
+            for run in perm.chunks_mut(r) {
+                run.sort_unstable();
+            }
+        }
+        if let PageOrder::Ranged { splits, first } = self {
+            let share = per.div_ceil(splits).max(1);
+            for row in perm.chunks_mut(per.max(1)) {
+                let later: Vec<usize> = (0..row.len()).filter(|i| i % share >= first).collect();
+                let mut pages: Vec<i32> = later.iter().map(|&i| row[i]).collect();
+                pages.sort_unstable();
+                for (&i, p) in later.iter().zip(pages) {
+                    row[i] = p;
+                }
             }
         }
         perm
@@ -167,7 +208,7 @@ impl DecodeInputs {
                 .collect::<Vec<_>>(),
         )?;
         let seqlens = s.clone_htod(&vec![c.cache as i32; c.batch])?;
-        let table = s.clone_htod(&order.permutation(n_rows, rng))?;
+        let table = s.clone_htod(&order.permutation(n_rows, c.cache.div_ceil(rows_per), rng))?;
         Ok(DecodeInputs {
             cell: c,
             kc,
@@ -280,20 +321,35 @@ mod tests {
     #[test]
     fn page_orders_are_permutations_within_their_groups() {
         let mut rng = Rng::with_seed(3);
-        for (order, n) in [(PageOrder::Random, 100), (PageOrder::Grouped(1), 37), (PageOrder::Grouped(8), 100), (PageOrder::Random, 0)] {
-            let perm = order.permutation(n, &mut rng);
+        for (order, n) in [(PageOrder::Random, 100), (PageOrder::Grouped(1), 37), (PageOrder::Grouped(8), 100), (PageOrder::Random, 0), (PageOrder::Sorted(16), 100), (PageOrder::Ranged { splits: 4, first: 3 }, 100)] {
+            let perm = order.permutation(n, 50, &mut rng);
             let mut sorted = perm.clone();
             sorted.sort();
             assert_eq!(sorted, (0..n as i32).collect::<Vec<_>>(), "{order:?}");
             if let PageOrder::Grouped(g) = order {
                 assert!(perm.iter().enumerate().all(|(i, &p)| p as usize / g == i / g), "{order:?}: {perm:?}");
             }
+            if let PageOrder::Sorted(r) = order {
+                assert!(perm.chunks(r).all(|run| run.windows(2).all(|w| w[0] < w[1])), "{order:?}: {perm:?}");
+            }
+            if let PageOrder::Ranged { splits, first } = order {
+                // Rows of 50 in shares of 13: after the first 3 of each
+                // share, increasing across the row.
+                let share = 50usize.div_ceil(splits);
+                for row in perm.chunks(50) {
+                    let later: Vec<i32> = (0..row.len()).filter(|i| i % share >= first).map(|i| row[i]).collect();
+                    assert!(later.windows(2).all(|w| w[0] < w[1]), "{order:?}: {row:?}");
+                }
+            }
         }
-        assert_eq!(PageOrder::Grouped(1).permutation(5, &mut rng), vec![0, 1, 2, 3, 4]);
+        assert_eq!(PageOrder::Grouped(1).permutation(5, 5, &mut rng), vec![0, 1, 2, 3, 4]);
         assert_eq!(PageOrder::parse("group:8"), Ok(PageOrder::Grouped(8)));
         assert_eq!(PageOrder::parse("inorder"), Ok(PageOrder::Grouped(1)));
-        assert!(PageOrder::parse("group:0").is_err() && PageOrder::parse("sorted").is_err());
-        for o in [PageOrder::Random, PageOrder::Grouped(1), PageOrder::Grouped(8)] {
+        assert!(PageOrder::parse("group:0").is_err() && PageOrder::parse("sorted").is_err() && PageOrder::parse("sorted:0").is_err());
+        assert_eq!(PageOrder::parse("sorted:128"), Ok(PageOrder::Sorted(128)));
+        assert_eq!(PageOrder::parse("ranged:16:16"), Ok(PageOrder::Ranged { splits: 16, first: 16 }));
+        assert!(PageOrder::parse("ranged:0:1").is_err() && PageOrder::parse("ranged:4").is_err());
+        for o in [PageOrder::Random, PageOrder::Grouped(1), PageOrder::Grouped(8), PageOrder::Sorted(128), PageOrder::Ranged { splits: 16, first: 16 }] {
             assert_eq!(PageOrder::parse(&o.name()), Ok(o), "{o:?}");
             assert!(!o.describe().is_empty());
         }

@@ -3,7 +3,7 @@
 //!
 //! bf16, d = 128, 32 query heads over 32 (MHA) or 8 (GQA) KV heads, batch ∈
 //! {1, 8, 64} × cache length ∈ {4096, 32768, 131072}, contiguous and paged
-//! (page 16 and 256, pages in a random order; `--page-order inorder|group:N`
+//! (page 16 and 256, pages in a random order; `--page-order inorder|group:N|sorted:N|ranged:S:F`
 //! places them otherwise). Per cell: the median of
 //! CUDA-event-timed runs after warm-up (ours with automatic splits and with
 //! one split in alternating halves), the L2 flushed before every run
@@ -27,7 +27,7 @@
 //! ours solid per batch, heads and layout, PyTorch flash dashed).
 //!
 //! Usage: `fa-bench-decode [OUT] [--quick] [--batches 1,8,64] [--caches ...]
-//! [--kv-heads 32,8] [--layouts contiguous,16,256] [--page-order random|inorder|group:N] [--reps N]
+//! [--kv-heads 32,8] [--layouts contiguous,16,256] [--page-order random|inorder|group:N|sorted:N|ranged:S:F] [--reps N]
 //! [--flush read|write] [--no-torch]`.
 
 mod report;
@@ -89,8 +89,10 @@ pub struct Opts {
     pub python: String,
     /// Where the pages of paged cells lie in the pool: `random` (a random
     /// permutation, as FlashAttention-2's tests draw block tables: the
-    /// default), `inorder` (as FlashInfer's decode benchmark), or `group:N`
-    /// (shuffled within groups of N pages)
+    /// default), `inorder` (as FlashInfer's decode benchmark), `group:N`
+    /// (shuffled within groups of N pages), `sorted:N` (random, each run of N
+    /// logical pages sorted by address) or `ranged:S:F` (random, each of S
+    /// split shares given an address range after its first F pages)
     #[arg(long = "page-order", value_name = "ORDER", default_value = "random", value_parser = PageOrder::parse)]
     pub page_order: PageOrder,
     /// Turn cudarc's cross-stream event tracking off, as `fa-bench` and
