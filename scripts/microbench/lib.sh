@@ -77,9 +77,10 @@ grid_runs() {
 # ab_tune ARGS...: decode-tune of the previous build B and the new build N
 # (/tmp/h/decode-tune-{B,N}) alternating, two rounds, over the cells and
 # kernels ARGS select; tables in $OUT/tune-{B,N}-{1,2}.md, their rows printed.
+# AB_BUILDS="X Y" names other builds (/tmp/h/decode-tune-{X,Y}).
 ab_tune() {
   for r in 1 2; do
-    for b in B N; do
+    for b in ${AB_BUILDS:-B N}; do
       /tmp/h/decode-tune-$b --no-event-tracking "$@" > $OUT/tune-$b-$r.md 2>&1
       echo "## $b round $r"; grep -E "^\| [0-9]+ " $OUT/tune-$b-$r.md | sort -u
     done

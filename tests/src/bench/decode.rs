@@ -70,7 +70,7 @@ pub enum PageOrder {
 }
 
 impl PageOrder {
-    /// `random`, `inorder`, `group:N` or `sorted:N`.
+    /// `random`, `inorder`, `group:N`, `sorted:N` or `ranged:S:F`.
     pub fn parse(s: &str) -> Result<Self, String> {
         let n = |p: &str| match s.strip_prefix(p).map(str::parse::<usize>) {
             Some(Ok(n)) if n > 0 => Some(n),
