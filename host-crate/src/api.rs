@@ -305,6 +305,19 @@ fn expect_eq(argument: &'static str, axis: &'static str, actual: usize, expected
     if actual == expected { Ok(()) } else { Err(FlashAttnError::ShapeMismatch { argument, axis, actual, expected, rule }) }
 }
 
+/// A caller's output `o`: the shape of q (`shape`), inside its buffer of
+/// `len` elements, no two elements at one address.
+pub(crate) fn check_output(l: &TensorLayout, len: usize, shape: [usize; 4]) -> Result<()> {
+    for (a, (&got, &want)) in l.shape.iter().zip(shape.iter()).enumerate() {
+        expect_eq("o", AXES[a], got, want, "o has the shape of q")?;
+    }
+    check_layout("o", l, len)?;
+    if l.may_overlap() {
+        return Err(FlashAttnError::OverlappingOutput { argument: "o", shape: l.shape, strides: l.strides });
+    }
+    Ok(())
+}
+
 /// Validates the layouts and buffer lengths of q, k, v and o and the
 /// parameters; pure (no GPU needed), so every error path is unit-tested.
 pub fn validate(
@@ -325,14 +338,7 @@ pub fn validate(
     expect_eq("v", "seqlen", vl.seqlen(), kl.seqlen(), "same as k")?;
     expect_eq("v", "nheads", vl.nheads(), kl.nheads(), "same as k")?;
     expect_eq("v", "headdim", vl.headdim(), ql.headdim(), "same as q")?;
-    let ol = o.0;
-    for (a, (&got, &want)) in ol.shape.iter().zip(ql.shape.iter()).enumerate() {
-        expect_eq("o", AXES[a], got, want, "o has the shape of q")?;
-    }
-    check_layout("o", ol, o.1)?;
-    if ol.may_overlap() {
-        return Err(FlashAttnError::OverlappingOutput { argument: "o", shape: ol.shape, strides: ol.strides });
-    }
+    check_output(o.0, o.1, ql.shape)?;
     let d = ql.headdim();
     let opts = params.resolve(d, kl.seqlen())?;
     // batch·nheads·seqlen_q fits (q's element count does), as does the lse index.
@@ -376,7 +382,7 @@ pub(crate) fn check_tc_alignment(p: &AttnParams) -> Result<()> {
     Ok(())
 }
 
-fn check_stats(argument: &'static str, len: usize, required: usize) -> Result<()> {
+pub(crate) fn check_stats(argument: &'static str, len: usize, required: usize) -> Result<()> {
     if len < required { Err(FlashAttnError::StatsTooShort { argument, len, required }) } else { Ok(()) }
 }
 

@@ -37,7 +37,7 @@ use flash_attn_common::tc::timeline::WORDS as TIMELINE_WORDS;
 /// The flash-decoding kernels' per-block timeline layout ([`DecodeOptions::timeline`]).
 pub use flash_attn_common::tc::timeline;
 
-use crate::api::{AttnElem, Extras, ForwardOutput, RowStats, Tensor, TensorLayout};
+use crate::api::{AttnElem, Extras, ForwardOutput, RowStats, Tensor, TensorLayout, TensorMut};
 use crate::decode_kernels::DecKernel;
 use crate::device::FlashAttention;
 use crate::dispatch::{DType, Dims, DispatchKey, Features, Launch, Plan};
@@ -93,6 +93,25 @@ pub struct SplitScratch<'a> {
     pub lse_accum: &'a mut dyn DevicePtrMut<f32>,
     pub max_splits: usize,
     pub counters: Option<&'a mut dyn DevicePtrMut<u32>>,
+}
+
+/// A caller's output buffers of [`FlashAttention::forward_kvcache_into`].
+struct CallerOut<'a, T> {
+    o: &'a mut dyn DevicePtrMut<T>,
+    o_layout: TensorLayout,
+    lse: &'a mut dyn DevicePtrMut<f32>,
+}
+
+/// O and the LSE allocated by the library for a call.
+type OwnOut<T> = (CudaSlice<T>, CudaSlice<f32>);
+
+/// What [`FlashAttention::plan_attend`] checks of a caller's outputs:
+/// O's layout and buffer length, the LSE buffer's length.
+#[derive(Clone, Copy)]
+struct OutSpec {
+    o_layout: TensorLayout,
+    o_len: usize,
+    lse_len: usize,
 }
 
 /// Options of a decode call.
@@ -448,6 +467,73 @@ impl FlashAttention {
         T: AttnElem,
         Q: DevicePtr<T> + ?Sized,
     {
+        let (out, o_layout) = self.kvcache_call(stream, q, cache, None, params, ext, opts)?;
+        let (o, lse) = out.expect("the library's buffers when the caller gives none");
+        Ok(ForwardOutput { o, o_layout, stats: RowStats::LogSumExp(lse) })
+    }
+
+    /// [`FlashAttention::forward_kvcache`] into caller-owned buffers: O `o`
+    /// (q's shape `(batch, seqlen_q, nheads, d)`, any non-overlapping
+    /// strides; 16-byte aligned, strides of axes longer than 1 multiples of
+    /// 8 elements) and the logsumexp `lse` (`(batch, nheads, seqlen_q)` f32,
+    /// contiguous). Validated before anything is enqueued, as the
+    /// allocating call.
+    ///
+    /// **CUDA graphs.** Without a split (`num_splits: Some(1)`), or with a
+    /// caller's [`SplitScratch`] sized for the call's split count, this call
+    /// allocates nothing, copies nothing between host and device and never
+    /// synchronizes: it only enqueues kernels on `stream`, so it can be
+    /// captured (`CudaStream::begin_capture` … `end_capture`) and the graph
+    /// replayed step after step. Each replay reads `cache_seqlens`, q,
+    /// `k_new`/`v_new`, the block table and the cache from their buffers
+    /// (their addresses are fixed at capture; their contents may change
+    /// between replays); the launch shape and split count are fixed at
+    /// capture (they depend on shapes only, never on device values). Give
+    /// the scratch `counters` for the fused combine (else the combine is a
+    /// second captured launch). Buffers a captured call uses should be
+    /// created with cudarc's event tracking off
+    /// (`CudaContext::disable_event_tracking`), as a graph cannot wait on
+    /// events recorded outside it (`gpu_decode_cuda_graph` does this).
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_kvcache_into<T, Q, O>(
+        &self,
+        stream: &Arc<CudaStream>,
+        q: Tensor<'_, Q>,
+        cache: KvCache<'_, T>,
+        o: TensorMut<'_, O>,
+        lse: &mut dyn DevicePtrMut<f32>,
+        params: &ForwardParams,
+        ext: &Extras<'_>,
+        opts: DecodeOptions<'_>,
+    ) -> Result<()>
+    where
+        T: AttnElem,
+        Q: DevicePtr<T> + ?Sized,
+        O: DevicePtrMut<T>,
+    {
+        let out = CallerOut { o: o.data, o_layout: o.layout, lse };
+        self.kvcache_call(stream, q, cache, Some(out), params, ext, opts)?;
+        Ok(())
+    }
+
+    /// The KV-cache call of [`FlashAttention::forward_kvcache`] (`out`
+    /// `None`: O and the LSE allocated and returned, with O's layout) and
+    /// [`FlashAttention::forward_kvcache_into`].
+    #[allow(clippy::too_many_arguments)]
+    fn kvcache_call<T, Q>(
+        &self,
+        stream: &Arc<CudaStream>,
+        q: Tensor<'_, Q>,
+        cache: KvCache<'_, T>,
+        mut out: Option<CallerOut<'_, T>>,
+        params: &ForwardParams,
+        ext: &Extras<'_>,
+        opts: DecodeOptions<'_>,
+    ) -> Result<(Option<OwnOut<T>>, TensorLayout)>
+    where
+        T: AttnElem,
+        Q: DevicePtr<T> + ?Sized,
+    {
         let KvCache { k_cache, v_cache, layout, cache_seqlens, cache_batch_idx, block_table, k_new, v_new } = cache;
         let [batch, _, _, d] = q.layout.shape;
         let geom = check_cache(
@@ -472,9 +558,25 @@ impl FlashAttention {
             _ => return Err(invalid("v_new", "missing or extra".into(), "k_new and v_new come together")),
         };
         let s_new = new.as_ref().map_or(0, |(kn, _)| kn.layout.shape[1]);
-        let plan = self.plan_attend::<T>(&q.layout, q.data.len(), None, &geom, &layout, s_new, cache_seqlens.len(), params, ext, &opts)?;
+        let out_spec = out.as_ref().map(|c| OutSpec { o_layout: c.o_layout, o_len: c.o.len(), lse_len: c.lse.len() });
+        let plan = self.plan_attend::<T>(&q.layout, q.data.len(), None, &geom, &layout, s_new, cache_seqlens.len(), params, ext, &opts, out_spec)?;
         for (name, s) in [("q", q.data.stream()), ("k_cache", k_cache.stream()), ("v_cache", v_cache.stream()), ("stream", stream)] {
             self.check_stream(name, s)?;
+        }
+        if let Some(c) = &out {
+            self.check_stream("o", c.o.stream())?;
+            self.check_stream("lse", c.lse.stream())?;
+        }
+        // q and o move in 16-byte chunks: checked here, before an append
+        // launch touches the cache (attend_launch checks every pointer
+        // again; the library's own O is aligned).
+        {
+            let (q_ptr, _gq) = q.data.device_ptr(stream);
+            let o_ptr = match &mut out {
+                Some(c) => c.o.device_ptr_mut(stream).0,
+                None => 0,
+            };
+            crate::api::check_tc_alignment(&AttnParams { q_ptr, o_ptr, ..plan.params })?;
         }
         // A flash-decoding kernel built for it appends the new rows itself as
         // it reads them (decode step 21); the others run after an append
@@ -487,8 +589,9 @@ impl FlashAttention {
         }
         let (kp, _gk) = k_cache.device_ptr_mut(stream);
         let (vp, _gv) = v_cache.device_ptr_mut(stream);
-        let (o, lse) = self.attend_launch::<T>(stream, &plan, q.data, (kp, vp), cache_seqlens, cache_batch_idx, block_table.as_ref(), None, fused, ext, opts)?;
-        Ok(ForwardOutput { o, o_layout: plan.o_layout, stats: RowStats::LogSumExp(lse) })
+        let caller = out.map(|c| (c.o, c.lse));
+        let own = self.attend_launch::<T>(stream, &plan, q.data, (kp, vp), cache_seqlens, cache_batch_idx, block_table.as_ref(), None, fused, ext, opts, caller)?;
+        Ok((own, plan.o_layout))
     }
 
     /// [`FlashAttention::forward_kvcache`] over a cache that the call only
@@ -520,25 +623,28 @@ impl FlashAttention {
         if cache.seqlen_new > geom.capacity {
             return Err(invalid("seqlen_new", cache.seqlen_new.to_string(), "more appended keys than the cache holds (capacity)"));
         }
-        let plan = self.plan_attend::<T>(&q.layout, q.data.len(), None, &geom, &cache.layout, cache.seqlen_new, cache.cache_seqlens.len(), params, ext, &opts)?;
+        let plan = self.plan_attend::<T>(&q.layout, q.data.len(), None, &geom, &cache.layout, cache.seqlen_new, cache.cache_seqlens.len(), params, ext, &opts, None)?;
         for (name, s) in [("q", q.data.stream()), ("k_cache", cache.k_cache.stream()), ("v_cache", cache.v_cache.stream()), ("stream", stream)] {
             self.check_stream(name, s)?;
         }
         let (kp, _gk) = cache.k_cache.device_ptr(stream);
         let (vp, _gv) = cache.v_cache.device_ptr(stream);
-        let (o, lse) = self.attend_launch::<T>(
-            stream,
-            &plan,
-            q.data,
-            (kp, vp),
-            cache.cache_seqlens,
-            cache.cache_batch_idx,
-            cache.block_table.as_ref(),
-            None,
-            None,
-            ext,
-            opts,
-        )?;
+        let (o, lse) = self
+            .attend_launch::<T>(
+                stream,
+                &plan,
+                q.data,
+                (kp, vp),
+                cache.cache_seqlens,
+                cache.cache_batch_idx,
+                cache.block_table.as_ref(),
+                None,
+                None,
+                ext,
+                opts,
+                None,
+            )?
+            .expect("the library's buffers when the caller gives none");
         Ok(ForwardOutput { o, o_layout: plan.o_layout, stats: RowStats::LogSumExp(lse) })
     }
 
@@ -579,7 +685,7 @@ impl FlashAttention {
             None,
             Some(&cache.block_table),
         )?;
-        let plan = self.plan_attend::<T>(&q.layout, q.data.len(), Some(varlen), &geom, &cache.layout, 0, batch, params, ext, &opts)?;
+        let plan = self.plan_attend::<T>(&q.layout, q.data.len(), Some(varlen), &geom, &cache.layout, 0, batch, params, ext, &opts, None)?;
         for (name, s) in [
             ("q", q.data.stream()),
             ("k_pages", cache.k_pages.stream()),
@@ -597,19 +703,9 @@ impl FlashAttention {
         // seqused_k) when no cache_seqlens is given.
         let (kp, _gk) = cache.k_pages.device_ptr(stream);
         let (vp, _gv) = cache.v_pages.device_ptr(stream);
-        let (o, lse) = self.attend_launch::<T>(
-            stream,
-            &plan,
-            q.data,
-            (kp, vp),
-            varlen.cu_seqlens_k,
-            None,
-            Some(&cache.block_table),
-            Some(varlen),
-            None,
-            ext,
-            opts,
-        )?;
+        let (o, lse) = self
+            .attend_launch::<T>(stream, &plan, q.data, (kp, vp), varlen.cu_seqlens_k, None, Some(&cache.block_table), Some(varlen), None, ext, opts, None)?
+            .expect("the library's buffers when the caller gives none");
         Ok(VarlenOutput { o, o_layout: plan.o_layout, lse })
     }
 
@@ -741,6 +837,7 @@ impl FlashAttention {
         params: &ForwardParams,
         ext: &Extras<'_>,
         opts: &DecodeOptions<'_>,
+        out: Option<OutSpec>,
     ) -> Result<AttendPlan> {
         let dtype = T::DTYPE;
         if dtype == DType::F32 {
@@ -806,9 +903,13 @@ impl FlashAttention {
             && opts_r.window_left < 0
             && opts_r.window_right < 0
             && ext.alibi_slopes.is_none();
-        let o_layout = match varlen {
-            Some(_) => TensorLayout::varlen(q_rows, nheads, d),
-            None => TensorLayout::contiguous([batch, sq, nheads, d]),
+        let o_layout = match (varlen, out) {
+            (Some(_), _) => TensorLayout::varlen(q_rows, nheads, d),
+            (None, None) => TensorLayout::contiguous([batch, sq, nheads, d]),
+            (None, Some(c)) => {
+                crate::api::check_output(&c.o_layout, c.o_len, [batch, sq, nheads, d])?;
+                c.o_layout
+            }
         };
         let (rq, rh) = if pack { (group, nheads_k) } else { (sq, nheads) };
         let pack_strides = |s: [usize; 3]| if pack { [s[0], s[2], s[2] * group] } else { s };
@@ -890,6 +991,9 @@ impl FlashAttention {
             _ => (dec, compact, main),
         };
         let lse_len = nheads * if varlen.is_some() { q_rows } else { batch * sq };
+        if let Some(c) = out {
+            crate::api::check_stats("lse", c.lse_len, lse_len)?;
+        }
         let grid = (main.grid as u64)
             .checked_mul(ns as u64)
             .filter(|&g| g <= i32::MAX as u64)
@@ -978,19 +1082,29 @@ impl FlashAttention {
         new_kv: Option<(&NewRows<'_, T>, &NewRows<'_, T>)>,
         ext: &Extras<'_>,
         opts: DecodeOptions<'_>,
-    ) -> Result<(CudaSlice<T>, CudaSlice<f32>)> {
+        caller: Option<(&mut dyn DevicePtrMut<T>, &mut dyn DevicePtrMut<f32>)>,
+    ) -> Result<Option<OwnOut<T>>> {
         let (ns, lse_len, d) = (plan.ns, plan.lse_len, plan.params.headdim as usize);
         let o_len = plan.o_layout.required_len().unwrap_or(0);
-        let (mut o, mut lse) = if plan.varlen.is_some() {
-            // Packed q rows outside every sequence are written by no block: zeros.
-            (stream.alloc_zeros::<T>(o_len)?, stream.alloc_zeros::<f32>(lse_len)?)
-        } else {
-            // SAFETY: dense q: every (sequence, row < seqlen_q, head) has a
-            // block (or a combine row) that writes its d columns of O and
-            // its LSE (an empty key range writes O = 0, LSE = −inf), so no
-            // element is read before it is written; two memsets less on the
-            // stream of every decode step.
-            unsafe { (stream.alloc::<T>(o_len)?, stream.alloc::<f32>(lse_len)?) }
+        // The caller's O and LSE (checked in the plan; dense q only), or the
+        // library's.
+        let mut own_out: Option<OwnOut<T>> = None;
+        let (o, lse): (&mut dyn DevicePtrMut<T>, &mut dyn DevicePtrMut<f32>) = match caller {
+            Some(c) => c,
+            None => {
+                let (o, l) = own_out.insert(if plan.varlen.is_some() {
+                    // Packed q rows outside every sequence are written by no block: zeros.
+                    (stream.alloc_zeros::<T>(o_len)?, stream.alloc_zeros::<f32>(lse_len)?)
+                } else {
+                    // SAFETY: dense q: every (sequence, row < seqlen_q, head) has a
+                    // block (or a combine row) that writes its d columns of O and
+                    // its LSE (an empty key range writes O = 0, LSE = −inf), so no
+                    // element is read before it is written; two memsets less on the
+                    // stream of every decode step.
+                    unsafe { (stream.alloc::<T>(o_len)?, stream.alloc::<f32>(lse_len)?) }
+                });
+                (o, l)
+            }
         };
         let mut own: Option<(CudaSlice<f32>, CudaSlice<f32>)> = None;
         let mut opts = opts;
@@ -1139,7 +1253,9 @@ impl FlashAttention {
                 let cp = AttnParams { nheads: plan.nheads as u32, seqlen_q: plan.sq as u32, o_stride, ..p };
                 let arg = crate::tc::KernelArg(cp);
                 // SAFETY: `combine_splits_*(p: AttnParams)`: partials written by the
-                // launch above (same stream), lse_len rows; o and lse as allocated.
+                // launch above (same stream), lse_len rows; o and lse allocated
+                // above or the caller's (checked in the plan: O's layout in
+                // its buffer, lse_len f32).
                 unsafe { stream.launch_builder(f).arg(&arg).launch(cfg) }?;
             }
             drop(scratch_ptrs);
@@ -1147,7 +1263,7 @@ impl FlashAttention {
             drop(timeline);
             drop((kn, vn));
         }
-        Ok((o, lse))
+        Ok(own_out)
     }
 }
 

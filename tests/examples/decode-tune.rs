@@ -10,8 +10,10 @@
 //! Usage: `decode-tune [--quick] [--flush read|write] [--splits N,...]
 //! [--kernels SUBSTR,...] [--layouts P,...] [--cells B:CACHE:HK,...] [--page-order random|inorder|group:N,...]
 //! [--no-fused] [--schedules default,static] [--no-event-tracking]
-//! [--timeline [--timeline-csv FILE]] [--append]`
-//! (prints a markdown table).
+//! [--timeline [--timeline-csv FILE]] [--append] [--graph]`
+//! (prints a markdown table). `--graph` (with `--no-event-tracking`)
+//! instead times back-to-back decode steps per cell, eager and replayed
+//! from a CUDA graph.
 
 use clap::Parser;
 use flash_attn::decode_kernels::DEC_KERNELS;
@@ -71,6 +73,13 @@ struct Opts {
     /// pages); a row per order (default: random)
     #[arg(long, value_delimiter = ',', value_parser = PageOrder::parse)]
     page_order: Vec<PageOrder>,
+    /// Instead of the kernel columns: per cell, 200 back-to-back decode
+    /// steps (the library's kernel and splits, `forward_kvcache_into`, no
+    /// flush) called eagerly, then the same call captured in a CUDA graph
+    /// and replayed 200 times — µs per step by CUDA events and by the
+    /// host's clock (what a call costs the CPU). Needs --no-event-tracking
+    #[arg(long)]
+    graph: bool,
     /// Only these cells, as batch:cache:kv_heads (default: all)
     #[arg(long, value_delimiter = ',', value_parser = parse_cell)]
     cells: Vec<(usize, usize, usize)>,
@@ -92,6 +101,9 @@ fn main() -> Res<()> {
     if o.no_event_tracking {
         // SAFETY: every buffer of this program is used on `g.stream` alone.
         unsafe { g.ctx.disable_event_tracking() };
+    }
+    if o.graph && !o.no_event_tracking {
+        return Err("--graph needs --no-event-tracking (a graph cannot wait on events recorded outside it)".into());
     }
     let reps = if o.quick { 10 } else { 25 };
     let fa2d = {
@@ -166,6 +178,7 @@ fn main() -> Res<()> {
         "---|".repeat(columns.len())
     );
     let mut timelines = vec![];
+    let mut graph_md = String::from("| batch | cache | heads | layout | eager µs/step (events) | eager host µs/call | graph µs/step (events) | graph host µs/launch |\n|---|---|---|---|---|---|---|---|\n");
     let mut csv = String::from("batch,cache,kv_heads,layout,kernel,sm,split,last,start_ns,start_clk,prologue_ns,prologue_clk,loop_end_ns,loop_end_clk,stored_ns,stored_clk,counted_ns,counted_clk,end_ns,end_clk\n");
     let orders = if o.page_order.is_empty() { vec![PageOrder::Random] } else { o.page_order.clone() };
     let cells: Vec<(Cell, PageOrder)> = cells
@@ -194,6 +207,13 @@ fn main() -> Res<()> {
             c.hk,
             layout
         );
+        if o.graph {
+            let [(ee, eh), (ge, gh)] = graph_rates(g, &mut inputs, 200)?;
+            let row = format!("| {} | {} | 32/{} | {} | {ee:.1} | {eh:.1} | {ge:.1} | {gh:.1} |\n", c.batch, c.cache, c.hk, layout);
+            eprint!("{row}");
+            graph_md += &row;
+            continue;
+        }
         if o.append {
             let m = time_events(&g.ctx, &g.stream, timing, |step| match step {
                 Step::Setup(_) => flush.run(&g.stream),
@@ -257,6 +277,10 @@ fn main() -> Res<()> {
         md += &line;
         md.push('\n');
     }
+    if o.graph {
+        println!("## Back-to-back decode steps, eager and from a CUDA graph (200 each, no flush)\n\n{graph_md}");
+        return Ok(());
+    }
     println!("{md}");
     if let Some(path) = &o.timeline_csv {
         std::fs::write(path, &csv)?;
@@ -293,4 +317,36 @@ fn timeline_of(g: &flash_attn_tests::Gpu, flush: &mut L2Flush, inputs: &mut Deco
     let host = g.stream.clone_dtoh(&words)?;
     let recs = timeline::blocks(&host);
     Ok((timeline::summary(&recs), recs))
+}
+
+/// `n` back-to-back decode steps of `inputs` (`DecodeInputs::run_into`)
+/// called eagerly, then the same call captured in a CUDA graph and replayed
+/// `n` times: (µs per step by CUDA events, µs per call or launch by the
+/// host's clock) for each.
+fn graph_rates(g: &flash_attn_tests::Gpu, inputs: &mut DecodeInputs, n: usize) -> Res<[(f64, f64); 2]> {
+    let s = &g.stream;
+    let rate = |launch: &mut dyn FnMut() -> Res<()>| -> Res<(f64, f64)> {
+        launch()?;
+        s.synchronize()?;
+        let ev = || g.ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT));
+        let (a, z) = (ev()?, ev()?);
+        a.record(s)?;
+        let t = std::time::Instant::now();
+        for _ in 0..n {
+            launch()?;
+        }
+        let host = t.elapsed().as_secs_f64() * 1e6 / n as f64;
+        z.record(s)?;
+        s.synchronize()?;
+        Ok((a.elapsed_ms(&z)? as f64 * 1e3 / n as f64, host))
+    };
+    let eager = rate(&mut || inputs.run_into(g))?;
+    s.begin_capture(cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+    let captured = inputs.run_into(g);
+    let graph = s.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0));
+    captured?;
+    let graph = graph?.ok_or("stream capture gave no graph")?;
+    graph.upload()?;
+    let replay = rate(&mut || Ok(graph.launch()?))?;
+    Ok([eager, replay])
 }

@@ -216,3 +216,34 @@ pub fn pack<T: AttnElem>(rng: &mut crate::Rng, lens: &[usize], h: usize, d: usiz
     }
     (a, cu)
 }
+
+/// Random nonzero values of `shape` (the decode tests' inputs).
+pub fn random<T: AttnElem>(rng: &mut crate::Rng, shape: (usize, usize, usize, usize)) -> Array4<T> {
+    Array4::from_shape_simple_fn(shape, || T::from_f32(rng.nonzero(1.0)))
+}
+
+/// The largest |a − b| (a NaN in `a` counts as infinite: it never passes).
+pub fn max_abs_diff(a: impl IntoIterator<Item = f64>, b: impl IntoIterator<Item = f64>) -> f64 {
+    a.into_iter().zip(b).map(|(x, y)| if x.is_nan() { f64::INFINITY } else { (x - y).abs() }).fold(0.0, f64::max)
+}
+
+/// One sequence's output `o` and logsumexp `lse` (heads, then query rows)
+/// against the f64 reference over `q`, `k`, `v` (batch 1): O within
+/// `factor` × the naive same-dtype error + 1e-5, the logsumexp within
+/// 1e-4·max(1, |ref|) (−inf exactly for a row without keys).
+#[allow(clippy::too_many_arguments)]
+pub fn assert_matches_reference<T: AttnElem>(label: &str, q: &Array4<T>, k: &Array4<T>, v: &Array4<T>, o: ArrayView4<'_, T>, lse: impl IntoIterator<Item = f32>, spec: &Spec, factor: f64) {
+    let r = reference(q.view(), k.view(), v.view(), spec);
+    let n = naive(q.view(), k.view(), v.view(), spec);
+    let err = max_abs_diff(o.iter().map(|x| x.to_f32() as f64), r.o.iter().copied());
+    let naive_err = max_abs_diff(n.o.iter().map(|x| x.to_f32() as f64), r.o.iter().copied());
+    assert!(err <= factor * naive_err + 1e-5, "{label}: max error {err:.3e} > {factor} × naive {naive_err:.3e}");
+    for (x, w) in lse.into_iter().zip(r.lse.iter()) {
+        let x = x as f64;
+        if *w == f64::NEG_INFINITY {
+            assert_eq!(x, *w, "{label}: lse of a row without keys");
+        } else {
+            assert!((x - w).abs() <= 1e-4 * w.abs().max(1.0), "{label}: lse {x} vs {w}");
+        }
+    }
+}

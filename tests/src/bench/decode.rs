@@ -6,7 +6,7 @@
 
 use cudarc::driver::{CudaSlice, DevicePtr};
 use flash_attn::{
-    BlockTable, DecodeOptions, Extras, ForwardParams, KvCache, SplitScratch, Tensor, TensorLayout,
+    BlockTable, DecodeOptions, Extras, ForwardParams, KvCache, SplitScratch, Tensor, TensorLayout, TensorMut,
 };
 
 use super::Res;
@@ -159,6 +159,10 @@ pub struct DecodeInputs {
     /// Tile counters of the fused combine (zeroed once; every launch puts
     /// its counts back to 0).
     counters: CudaSlice<u32>,
+    /// O and the LSE of [`DecodeInputs::run_into`] (the other calls get
+    /// the library's).
+    o: CudaSlice<half::bf16>,
+    lse: CudaSlice<f32>,
     layout: TensorLayout,
     per: usize,
     /// Hand the fused combine its counters (default); `false`: the scratch
@@ -219,6 +223,8 @@ impl DecodeInputs {
             o_acc: s.alloc_zeros(MAX_SPLITS * c.batch * H * D)?,
             l_acc: s.alloc_zeros(MAX_SPLITS * c.batch * H)?,
             counters: s.alloc_zeros(c.batch * H)?,
+            o: s.alloc_zeros(c.batch * H * D)?,
+            lse: s.alloc_zeros(c.batch * H)?,
             layout: TensorLayout::contiguous([n_rows, rows_per, c.hk, D]),
             per: c.cache.div_ceil(rows_per),
             fused: true,
@@ -273,41 +279,59 @@ impl DecodeInputs {
         Ok(())
     }
 
-    fn call(&mut self, g: &Gpu, splits: Option<usize>, kernel: Option<&'static str>, timeline: Option<&mut CudaSlice<u64>>, with_new: bool) -> Res<CudaSlice<half::bf16>> {
+    /// One decode call into this cell's own O and LSE buffers
+    /// (`forward_kvcache_into`, the library's kernel and split count; with
+    /// the scratch's counters nothing is allocated: a CUDA graph can
+    /// capture it).
+    pub fn run_into(&mut self, g: &Gpu) -> Res<()> {
         let c = self.cell;
-        let new = || with_new.then(|| Tensor::new(&self.q as &dyn DevicePtr<half::bf16>, TensorLayout::contiguous([c.batch, 1, c.hk, D])));
+        let deterministic = self.deterministic;
+        let (cache, scratch, q, o, lse) = self.parts(false);
+        g.fa.forward_kvcache_into::<half::bf16, _, _>(
+            &g.stream,
+            q,
+            cache,
+            TensorMut::new(o, TensorLayout::contiguous([c.batch, 1, H, D])),
+            lse,
+            &ForwardParams::default(),
+            &Extras::default(),
+            DecodeOptions { num_splits: None, scratch: Some(scratch), kernel: None, timeline: None, deterministic },
+        )?;
+        Ok(())
+    }
+
+    /// A call's cache (with one new token per sequence: the query buffer
+    /// reinterpreted as `(batch, 1, kv_heads, d)`), the split scratch, q,
+    /// and the cell's own O and LSE.
+    #[allow(clippy::type_complexity)]
+    fn parts(&mut self, with_new: bool) -> (KvCache<'_, half::bf16>, SplitScratch<'_>, Tensor<'_, CudaSlice<half::bf16>>, &mut CudaSlice<half::bf16>, &mut CudaSlice<f32>) {
+        let c = self.cell;
+        let Self { kc, vc, q, seqlens, table, o_acc, l_acc, counters, o, lse, layout, per, fused, .. } = self;
+        let new = || with_new.then(|| Tensor::new(&*q as &dyn DevicePtr<half::bf16>, TensorLayout::contiguous([c.batch, 1, c.hk, D])));
         let cache = KvCache {
-            k_cache: &mut self.kc,
-            v_cache: &mut self.vc,
-            layout: self.layout,
-            cache_seqlens: &self.seqlens,
+            k_cache: kc,
+            v_cache: vc,
+            layout: *layout,
+            cache_seqlens: &*seqlens,
             cache_batch_idx: None,
-            block_table: c.page.map(|_| BlockTable {
-                table: &self.table as &dyn DevicePtr<i32>,
-                max_blocks_per_seq: self.per,
-            }),
+            block_table: c.page.map(|_| BlockTable { table: &*table as &dyn DevicePtr<i32>, max_blocks_per_seq: *per }),
             k_new: new(),
             v_new: new(),
         };
-        let scratch = SplitScratch {
-            o_accum: &mut self.o_acc,
-            lse_accum: &mut self.l_acc,
-            max_splits: MAX_SPLITS,
-            counters: if self.fused { Some(&mut self.counters) } else { None },
-        };
+        let scratch = SplitScratch { o_accum: o_acc, lse_accum: l_acc, max_splits: MAX_SPLITS, counters: if *fused { Some(counters) } else { None } };
+        (cache, scratch, Tensor::new(&*q, TensorLayout::contiguous([c.batch, 1, H, D])), o, lse)
+    }
+
+    fn call(&mut self, g: &Gpu, splits: Option<usize>, kernel: Option<&'static str>, timeline: Option<&mut CudaSlice<u64>>, with_new: bool) -> Res<CudaSlice<half::bf16>> {
+        let deterministic = self.deterministic;
+        let (cache, scratch, q, _, _) = self.parts(with_new);
         let out = g.fa.forward_kvcache::<half::bf16, _>(
             &g.stream,
-            Tensor::new(&self.q, TensorLayout::contiguous([c.batch, 1, H, D])),
+            q,
             cache,
             &ForwardParams::default(),
             &Extras::default(),
-            DecodeOptions {
-                num_splits: splits,
-                scratch: Some(scratch),
-                kernel,
-                timeline,
-                deterministic: self.deterministic,
-            },
+            DecodeOptions { num_splits: splits, scratch: Some(scratch), kernel, timeline, deterministic },
         )?;
         Ok(out.o)
     }

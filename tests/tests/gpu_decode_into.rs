@@ -1,0 +1,361 @@
+//! The KV-cache call into caller-owned buffers
+//! (`FlashAttention::forward_kvcache_into`): the allocating call's bits, O
+//! at any strides with the elements between left alone, typed errors for
+//! bad outputs raised before anything is enqueued (the cache untouched),
+//! and a decode loop captured once in a CUDA graph and replayed step after
+//! step — every step against the f64 reference (O within 3 × the naive
+//! bf16 error, the logsumexp within 1e-4) and the cache compared exactly.
+
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, sys};
+use flash_attn::{BlockTable, DecodeOptions, Extras, FlashAttnError, ForwardParams, KvCache, RowStats, SplitScratch, Tensor, TensorLayout, TensorMut};
+use flash_attn_tests::features::{Spec, assert_matches_reference, random};
+use flash_attn_tests::{Gpu, Rng, gpu};
+use half::bf16;
+use ndarray::{Array3, Array4, Axis, s};
+
+/// A paged GQA decode state: 3 sequences, 8 query heads over 2 KV heads (one
+/// query token: head packing), d = 128, 16-token pages of a pool with spare
+/// pages in a random order; the host's model of the cache beside the
+/// device's, and the current step's q and new keys and values.
+struct PagedDecode {
+    /// Keys cached per sequence (the model's).
+    lens: Vec<usize>,
+    k_log: Array4<bf16>,
+    v_log: Array4<bf16>,
+    table: Vec<i32>,
+    q: Array4<bf16>,
+    k_new: Array4<bf16>,
+    v_new: Array4<bf16>,
+    kc: CudaSlice<bf16>,
+    vc: CudaSlice<bf16>,
+    table_d: CudaSlice<i32>,
+    seqlens_d: CudaSlice<i32>,
+    q_d: CudaSlice<bf16>,
+    knew_d: CudaSlice<bf16>,
+    vnew_d: CudaSlice<bf16>,
+}
+
+impl PagedDecode {
+    const B: usize = 3;
+    const H: usize = 8;
+    const HK: usize = 2;
+    const D: usize = 128;
+    const PAGE: usize = 16;
+    /// Pages per sequence (capacity 512 keys).
+    const PER: usize = 32;
+    /// Pages of the pool (spare ones never in the table).
+    const POOL: usize = Self::B * Self::PER + 5;
+
+    fn new(g: &Gpu, rng: &mut Rng, lens: [usize; 3]) -> Self {
+        let s = &g.stream;
+        let (b, hk, d, cap) = (Self::B, Self::HK, Self::D, Self::PER * Self::PAGE);
+        let mut perm: Vec<usize> = (0..Self::POOL).collect();
+        for i in (1..perm.len()).rev() {
+            perm.swap(i, rng.below(i + 1));
+        }
+        let table: Vec<i32> = perm[..b * Self::PER].iter().map(|&x| x as i32).collect();
+        let k_log = random::<bf16>(rng, (b, cap, hk, d));
+        let v_log = random::<bf16>(rng, (b, cap, hk, d));
+        let mut this = Self {
+            lens: lens.to_vec(),
+            k_log,
+            v_log,
+            table,
+            q: random::<bf16>(rng, (b, 1, Self::H, d)),
+            k_new: random::<bf16>(rng, (b, 1, hk, d)),
+            v_new: random::<bf16>(rng, (b, 1, hk, d)),
+            kc: s.alloc_zeros(1).unwrap(),
+            vc: s.alloc_zeros(1).unwrap(),
+            table_d: s.alloc_zeros(1).unwrap(),
+            seqlens_d: s.alloc_zeros(1).unwrap(),
+            q_d: s.alloc_zeros(1).unwrap(),
+            knew_d: s.alloc_zeros(1).unwrap(),
+            vnew_d: s.alloc_zeros(1).unwrap(),
+        };
+        let (kp, vp) = (this.physical(&this.k_log), this.physical(&this.v_log));
+        this.kc = s.clone_htod(kp.as_slice().unwrap()).unwrap();
+        this.vc = s.clone_htod(vp.as_slice().unwrap()).unwrap();
+        this.table_d = s.clone_htod(&this.table).unwrap();
+        this.seqlens_d = s.clone_htod(&this.lens_i32()).unwrap();
+        this.q_d = s.clone_htod(this.q.as_slice().unwrap()).unwrap();
+        this.knew_d = s.clone_htod(this.k_new.as_slice().unwrap()).unwrap();
+        this.vnew_d = s.clone_htod(this.v_new.as_slice().unwrap()).unwrap();
+        this
+    }
+
+    fn lens_i32(&self) -> Vec<i32> {
+        self.lens.iter().map(|&l| l as i32).collect()
+    }
+
+    /// Pool page and row of key `t` of sequence `b`.
+    fn at(&self, b: usize, t: usize) -> (usize, usize) {
+        (self.table[b * Self::PER + t / Self::PAGE] as usize, t % Self::PAGE)
+    }
+
+    /// The pool `(POOL, PAGE, HK, D)` holding a logical cache (spare pages 0).
+    fn physical(&self, log: &Array4<bf16>) -> Array4<bf16> {
+        let mut p = Array4::from_elem((Self::POOL, Self::PAGE, Self::HK, Self::D), bf16::ZERO);
+        for b in 0..Self::B {
+            for t in 0..Self::PER * Self::PAGE {
+                let (pg, r) = self.at(b, t);
+                p.slice_mut(s![pg, r, .., ..]).assign(&log.slice(s![b, t, .., ..]));
+            }
+        }
+        p
+    }
+
+    /// Fresh q and new keys and values, written into the same device buffers.
+    fn next_inputs(&mut self, g: &Gpu, rng: &mut Rng) {
+        let s = &g.stream;
+        self.q = random::<bf16>(rng, self.q.dim());
+        self.k_new = random::<bf16>(rng, self.k_new.dim());
+        self.v_new = random::<bf16>(rng, self.v_new.dim());
+        s.memcpy_htod(self.q.as_slice().unwrap(), &mut self.q_d).unwrap();
+        s.memcpy_htod(self.k_new.as_slice().unwrap(), &mut self.knew_d).unwrap();
+        s.memcpy_htod(self.v_new.as_slice().unwrap(), &mut self.vnew_d).unwrap();
+        s.memcpy_htod(&self.lens_i32(), &mut self.seqlens_d).unwrap();
+    }
+
+    /// The KV-cache call's cache (the new keys and values appended) and q.
+    fn call_inputs(&mut self) -> (KvCache<'_, bf16>, &CudaSlice<bf16>) {
+        let new_l = TensorLayout::contiguous([Self::B, 1, Self::HK, Self::D]);
+        let Self { kc, vc, table_d, seqlens_d, knew_d, vnew_d, q_d, .. } = self;
+        let cache = KvCache {
+            k_cache: kc,
+            v_cache: vc,
+            layout: Self::cache_layout(),
+            cache_seqlens: &*seqlens_d,
+            cache_batch_idx: None,
+            block_table: Some(BlockTable { table: &*table_d, max_blocks_per_seq: Self::PER }),
+            k_new: Some(Tensor::new(&*knew_d as &dyn DevicePtr<bf16>, new_l)),
+            v_new: Some(Tensor::new(&*vnew_d as &dyn DevicePtr<bf16>, new_l)),
+        };
+        (cache, &*q_d)
+    }
+
+    fn cache_layout() -> TensorLayout {
+        TensorLayout::contiguous([Self::POOL, Self::PAGE, Self::HK, Self::D])
+    }
+
+    fn q_layout() -> TensorLayout {
+        TensorLayout::contiguous([Self::B, 1, Self::H, Self::D])
+    }
+
+    fn lse_len() -> usize {
+        Self::B * Self::H
+    }
+
+    /// The device cache, as the pool's bytes.
+    fn cache_bits(&self, g: &Gpu) -> (Vec<u16>, Vec<u16>) {
+        let bits = |c: &CudaSlice<bf16>| g.stream.clone_dtoh(c).unwrap().iter().map(|x| x.to_bits()).collect();
+        (bits(&self.kc), bits(&self.vc))
+    }
+
+    /// Checks a step's O `(B, 1, H, D)` and LSE `(B, H)` against the f64
+    /// reference over each sequence's cached keys and its new one, and the
+    /// device cache exactly (the new rows at `lens[b]`, the rest as before);
+    /// then counts the new keys in the model.
+    fn check_step(&mut self, g: &Gpu, label: &str, o: &Array4<bf16>, lse: &Array3<f32>) {
+        for b in 0..Self::B {
+            let t = self.lens[b];
+            self.k_log.slice_mut(s![b, t, .., ..]).assign(&self.k_new.slice(s![b, 0, .., ..]));
+            self.v_log.slice_mut(s![b, t, .., ..]).assign(&self.v_new.slice(s![b, 0, .., ..]));
+        }
+        let (kp, vp) = (self.physical(&self.k_log), self.physical(&self.v_log));
+        let (kb, vb) = self.cache_bits(g);
+        let want = |a: &Array4<bf16>| a.iter().map(|x| x.to_bits()).collect::<Vec<u16>>();
+        // Spare pages: zeros before and after (never written).
+        assert!(kb == want(&kp) && vb == want(&vp), "{label}: the cache after the append");
+        let spec = Spec { params: ForwardParams::default(), alibi: None, norm_seqlen_k: Some(Self::PER * Self::PAGE) };
+        for b in 0..Self::B {
+            let len = self.lens[b] + 1;
+            let qb = self.q.slice(s![b..b + 1, .., .., ..]).to_owned();
+            let kb = self.k_log.slice(s![b..b + 1, ..len, .., ..]).to_owned();
+            let vb = self.v_log.slice(s![b..b + 1, ..len, .., ..]).to_owned();
+            let ob = o.slice(s![b..b + 1, .., .., ..]);
+            assert_matches_reference(&format!("{label} seq {b} ({len} keys)"), &qb, &kb, &vb, ob, lse.index_axis(Axis(0), b).iter().copied(), &spec, 3.0);
+        }
+        for l in &mut self.lens {
+            *l += 1;
+        }
+    }
+}
+
+/// O `(B, 1, H, D)` at `layout` in `buf`, and the LSE `(B, H, 1)`, to the host.
+fn download(g: &Gpu, buf: &CudaSlice<bf16>, layout: TensorLayout, lse: &CudaSlice<f32>) -> (Array4<bf16>, Array3<f32>) {
+    let all = g.stream.clone_dtoh(buf).unwrap();
+    let [sb, sn, sh] = layout.strides;
+    let o = Array4::from_shape_fn((PagedDecode::B, 1, PagedDecode::H, PagedDecode::D), |(b, n, h, c)| all[b * sb + n * sn + h * sh + c]);
+    let lse = Array3::from_shape_vec((PagedDecode::B, PagedDecode::H, 1), g.stream.clone_dtoh(lse).unwrap()).unwrap();
+    (o, lse)
+}
+
+fn bits(a: &Array4<bf16>) -> Vec<u16> {
+    a.iter().map(|x| x.to_bits()).collect()
+}
+
+/// `forward_kvcache_into` against `forward_kvcache` on the same state
+/// (deterministic, 3 splits, the library's scratch): the same bits, O at
+/// padded head strides with the padding left as it was; then every bad
+/// output (shape, length, overlap, LSE length, alignment) a typed error,
+/// and a misaligned q on the path whose append is a launch of its own (17
+/// query rows: the tile kernel) too — each leaving the cache untouched.
+#[test]
+fn gpu_kvcache_into() {
+    let Some(g) = gpu("gpu_kvcache_into") else { return };
+    let mut rng = Rng::fresh("gpu_kvcache_into");
+    let s = &g.stream;
+    let (b, h, d) = (PagedDecode::B, PagedDecode::H, PagedDecode::D);
+    let mut st = PagedDecode::new(g, &mut rng, [0, 300, 77]);
+    let opts = || DecodeOptions { num_splits: Some(3), deterministic: true, ..Default::default() };
+    let params = ForwardParams::default();
+    let ext = Extras::default();
+
+    // The allocating call, then the same step into padded buffers (the
+    // append writes the same rows again).
+    let reference = {
+        let (c, q) = st.call_inputs();
+        g.fa.forward_kvcache::<bf16, _>(s, Tensor::new(q, PagedDecode::q_layout()), c, &params, &ext, opts()).unwrap()
+    };
+    let RowStats::LogSumExp(ref_lse) = &reference.stats else { unreachable!("FA2 gives the LSE") };
+    let (ref_o, ref_lse) = download(g, &reference.o, reference.o_layout, ref_lse);
+    let padded = TensorLayout::new([b, 1, h, d], [h * (d + 8), h * (d + 8), d + 8]);
+    const SENTINEL: u16 = 0x7fc1; // a NaN the kernels never write
+    let mut o_buf: CudaSlice<bf16> = s.clone_htod(&vec![bf16::from_bits(SENTINEL); b * h * (d + 8)]).unwrap();
+    let mut lse_buf: CudaSlice<f32> = s.clone_htod(&vec![f32::NAN; PagedDecode::lse_len()]).unwrap();
+    {
+        let (c, q) = st.call_inputs();
+        g.fa.forward_kvcache_into::<bf16, _, _>(s, Tensor::new(q, PagedDecode::q_layout()), c, TensorMut::new(&mut o_buf, padded), &mut lse_buf, &params, &ext, opts()).unwrap();
+    }
+    let (o, lse) = download(g, &o_buf, padded, &lse_buf);
+    assert_eq!(bits(&o), bits(&ref_o), "into padded O: the allocating call's bits");
+    assert!(lse.iter().zip(ref_lse.iter()).all(|(x, y)| x.to_bits() == y.to_bits()), "into: the allocating call's LSE");
+    let all = s.clone_dtoh(&o_buf).unwrap();
+    assert!(all.chunks(d + 8).all(|head| head[d..].iter().all(|x| x.to_bits() == SENTINEL)), "the padding between heads left as it was");
+    st.check_step(g, "into (padded O)", &o, &lse);
+
+    // Bad outputs: typed errors, nothing enqueued (the cache as it was).
+    let before = st.cache_bits(g);
+    let dense = PagedDecode::q_layout();
+    let mut short: CudaSlice<bf16> = s.alloc_zeros(b * h * d - 1).unwrap();
+    let mut short_lse: CudaSlice<f32> = s.alloc_zeros(PagedDecode::lse_len() - 1).unwrap();
+    let mut o_big: CudaSlice<bf16> = s.alloc_zeros(b * h * (d + 8) + 64).unwrap();
+    type Check = fn(&FlashAttnError) -> bool;
+    let cases: [(&str, TensorLayout, usize, bool, Check); 6] = [
+        ("O of another shape", TensorLayout::contiguous([b, 1, h + 1, d]), 0, false, |e| matches!(e, FlashAttnError::ShapeMismatch { argument: "o", .. })),
+        ("O's buffer too short", dense, 0, true, |e| matches!(e, FlashAttnError::BufferTooShort { argument: "o", .. })),
+        ("O's heads at one address", TensorLayout::new([b, 1, h, d], [h * d, h * d, 0]), 0, false, |e| matches!(e, FlashAttnError::OverlappingOutput { argument: "o", .. })),
+        ("O misaligned (8 bytes in)", dense, 4, false, |e| matches!(e, FlashAttnError::Misaligned { argument: "o", .. })),
+        ("O's head stride not a multiple of 8", TensorLayout::new([b, 1, h, d], [h * (d + 4), h * (d + 4), d + 4]), 0, false, |e| matches!(e, FlashAttnError::Misaligned { argument: "o", .. })),
+        ("LSE too short", dense, 0, false, |e| matches!(e, FlashAttnError::StatsTooShort { argument: "lse", .. })),
+    ];
+    for (what, layout, offset, use_short, ok) in cases {
+        let e = {
+            let (c, q) = st.call_inputs();
+            let lse: &mut dyn DevicePtrMut<f32> = if what == "LSE too short" { &mut short_lse } else { &mut lse_buf };
+            let qt = Tensor::new(q, PagedDecode::q_layout());
+            let r = if use_short {
+                g.fa.forward_kvcache_into::<bf16, _, _>(s, qt, c, TensorMut::new(&mut short, layout), lse, &params, &ext, opts())
+            } else {
+                let mut view = o_big.slice_mut(offset..);
+                g.fa.forward_kvcache_into::<bf16, _, _>(s, qt, c, TensorMut::new(&mut view, layout), lse, &params, &ext, opts())
+            };
+            r.expect_err(what)
+        };
+        assert!(ok(&e), "{what}: {e}");
+        assert!(st.cache_bits(g) == before, "{what}: the cache untouched");
+    }
+    // A misaligned q where the append is its own launch (17 query rows per
+    // sequence: the fa2d tile kernel), allocating and into: the error comes
+    // before the append.
+    let q17: CudaSlice<bf16> = s.alloc_zeros(b * 17 * h * d + 4).unwrap();
+    let q17_view = q17.slice(4..);
+    let l17 = TensorLayout::contiguous([b, 17, h, d]);
+    let mut o17: CudaSlice<bf16> = s.alloc_zeros(b * 17 * h * d).unwrap();
+    let mut lse17: CudaSlice<f32> = s.alloc_zeros(b * h * 17).unwrap();
+    for into in [false, true] {
+        let e = {
+            let (c, _) = st.call_inputs();
+            let qt = Tensor::new(&q17_view, l17);
+            if into {
+                g.fa.forward_kvcache_into::<bf16, _, _>(s, qt, c, TensorMut::new(&mut o17, l17), &mut lse17, &params, &ext, opts()).unwrap_err()
+            } else {
+                g.fa.forward_kvcache::<bf16, _>(s, qt, c, &params, &ext, opts()).unwrap_err()
+            }
+        };
+        assert!(matches!(e, FlashAttnError::Misaligned { argument: "q", .. }), "misaligned q (into: {into}): {e}");
+        assert!(st.cache_bits(g) == before, "misaligned q (into: {into}): the cache untouched");
+    }
+}
+
+/// A decode loop in a CUDA graph: one step eagerly, the same call captured
+/// (`begin_capture` … `end_capture`: nothing runs), then five replays, each
+/// after fresh q and new keys and values and the advanced `cache_seqlens`
+/// were written into the captured buffers; every step against the f64
+/// reference and the cache exactly (sequence 0 starts without keys), 4
+/// splits with the fused combine through the caller's scratch and counters
+/// (no allocation in the call). Then the last step again eagerly: the
+/// replay's bits (deterministic splits).
+#[test]
+fn gpu_decode_cuda_graph() {
+    let Some(g) = gpu("gpu_decode_cuda_graph") else { return };
+    let mut rng = Rng::fresh("gpu_decode_cuda_graph");
+    let s = &g.stream;
+    let (b, h, d) = (PagedDecode::B, PagedDecode::H, PagedDecode::D);
+    const NS: usize = 4;
+    // The captured call's buffers carry no cudarc events: a graph cannot
+    // wait on an event recorded outside it.
+    // SAFETY: every buffer below is used on `s` alone.
+    unsafe { g.ctx.disable_event_tracking() };
+    let mut st = PagedDecode::new(g, &mut rng, [0, 45, 200]);
+    let mut o_buf: CudaSlice<bf16> = s.alloc_zeros(b * h * d).unwrap();
+    let mut lse_buf: CudaSlice<f32> = s.alloc_zeros(PagedDecode::lse_len()).unwrap();
+    let mut o_acc: CudaSlice<f32> = s.alloc_zeros(NS * b * h * d).unwrap();
+    let mut lse_acc: CudaSlice<f32> = s.alloc_zeros(NS * b * h).unwrap();
+    let mut counters: CudaSlice<u32> = s.alloc_zeros(b * h).unwrap();
+    // SAFETY: as above (slices created from here on track their events again).
+    unsafe { g.ctx.enable_event_tracking() };
+    let o_l = PagedDecode::q_layout();
+    let step = |st: &mut PagedDecode, o_buf: &mut CudaSlice<bf16>, lse_buf: &mut CudaSlice<f32>, o_acc: &mut CudaSlice<f32>, lse_acc: &mut CudaSlice<f32>, counters: &mut CudaSlice<u32>| {
+        let (cache, q) = st.call_inputs();
+        let scratch = SplitScratch { o_accum: o_acc, lse_accum: lse_acc, max_splits: NS, counters: Some(counters) };
+        let opts = DecodeOptions { num_splits: Some(NS), scratch: Some(scratch), deterministic: true, ..Default::default() };
+        g.fa.forward_kvcache_into::<bf16, _, _>(s, Tensor::new(q, PagedDecode::q_layout()), cache, TensorMut::new(o_buf, o_l), lse_buf, &ForwardParams::default(), &Extras::default(), opts)
+    };
+
+    // Step 0, eagerly (loads the kernels before the capture).
+    step(&mut st, &mut o_buf, &mut lse_buf, &mut o_acc, &mut lse_acc, &mut counters).unwrap();
+    let (o, lse) = download(g, &o_buf, o_l, &lse_buf);
+    st.check_step(g, "eager step 0", &o, &lse);
+
+    s.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
+    let captured = step(&mut st, &mut o_buf, &mut lse_buf, &mut o_acc, &mut lse_acc, &mut counters);
+    let graph = s.end_capture(sys::CUgraphInstantiate_flags(0));
+    captured.expect("the KV-cache call under stream capture");
+    let graph = graph.expect("end_capture").expect("a graph with the call's launches");
+
+    let mut last = None;
+    for k in 1..=5 {
+        st.next_inputs(g, &mut rng);
+        graph.launch().unwrap();
+        s.synchronize().unwrap();
+        let (o, lse) = download(g, &o_buf, o_l, &lse_buf);
+        st.check_step(g, &format!("graph replay {k}"), &o, &lse);
+        last = Some((bits(&o), lse));
+    }
+    let left: Vec<u32> = s.clone_dtoh(&counters).unwrap();
+    assert!(left.iter().all(|&c| c == 0), "every replay puts the fused combine's counts back to 0: {left:?}");
+
+    // The last step again, eagerly (the same rows appended again): the bits
+    // of the replay.
+    for l in &mut st.lens {
+        *l -= 1;
+    }
+    s.memcpy_htod(&st.lens_i32(), &mut st.seqlens_d).unwrap();
+    step(&mut st, &mut o_buf, &mut lse_buf, &mut o_acc, &mut lse_acc, &mut counters).unwrap();
+    let (o, lse) = download(g, &o_buf, o_l, &lse_buf);
+    let (o_last, lse_last) = last.unwrap();
+    assert_eq!(bits(&o), o_last, "eager call after the replays: the replay's O");
+    assert!(lse.iter().zip(lse_last.iter()).all(|(x, y)| x.to_bits() == y.to_bits()), "eager call after the replays: the replay's LSE");
+    drop(graph);
+}
