@@ -102,6 +102,13 @@ struct CallerOut<'a, T> {
     lse: &'a mut dyn DevicePtrMut<f32>,
 }
 
+impl<T> CallerOut<'_, T> {
+    fn check_streams(&self, fa: &FlashAttention) -> Result<()> {
+        fa.check_stream("o", self.o.stream())?;
+        fa.check_stream("lse", self.lse.stream())
+    }
+}
+
 /// O and the LSE allocated by the library for a call.
 type OwnOut<T> = (CudaSlice<T>, CudaSlice<f32>);
 
@@ -564,8 +571,7 @@ impl FlashAttention {
             self.check_stream(name, s)?;
         }
         if let Some(c) = &out {
-            self.check_stream("o", c.o.stream())?;
-            self.check_stream("lse", c.lse.stream())?;
+            c.check_streams(self)?;
         }
         // q and o move in 16-byte chunks: checked here, before an append
         // launch touches the cache (attend_launch checks every pointer
@@ -610,6 +616,56 @@ impl FlashAttention {
         T: AttnElem,
         Q: DevicePtr<T> + ?Sized,
     {
+        let (out, o_layout) = self.kvcache_ref_call(stream, q, cache, None, params, ext, opts)?;
+        let (o, lse) = out.expect("the library's buffers when the caller gives none");
+        Ok(ForwardOutput { o, o_layout, stats: RowStats::LogSumExp(lse) })
+    }
+
+    /// [`FlashAttention::forward_kvcache_ref`] into caller-owned buffers, as
+    /// [`FlashAttention::forward_kvcache_into`] (and as it, capturable in a
+    /// CUDA graph with a caller's [`SplitScratch`]; with
+    /// [`FlashAttention::append_kv`] before it, the two-step decode step of
+    /// engines that write their cache in an operation of its own).
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_kvcache_ref_into<T, Q, O>(
+        &self,
+        stream: &Arc<CudaStream>,
+        q: Tensor<'_, Q>,
+        cache: KvCacheRef<'_, T>,
+        o: TensorMut<'_, O>,
+        lse: &mut dyn DevicePtrMut<f32>,
+        params: &ForwardParams,
+        ext: &Extras<'_>,
+        opts: DecodeOptions<'_>,
+    ) -> Result<()>
+    where
+        T: AttnElem,
+        Q: DevicePtr<T> + ?Sized,
+        O: DevicePtrMut<T>,
+    {
+        let out = CallerOut { o: o.data, o_layout: o.layout, lse };
+        self.kvcache_ref_call(stream, q, cache, Some(out), params, ext, opts)?;
+        Ok(())
+    }
+
+    /// The read-only KV-cache call of [`FlashAttention::forward_kvcache_ref`]
+    /// and [`FlashAttention::forward_kvcache_ref_into`] (`out` as in
+    /// [`FlashAttention::kvcache_call`]).
+    #[allow(clippy::too_many_arguments)]
+    fn kvcache_ref_call<T, Q>(
+        &self,
+        stream: &Arc<CudaStream>,
+        q: Tensor<'_, Q>,
+        cache: KvCacheRef<'_, T>,
+        out: Option<CallerOut<'_, T>>,
+        params: &ForwardParams,
+        ext: &Extras<'_>,
+        opts: DecodeOptions<'_>,
+    ) -> Result<(Option<OwnOut<T>>, TensorLayout)>
+    where
+        T: AttnElem,
+        Q: DevicePtr<T> + ?Sized,
+    {
         let [batch, _, _, d] = q.layout.shape;
         let geom = check_cache(
             ("k_cache", "v_cache"),
@@ -623,29 +679,32 @@ impl FlashAttention {
         if cache.seqlen_new > geom.capacity {
             return Err(invalid("seqlen_new", cache.seqlen_new.to_string(), "more appended keys than the cache holds (capacity)"));
         }
-        let plan = self.plan_attend::<T>(&q.layout, q.data.len(), None, &geom, &cache.layout, cache.seqlen_new, cache.cache_seqlens.len(), params, ext, &opts, None)?;
+        let out_spec = out.as_ref().map(|c| OutSpec { o_layout: c.o_layout, o_len: c.o.len(), lse_len: c.lse.len() });
+        let plan = self.plan_attend::<T>(&q.layout, q.data.len(), None, &geom, &cache.layout, cache.seqlen_new, cache.cache_seqlens.len(), params, ext, &opts, out_spec)?;
         for (name, s) in [("q", q.data.stream()), ("k_cache", cache.k_cache.stream()), ("v_cache", cache.v_cache.stream()), ("stream", stream)] {
             self.check_stream(name, s)?;
         }
+        if let Some(c) = &out {
+            c.check_streams(self)?;
+        }
         let (kp, _gk) = cache.k_cache.device_ptr(stream);
         let (vp, _gv) = cache.v_cache.device_ptr(stream);
-        let (o, lse) = self
-            .attend_launch::<T>(
-                stream,
-                &plan,
-                q.data,
-                (kp, vp),
-                cache.cache_seqlens,
-                cache.cache_batch_idx,
-                cache.block_table.as_ref(),
-                None,
-                None,
-                ext,
-                opts,
-                None,
-            )?
-            .expect("the library's buffers when the caller gives none");
-        Ok(ForwardOutput { o, o_layout: plan.o_layout, stats: RowStats::LogSumExp(lse) })
+        let caller = out.map(|c| (c.o, c.lse));
+        let own = self.attend_launch::<T>(
+            stream,
+            &plan,
+            q.data,
+            (kp, vp),
+            cache.cache_seqlens,
+            cache.cache_batch_idx,
+            cache.block_table.as_ref(),
+            None,
+            None,
+            ext,
+            opts,
+            caller,
+        )?;
+        Ok((own, plan.o_layout))
     }
 
     /// Varlen prefill over a paged cache (prefix caching; FlashAttention-2's

@@ -7,7 +7,7 @@
 //! bf16 error, the logsumexp within 1e-4) and the cache compared exactly.
 
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, sys};
-use flash_attn::{BlockTable, DecodeOptions, Extras, FlashAttnError, ForwardParams, KvCache, RowStats, SplitScratch, Tensor, TensorLayout, TensorMut};
+use flash_attn::{BlockTable, DecodeOptions, Extras, FlashAttnError, ForwardParams, KvCache, KvCacheRef, RowStats, SplitScratch, Tensor, TensorLayout, TensorMut};
 use flash_attn_tests::features::{Spec, assert_matches_reference, random};
 use flash_attn_tests::{Gpu, Rng, gpu};
 use half::bf16;
@@ -199,7 +199,8 @@ fn bits(a: &Array4<bf16>) -> Vec<u16> {
 /// padded head strides with the padding left as it was; then every bad
 /// output (shape, length, overlap, LSE length, alignment) a typed error,
 /// and a misaligned q on the path whose append is a launch of its own (17
-/// query rows: the tile kernel) too — each leaving the cache untouched.
+/// query rows: the tile kernel) too — each leaving the cache untouched; the
+/// read-only call's short O the same error.
 #[test]
 fn gpu_kvcache_into() {
     let Some(g) = gpu("gpu_kvcache_into") else { return };
@@ -265,6 +266,14 @@ fn gpu_kvcache_into() {
         assert!(ok(&e), "{what}: {e}");
         assert!(st.cache_bits(g) == before, "{what}: the cache untouched");
     }
+    // The read-only call checks its outputs the same way.
+    let e = {
+        let PagedDecode { kc, vc, table_d, seqlens_d, q_d, .. } = &st;
+        let table = Some(BlockTable { table: table_d as &dyn DevicePtr<i32>, max_blocks_per_seq: PagedDecode::PER });
+        let cache = KvCacheRef { k_cache: kc, v_cache: vc, layout: PagedDecode::cache_layout(), cache_seqlens: seqlens_d, cache_batch_idx: None, block_table: table, seqlen_new: 0 };
+        g.fa.forward_kvcache_ref_into::<bf16, _, _>(s, Tensor::new(q_d, dense), cache, TensorMut::new(&mut short, dense), &mut lse_buf, &params, &ext, opts()).unwrap_err()
+    };
+    assert!(matches!(e, FlashAttnError::BufferTooShort { argument: "o", .. }), "forward_kvcache_ref_into, O too short: {e}");
     // A misaligned q where the append is its own launch (17 query rows per
     // sequence: the fa2d tile kernel), allocating and into: the error comes
     // before the append.
@@ -288,18 +297,17 @@ fn gpu_kvcache_into() {
     }
 }
 
-/// A decode loop in a CUDA graph: one step eagerly, the same call captured
+/// A decode loop in a CUDA graph: one step eagerly, the same step captured
 /// (`begin_capture` … `end_capture`: nothing runs), then five replays, each
 /// after fresh q and new keys and values and the advanced `cache_seqlens`
 /// were written into the captured buffers; every step against the f64
 /// reference and the cache exactly (sequence 0 starts without keys), 4
 /// splits with the fused combine through the caller's scratch and counters
 /// (no allocation in the call). Then the last step again eagerly: the
-/// replay's bits (deterministic splits).
-#[test]
-fn gpu_decode_cuda_graph() {
-    let Some(g) = gpu("gpu_decode_cuda_graph") else { return };
-    let mut rng = Rng::fresh("gpu_decode_cuda_graph");
+/// replay's bits (deterministic splits). The step is one
+/// `forward_kvcache_into` call (the append fused), or (`two_step`)
+/// `append_kv` for K and for V, then `forward_kvcache_ref_into`.
+fn graph_loop(g: &Gpu, rng: &mut Rng, two_step: bool) {
     let s = &g.stream;
     let (b, h, d) = (PagedDecode::B, PagedDecode::H, PagedDecode::D);
     const NS: usize = 4;
@@ -307,7 +315,7 @@ fn gpu_decode_cuda_graph() {
     // wait on an event recorded outside it.
     // SAFETY: every buffer below is used on `s` alone.
     unsafe { g.ctx.disable_event_tracking() };
-    let mut st = PagedDecode::new(g, &mut rng, [0, 45, 200]);
+    let mut st = PagedDecode::new(g, rng, [0, 45, 200]);
     let mut o_buf: CudaSlice<bf16> = s.alloc_zeros(b * h * d).unwrap();
     let mut lse_buf: CudaSlice<f32> = s.alloc_zeros(PagedDecode::lse_len()).unwrap();
     let mut o_acc: CudaSlice<f32> = s.alloc_zeros(NS * b * h * d).unwrap();
@@ -316,35 +324,46 @@ fn gpu_decode_cuda_graph() {
     // SAFETY: as above (slices created from here on track their events again).
     unsafe { g.ctx.enable_event_tracking() };
     let o_l = PagedDecode::q_layout();
+    let mode = if two_step { "append_kv + forward_kvcache_ref_into" } else { "forward_kvcache_into" };
     let step = |st: &mut PagedDecode, o_buf: &mut CudaSlice<bf16>, lse_buf: &mut CudaSlice<f32>, o_acc: &mut CudaSlice<f32>, lse_acc: &mut CudaSlice<f32>, counters: &mut CudaSlice<u32>| {
-        let (cache, q) = st.call_inputs();
         let scratch = SplitScratch { o_accum: o_acc, lse_accum: lse_acc, max_splits: NS, counters: Some(counters) };
         let opts = DecodeOptions { num_splits: Some(NS), scratch: Some(scratch), deterministic: true, ..Default::default() };
-        g.fa.forward_kvcache_into::<bf16, _, _>(s, Tensor::new(q, PagedDecode::q_layout()), cache, TensorMut::new(o_buf, o_l), lse_buf, &ForwardParams::default(), &Extras::default(), opts)
+        let (params, ext) = (ForwardParams::default(), Extras::default());
+        if !two_step {
+            let (cache, q) = st.call_inputs();
+            return g.fa.forward_kvcache_into::<bf16, _, _>(s, Tensor::new(q, PagedDecode::q_layout()), cache, TensorMut::new(o_buf, o_l), lse_buf, &params, &ext, opts);
+        }
+        let PagedDecode { kc, vc, table_d, seqlens_d, knew_d, vnew_d, q_d, .. } = st;
+        let (layout, new_l) = (PagedDecode::cache_layout(), TensorLayout::contiguous([b, 1, PagedDecode::HK, d]));
+        let table = || Some(BlockTable { table: &*table_d as &dyn DevicePtr<i32>, max_blocks_per_seq: PagedDecode::PER });
+        g.fa.append_kv::<bf16>(s, kc, layout, Tensor::new(&*knew_d as &dyn DevicePtr<bf16>, new_l), &*seqlens_d, None, table())?;
+        g.fa.append_kv::<bf16>(s, vc, layout, Tensor::new(&*vnew_d as &dyn DevicePtr<bf16>, new_l), &*seqlens_d, None, table())?;
+        let cache = KvCacheRef { k_cache: &*kc, v_cache: &*vc, layout, cache_seqlens: &*seqlens_d, cache_batch_idx: None, block_table: table(), seqlen_new: 1 };
+        g.fa.forward_kvcache_ref_into::<bf16, _, _>(s, Tensor::new(&*q_d, PagedDecode::q_layout()), cache, TensorMut::new(o_buf, o_l), lse_buf, &params, &ext, opts)
     };
 
     // Step 0, eagerly (loads the kernels before the capture).
     step(&mut st, &mut o_buf, &mut lse_buf, &mut o_acc, &mut lse_acc, &mut counters).unwrap();
     let (o, lse) = download(g, &o_buf, o_l, &lse_buf);
-    st.check_step(g, "eager step 0", &o, &lse);
+    st.check_step(g, &format!("{mode}: eager step 0"), &o, &lse);
 
     s.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
     let captured = step(&mut st, &mut o_buf, &mut lse_buf, &mut o_acc, &mut lse_acc, &mut counters);
     let graph = s.end_capture(sys::CUgraphInstantiate_flags(0));
-    captured.expect("the KV-cache call under stream capture");
-    let graph = graph.expect("end_capture").expect("a graph with the call's launches");
+    captured.expect("the decode step under stream capture");
+    let graph = graph.expect("end_capture").expect("a graph with the step's launches");
 
     let mut last = None;
     for k in 1..=5 {
-        st.next_inputs(g, &mut rng);
+        st.next_inputs(g, rng);
         graph.launch().unwrap();
         s.synchronize().unwrap();
         let (o, lse) = download(g, &o_buf, o_l, &lse_buf);
-        st.check_step(g, &format!("graph replay {k}"), &o, &lse);
+        st.check_step(g, &format!("{mode}: graph replay {k}"), &o, &lse);
         last = Some((bits(&o), lse));
     }
     let left: Vec<u32> = s.clone_dtoh(&counters).unwrap();
-    assert!(left.iter().all(|&c| c == 0), "every replay puts the fused combine's counts back to 0: {left:?}");
+    assert!(left.iter().all(|&c| c == 0), "{mode}: every replay puts the fused combine's counts back to 0: {left:?}");
 
     // The last step again, eagerly (the same rows appended again): the bits
     // of the replay.
@@ -355,7 +374,22 @@ fn gpu_decode_cuda_graph() {
     step(&mut st, &mut o_buf, &mut lse_buf, &mut o_acc, &mut lse_acc, &mut counters).unwrap();
     let (o, lse) = download(g, &o_buf, o_l, &lse_buf);
     let (o_last, lse_last) = last.unwrap();
-    assert_eq!(bits(&o), o_last, "eager call after the replays: the replay's O");
-    assert!(lse.iter().zip(lse_last.iter()).all(|(x, y)| x.to_bits() == y.to_bits()), "eager call after the replays: the replay's LSE");
+    assert_eq!(bits(&o), o_last, "{mode}: eager call after the replays: the replay's O");
+    assert!(lse.iter().zip(lse_last.iter()).all(|(x, y)| x.to_bits() == y.to_bits()), "{mode}: eager call after the replays: the replay's LSE");
     drop(graph);
+}
+
+/// [`graph_loop`] with the append fused into the KV-cache call.
+#[test]
+fn gpu_decode_cuda_graph() {
+    let Some(g) = gpu("gpu_decode_cuda_graph") else { return };
+    graph_loop(g, &mut Rng::fresh("gpu_decode_cuda_graph"), false);
+}
+
+/// [`graph_loop`] in two steps: `append_kv` (K, then V), then
+/// `forward_kvcache_ref_into`, all three captured.
+#[test]
+fn gpu_decode_cuda_graph_two_step() {
+    let Some(g) = gpu("gpu_decode_cuda_graph_two_step") else { return };
+    graph_loop(g, &mut Rng::fresh("gpu_decode_cuda_graph_two_step"), true);
 }
