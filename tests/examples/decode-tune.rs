@@ -77,7 +77,9 @@ struct Opts {
     /// steps (the library's kernel and splits, `forward_kvcache_into`, no
     /// flush) called eagerly, then the same call captured in a CUDA graph
     /// and replayed 200 times — µs per step by CUDA events and by the
-    /// host's clock (what a call costs the CPU). Needs --no-event-tracking
+    /// host's clock (what a call costs the CPU; and what validation and
+    /// planning alone cost it: calls that fail just before their launch).
+    /// Needs --no-event-tracking
     #[arg(long)]
     graph: bool,
     /// Only these cells, as batch:cache:kv_heads (default: all)
@@ -178,7 +180,7 @@ fn main() -> Res<()> {
         "---|".repeat(columns.len())
     );
     let mut timelines = vec![];
-    let mut graph_md = String::from("| batch | cache | heads | layout | eager µs/step (events) | eager host µs/call | graph µs/step (events) | graph host µs/launch |\n|---|---|---|---|---|---|---|---|\n");
+    let mut graph_md = String::from("| batch | cache | heads | layout | eager µs/step (events) | eager host µs/call | of which validation + plan | graph µs/step (events) | graph host µs/launch |\n|---|---|---|---|---|---|---|---|---|\n");
     let mut csv = String::from("batch,cache,kv_heads,layout,kernel,sm,split,last,start_ns,start_clk,prologue_ns,prologue_clk,loop_end_ns,loop_end_clk,stored_ns,stored_clk,counted_ns,counted_clk,end_ns,end_clk\n");
     let orders = if o.page_order.is_empty() { vec![PageOrder::Random] } else { o.page_order.clone() };
     let cells: Vec<(Cell, PageOrder)> = cells
@@ -208,8 +210,8 @@ fn main() -> Res<()> {
             layout
         );
         if o.graph {
-            let [(ee, eh), (ge, gh)] = graph_rates(g, &mut inputs, 200)?;
-            let row = format!("| {} | {} | 32/{} | {} | {ee:.1} | {eh:.1} | {ge:.1} | {gh:.1} |\n", c.batch, c.cache, c.hk, layout);
+            let [(ee, eh), (ge, gh), (_, ph)] = graph_rates(g, &mut inputs, 200)?;
+            let row = format!("| {} | {} | 32/{} | {} | {ee:.1} | {eh:.1} | {ph:.1} | {ge:.1} | {gh:.1} |\n", c.batch, c.cache, c.hk, layout);
             eprint!("{row}");
             graph_md += &row;
             continue;
@@ -322,8 +324,10 @@ fn timeline_of(g: &flash_attn_tests::Gpu, flush: &mut L2Flush, inputs: &mut Deco
 /// `n` back-to-back decode steps of `inputs` (`DecodeInputs::run_into`)
 /// called eagerly, then the same call captured in a CUDA graph and replayed
 /// `n` times: (µs per step by CUDA events, µs per call or launch by the
-/// host's clock) for each.
-fn graph_rates(g: &flash_attn_tests::Gpu, inputs: &mut DecodeInputs, n: usize) -> Res<[(f64, f64); 2]> {
+/// host's clock) for each; third, `n` calls that validate and plan and then
+/// fail before their launch ([`DecodeInputs::plan_only`]: the host's own
+/// share of a call).
+fn graph_rates(g: &flash_attn_tests::Gpu, inputs: &mut DecodeInputs, n: usize) -> Res<[(f64, f64); 3]> {
     let s = &g.stream;
     let rate = |launch: &mut dyn FnMut() -> Res<()>| -> Res<(f64, f64)> {
         launch()?;
@@ -341,6 +345,7 @@ fn graph_rates(g: &flash_attn_tests::Gpu, inputs: &mut DecodeInputs, n: usize) -
         Ok((a.elapsed_ms(&z)? as f64 * 1e3 / n as f64, host))
     };
     let eager = rate(&mut || inputs.run_into(g))?;
+    let plan = rate(&mut || inputs.plan_only(g))?;
     s.begin_capture(cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
     let captured = inputs.run_into(g);
     let graph = s.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0));
@@ -348,5 +353,5 @@ fn graph_rates(g: &flash_attn_tests::Gpu, inputs: &mut DecodeInputs, n: usize) -
     let graph = graph?.ok_or("stream capture gave no graph")?;
     graph.upload()?;
     let replay = rate(&mut || Ok(graph.launch()?))?;
-    Ok([eager, replay])
+    Ok([eager, replay, plan])
 }

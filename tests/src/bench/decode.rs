@@ -223,7 +223,7 @@ impl DecodeInputs {
             o_acc: s.alloc_zeros(MAX_SPLITS * c.batch * H * D)?,
             l_acc: s.alloc_zeros(MAX_SPLITS * c.batch * H)?,
             counters: s.alloc_zeros(c.batch * H)?,
-            o: s.alloc_zeros(c.batch * H * D)?,
+            o: s.alloc_zeros(c.batch * H * D + 8)?, // + 8: plan_only's misaligned view
             lse: s.alloc_zeros(c.batch * H)?,
             layout: TensorLayout::contiguous([n_rows, rows_per, c.hk, D]),
             per: c.cache.div_ceil(rows_per),
@@ -298,6 +298,30 @@ impl DecodeInputs {
             DecodeOptions { num_splits: None, scratch: Some(scratch), kernel: None, timeline: None, deterministic },
         )?;
         Ok(())
+    }
+
+    /// [`DecodeInputs::run_into`] with O 8 bytes off its alignment: the
+    /// call validates and plans, then fails its alignment check before any
+    /// launch (the host's cost of a call without the driver's). Errors
+    /// unless it fails so.
+    pub fn plan_only(&mut self, g: &Gpu) -> Res<()> {
+        let c = self.cell;
+        let (cache, scratch, q, o, lse) = self.parts(false);
+        let mut off = o.slice_mut(4..);
+        let r = g.fa.forward_kvcache_into::<half::bf16, _, _>(
+            &g.stream,
+            q,
+            cache,
+            TensorMut::new(&mut off, TensorLayout::contiguous([c.batch, 1, H, D])),
+            lse,
+            &ForwardParams::default(),
+            &Extras::default(),
+            DecodeOptions { num_splits: None, scratch: Some(scratch), kernel: None, timeline: None, deterministic: false },
+        );
+        match r {
+            Err(flash_attn::FlashAttnError::Misaligned { argument: "o", .. }) => Ok(()),
+            other => Err(format!("plan_only: expected a misaligned O, got {other:?}").into()),
+        }
     }
 
     /// A call's cache (with one new token per sequence: the query buffer
