@@ -36,7 +36,7 @@ gpu_name() {
 # flash-decoding kernel and the append cases.
 decode_checks() {
   gpu_name
-  run_tests gpu_decode gpu_api ndarray_kvcache
+  run_tests gpu_decode gpu_decode_into gpu_api ndarray_kvcache
   sanitize_decode memcheck gpu_every_decode_kernel gpu_kvcache_append_strides gpu_decode_small_for_sanitizers
 }
 
