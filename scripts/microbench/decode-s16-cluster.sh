@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Decode, session 16 calls 1–5 (perf notes, decode step 43): the split-KV
+# Decode, session 16 calls 1–5 and 12 (perf notes, decode step 43): the split-KV
 # combine through a cluster's distributed shared memory against ours
 # (global partials + an acq_rel count), on the streaming floor with our
 # loop's reads and chain (decode_cluster_combine.cu, built here with nvcc).
