@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Decode, session 16 calls 7–9: the KV-cache call into caller buffers and under
+# Decode, session 16 calls 7–9 and 13: the KV-cache call into caller buffers and under
 # CUDA-graph capture (gpu_decode_into), the decode test binaries, memcheck
 # and racecheck over gpu_decode_into, then back-to-back decode steps eager
 # against graph replays (decode-tune --graph). Binaries staged in

@@ -196,7 +196,9 @@ fn bits(a: &Array4<bf16>) -> Vec<u16> {
 
 /// `forward_kvcache_into` against `forward_kvcache` on the same state
 /// (deterministic, 3 splits, the library's scratch): the same bits, O at
-/// padded head strides with the padding left as it was; then every bad
+/// padded head strides with the padding left as it was (and the same with
+/// no split, and with 17 causal query rows, split or not: the tile kernel
+/// after its own append launch); then every bad
 /// output (shape, length, overlap, LSE length, alignment) a typed error,
 /// and a misaligned q on the path whose append is a launch of its own (17
 /// query rows: the tile kernel) too — each leaving the cache untouched; the
@@ -265,6 +267,37 @@ fn gpu_kvcache_into() {
         };
         assert!(ok(&e), "{what}: {e}");
         assert!(st.cache_bits(g) == before, "{what}: the cache untouched");
+    }
+    // Other paths into padded O give the allocating call's bits too: no
+    // split, and 17 causal query rows per sequence (the fa2d tile kernel, the
+    // append its own launch, the split combine a launch of its own).
+    let q17 = s.clone_htod(random::<bf16>(&mut rng, (b, 17, h, d)).as_slice().unwrap()).unwrap();
+    for (sq, causal, ns) in [(1, false, Some(1)), (17, true, None), (17, true, Some(2))] {
+        let what = format!("{sq} query rows, causal {causal}, num_splits {ns:?}");
+        let p = ForwardParams { causal, ..Default::default() };
+        let ql = TensorLayout::contiguous([b, sq, h, d]);
+        let o_opts = || DecodeOptions { num_splits: ns, deterministic: true, ..Default::default() };
+        let (want_o, want_lse) = {
+            let (c, q1) = st.call_inputs();
+            let q: &CudaSlice<bf16> = if sq == 1 { q1 } else { &q17 };
+            let out = g.fa.forward_kvcache::<bf16, _>(s, Tensor::new(q, ql), c, &p, &ext, o_opts()).unwrap();
+            let RowStats::LogSumExp(l) = &out.stats else { unreachable!("FA2 gives the LSE") };
+            (s.clone_dtoh(&out.o).unwrap(), s.clone_dtoh(l).unwrap())
+        };
+        let pad = TensorLayout::new([b, sq, h, d], [sq * h * (d + 8), h * (d + 8), d + 8]);
+        let mut o_pad: CudaSlice<bf16> = s.clone_htod(&vec![bf16::from_bits(SENTINEL); b * sq * h * (d + 8)]).unwrap();
+        let mut l_pad: CudaSlice<f32> = s.clone_htod(&vec![f32::NAN; b * h * sq]).unwrap();
+        {
+            let (c, q1) = st.call_inputs();
+            let q: &CudaSlice<bf16> = if sq == 1 { q1 } else { &q17 };
+            g.fa.forward_kvcache_into::<bf16, _, _>(s, Tensor::new(q, ql), c, TensorMut::new(&mut o_pad, pad), &mut l_pad, &p, &ext, o_opts()).unwrap();
+        }
+        let got = s.clone_dtoh(&o_pad).unwrap();
+        let rows: Vec<u16> = got.chunks(d + 8).flat_map(|head| head[..d].iter().map(|x| x.to_bits())).collect();
+        assert_eq!(rows, want_o.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), "{what}: into padded O, the allocating call's bits");
+        assert!(got.chunks(d + 8).all(|head| head[d..].iter().all(|x| x.to_bits() == SENTINEL)), "{what}: the padding left as it was");
+        let got_l = s.clone_dtoh(&l_pad).unwrap();
+        assert!(got_l.iter().zip(&want_lse).all(|(x, y)| x.to_bits() == y.to_bits()), "{what}: the allocating call's LSE");
     }
     // The read-only call checks its outputs the same way.
     let e = {
