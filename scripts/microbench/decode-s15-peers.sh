@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Decode, session 15 call 13: the bar cell's layouts (batch 1, GQA 32/8, 32k
+# Decode, session 15 call 13 and session 16 call 14: the bar cell's layouts (batch 1, GQA 32/8, 32k
 # keys: contiguous, 16- and 256-token pages) with PyTorch 2.11 in the same
 # run, pages placed at random and in order, on main's kernels.
 # .stage-t/bins.tar.xz: fa-bench-decode.
