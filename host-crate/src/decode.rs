@@ -102,15 +102,25 @@ struct CallerOut<'a, T> {
     lse: &'a mut dyn DevicePtrMut<f32>,
 }
 
-impl<T> CallerOut<'_, T> {
-    fn check_streams(&self, fa: &FlashAttention) -> Result<()> {
-        fa.check_stream("o", self.o.stream())?;
-        fa.check_stream("lse", self.lse.stream())
+impl<'a, T> CallerOut<'a, T> {
+    fn new<O: DevicePtrMut<T>>(o: TensorMut<'a, O>, lse: &'a mut dyn DevicePtrMut<f32>) -> Self {
+        Self { o: o.data, o_layout: o.layout, lse }
+    }
+
+    /// What the plan checks of these buffers.
+    fn spec(&self) -> OutSpec {
+        OutSpec { o_layout: self.o_layout, o_len: self.o.len(), lse_len: self.lse.len() }
     }
 }
 
 /// O and the LSE allocated by the library for a call.
 type OwnOut<T> = (CudaSlice<T>, CudaSlice<f32>);
+
+/// The library's O and LSE of a call that was given no buffers
+/// ([`FlashAttention::attend_launch`] allocates them exactly then).
+fn allocated<T>(own: Option<OwnOut<T>>) -> OwnOut<T> {
+    own.expect("the library's buffers when the caller gives none")
+}
 
 /// What [`FlashAttention::plan_attend`] checks of a caller's outputs:
 /// O's layout and buffer length, the LSE buffer's length.
@@ -474,8 +484,8 @@ impl FlashAttention {
         T: AttnElem,
         Q: DevicePtr<T> + ?Sized,
     {
-        let (out, o_layout) = self.kvcache_call(stream, q, cache, None, params, ext, opts)?;
-        let (o, lse) = out.expect("the library's buffers when the caller gives none");
+        let (own, o_layout) = self.kvcache_call(stream, q, cache, None, params, ext, opts)?;
+        let (o, lse) = allocated(own);
         Ok(ForwardOutput { o, o_layout, stats: RowStats::LogSumExp(lse) })
     }
 
@@ -518,8 +528,7 @@ impl FlashAttention {
         Q: DevicePtr<T> + ?Sized,
         O: DevicePtrMut<T>,
     {
-        let out = CallerOut { o: o.data, o_layout: o.layout, lse };
-        self.kvcache_call(stream, q, cache, Some(out), params, ext, opts)?;
+        self.kvcache_call(stream, q, cache, Some(CallerOut::new(o, lse)), params, ext, opts)?;
         Ok(())
     }
 
@@ -565,25 +574,8 @@ impl FlashAttention {
             _ => return Err(invalid("v_new", "missing or extra".into(), "k_new and v_new come together")),
         };
         let s_new = new.as_ref().map_or(0, |(kn, _)| kn.layout.shape[1]);
-        let out_spec = out.as_ref().map(|c| OutSpec { o_layout: c.o_layout, o_len: c.o.len(), lse_len: c.lse.len() });
-        let plan = self.plan_attend::<T>(&q.layout, q.data.len(), None, &geom, &layout, s_new, cache_seqlens.len(), params, ext, &opts, out_spec)?;
-        for (name, s) in [("q", q.data.stream()), ("k_cache", k_cache.stream()), ("v_cache", v_cache.stream()), ("stream", stream)] {
-            self.check_stream(name, s)?;
-        }
-        if let Some(c) = &out {
-            c.check_streams(self)?;
-        }
-        // q and o move in 16-byte chunks: checked here, before an append
-        // launch touches the cache (attend_launch checks every pointer
-        // again; the library's own O is aligned).
-        {
-            let (q_ptr, _gq) = q.data.device_ptr(stream);
-            let o_ptr = match &mut out {
-                Some(c) => c.o.device_ptr_mut(stream).0,
-                None => 0,
-            };
-            crate::api::check_tc_alignment(&AttnParams { q_ptr, o_ptr, ..plan.params })?;
-        }
+        let plan = self.plan_attend::<T>(&q.layout, q.data.len(), None, &geom, &layout, s_new, cache_seqlens.len(), params, ext, &opts, out.as_ref().map(CallerOut::spec))?;
+        self.check_streams(stream, &[("q", q.data.stream()), ("k_cache", k_cache.stream()), ("v_cache", v_cache.stream())], out.as_ref())?;
         // A flash-decoding kernel built for it appends the new rows itself as
         // it reads them (decode step 21); the others run after an append
         // launch (K and V in one: decode step 20).
@@ -591,12 +583,22 @@ impl FlashAttention {
         if let Some((kn, vn)) = &new
             && fused.is_none()
         {
+            // q and o move in 16-byte chunks: checked before the append
+            // touches the cache (attend_launch checks every pointer after
+            // it; the library's own O is aligned).
+            {
+                let (q_ptr, _gq) = q.data.device_ptr(stream);
+                let o_ptr = match &mut out {
+                    Some(c) => c.o.device_ptr_mut(stream).0,
+                    None => 0,
+                };
+                crate::api::check_tc_alignment(&AttnParams { q_ptr, o_ptr, ..plan.params })?;
+            }
             self.append_launch::<T>(stream, (&mut *k_cache, kn), Some((&mut *v_cache, vn)), &layout, cache_seqlens, cache_batch_idx, block_table.as_ref(), &geom)?;
         }
         let (kp, _gk) = k_cache.device_ptr_mut(stream);
         let (vp, _gv) = v_cache.device_ptr_mut(stream);
-        let caller = out.map(|c| (c.o, c.lse));
-        let own = self.attend_launch::<T>(stream, &plan, q.data, (kp, vp), cache_seqlens, cache_batch_idx, block_table.as_ref(), None, fused, ext, opts, caller)?;
+        let own = self.attend_launch::<T>(stream, &plan, q.data, (kp, vp), cache_seqlens, cache_batch_idx, block_table.as_ref(), None, fused, ext, opts, out)?;
         Ok((own, plan.o_layout))
     }
 
@@ -616,8 +618,8 @@ impl FlashAttention {
         T: AttnElem,
         Q: DevicePtr<T> + ?Sized,
     {
-        let (out, o_layout) = self.kvcache_ref_call(stream, q, cache, None, params, ext, opts)?;
-        let (o, lse) = out.expect("the library's buffers when the caller gives none");
+        let (own, o_layout) = self.kvcache_ref_call(stream, q, cache, None, params, ext, opts)?;
+        let (o, lse) = allocated(own);
         Ok(ForwardOutput { o, o_layout, stats: RowStats::LogSumExp(lse) })
     }
 
@@ -643,8 +645,7 @@ impl FlashAttention {
         Q: DevicePtr<T> + ?Sized,
         O: DevicePtrMut<T>,
     {
-        let out = CallerOut { o: o.data, o_layout: o.layout, lse };
-        self.kvcache_ref_call(stream, q, cache, Some(out), params, ext, opts)?;
+        self.kvcache_ref_call(stream, q, cache, Some(CallerOut::new(o, lse)), params, ext, opts)?;
         Ok(())
     }
 
@@ -679,17 +680,10 @@ impl FlashAttention {
         if cache.seqlen_new > geom.capacity {
             return Err(invalid("seqlen_new", cache.seqlen_new.to_string(), "more appended keys than the cache holds (capacity)"));
         }
-        let out_spec = out.as_ref().map(|c| OutSpec { o_layout: c.o_layout, o_len: c.o.len(), lse_len: c.lse.len() });
-        let plan = self.plan_attend::<T>(&q.layout, q.data.len(), None, &geom, &cache.layout, cache.seqlen_new, cache.cache_seqlens.len(), params, ext, &opts, out_spec)?;
-        for (name, s) in [("q", q.data.stream()), ("k_cache", cache.k_cache.stream()), ("v_cache", cache.v_cache.stream()), ("stream", stream)] {
-            self.check_stream(name, s)?;
-        }
-        if let Some(c) = &out {
-            c.check_streams(self)?;
-        }
+        let plan = self.plan_attend::<T>(&q.layout, q.data.len(), None, &geom, &cache.layout, cache.seqlen_new, cache.cache_seqlens.len(), params, ext, &opts, out.as_ref().map(CallerOut::spec))?;
+        self.check_streams(stream, &[("q", q.data.stream()), ("k_cache", cache.k_cache.stream()), ("v_cache", cache.v_cache.stream())], out.as_ref())?;
         let (kp, _gk) = cache.k_cache.device_ptr(stream);
         let (vp, _gv) = cache.v_cache.device_ptr(stream);
-        let caller = out.map(|c| (c.o, c.lse));
         let own = self.attend_launch::<T>(
             stream,
             &plan,
@@ -702,7 +696,7 @@ impl FlashAttention {
             None,
             ext,
             opts,
-            caller,
+            out,
         )?;
         Ok((own, plan.o_layout))
     }
@@ -762,9 +756,7 @@ impl FlashAttention {
         // seqused_k) when no cache_seqlens is given.
         let (kp, _gk) = cache.k_pages.device_ptr(stream);
         let (vp, _gv) = cache.v_pages.device_ptr(stream);
-        let (o, lse) = self
-            .attend_launch::<T>(stream, &plan, q.data, (kp, vp), varlen.cu_seqlens_k, None, Some(&cache.block_table), Some(varlen), None, ext, opts, None)?
-            .expect("the library's buffers when the caller gives none");
+        let (o, lse) = allocated(self.attend_launch::<T>(stream, &plan, q.data, (kp, vp), varlen.cu_seqlens_k, None, Some(&cache.block_table), Some(varlen), None, ext, opts, None)?);
         Ok(VarlenOutput { o, o_layout: plan.o_layout, lse })
     }
 
@@ -879,6 +871,21 @@ impl FlashAttention {
         // (from_attn refuses what the block cannot carry).
         unsafe { launch.launch(cfg) }?;
         Ok(())
+    }
+
+    /// The streams of a KV-cache call: `stream` and the `inputs`' (named)
+    /// on this context, and the caller's O and LSE when given.
+    fn check_streams<T>(&self, stream: &CudaStream, inputs: &[(&'static str, &CudaStream)], out: Option<&CallerOut<'_, T>>) -> Result<()> {
+        for &(name, s) in inputs.iter().chain([("stream", stream)].iter()) {
+            self.check_stream(name, s)?;
+        }
+        match out {
+            Some(c) => {
+                self.check_stream("o", c.o.stream())?;
+                self.check_stream("lse", c.lse.stream())
+            }
+            None => Ok(()),
+        }
     }
 
     /// Validation and plan of the attention launch of a KV-cache call:
@@ -1141,7 +1148,7 @@ impl FlashAttention {
         new_kv: Option<(&NewRows<'_, T>, &NewRows<'_, T>)>,
         ext: &Extras<'_>,
         opts: DecodeOptions<'_>,
-        caller: Option<(&mut dyn DevicePtrMut<T>, &mut dyn DevicePtrMut<f32>)>,
+        caller: Option<CallerOut<'_, T>>,
     ) -> Result<Option<OwnOut<T>>> {
         let (ns, lse_len, d) = (plan.ns, plan.lse_len, plan.params.headdim as usize);
         let o_len = plan.o_layout.required_len().unwrap_or(0);
@@ -1149,7 +1156,7 @@ impl FlashAttention {
         // library's.
         let mut own_out: Option<OwnOut<T>> = None;
         let (o, lse): (&mut dyn DevicePtrMut<T>, &mut dyn DevicePtrMut<f32>) = match caller {
-            Some(c) => c,
+            Some(c) => (c.o, c.lse),
             None => {
                 let (o, l) = own_out.insert(if plan.varlen.is_some() {
                     // Packed q rows outside every sequence are written by no block: zeros.

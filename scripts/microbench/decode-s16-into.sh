@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Decode, session 16 calls 7–9 and 13: the KV-cache call into caller buffers and under
+# Decode, session 16 calls 7–9, 13 and 15: the KV-cache call into caller buffers and under
 # CUDA-graph capture (gpu_decode_into), the decode test binaries, memcheck
 # and racecheck over gpu_decode_into, then back-to-back decode steps eager
 # against graph replays (decode-tune --graph). Binaries staged in
@@ -18,6 +18,6 @@ for tool in memcheck racecheck; do
   grep -E "test result|FAILED|panicked" /tmp/s.txt | head -5 | tee -a $OUT/tests.txt
 done
 if [ -x /tmp/h/decode-tune ]; then
-  /tmp/h/decode-tune --no-event-tracking --graph --cells 1:4096:8,1:4096:32,1:32768:8,1:32768:32,8:32768:8 --layouts 0,16 > $OUT/graph.md 2> /tmp/dt.log || tail -5 /tmp/dt.log
+  /tmp/h/decode-tune --no-event-tracking --graph --cells ${CELLS:-1:4096:8,1:4096:32,1:32768:8,1:32768:32,8:32768:8} --layouts 0,16 > $OUT/graph.md 2> /tmp/dt.log || tail -5 /tmp/dt.log
   cat $OUT/graph.md
 fi

@@ -56,49 +56,38 @@ impl PagedDecode {
         let table: Vec<i32> = perm[..b * Self::PER].iter().map(|&x| x as i32).collect();
         let k_log = random::<bf16>(rng, (b, cap, hk, d));
         let v_log = random::<bf16>(rng, (b, cap, hk, d));
-        let mut this = Self {
+        let (q, k_new, v_new) = (random::<bf16>(rng, (b, 1, Self::H, d)), random::<bf16>(rng, (b, 1, hk, d)), random::<bf16>(rng, (b, 1, hk, d)));
+        let up = |a: &Array4<bf16>| s.clone_htod(a.as_slice().unwrap()).unwrap();
+        Self {
+            kc: up(&Self::physical(&table, &k_log)),
+            vc: up(&Self::physical(&table, &v_log)),
+            table_d: s.clone_htod(&table).unwrap(),
+            seqlens_d: s.clone_htod(&lens.map(|l| l as i32)).unwrap(),
+            q_d: up(&q),
+            knew_d: up(&k_new),
+            vnew_d: up(&v_new),
             lens: lens.to_vec(),
             k_log,
             v_log,
             table,
-            q: random::<bf16>(rng, (b, 1, Self::H, d)),
-            k_new: random::<bf16>(rng, (b, 1, hk, d)),
-            v_new: random::<bf16>(rng, (b, 1, hk, d)),
-            kc: s.alloc_zeros(1).unwrap(),
-            vc: s.alloc_zeros(1).unwrap(),
-            table_d: s.alloc_zeros(1).unwrap(),
-            seqlens_d: s.alloc_zeros(1).unwrap(),
-            q_d: s.alloc_zeros(1).unwrap(),
-            knew_d: s.alloc_zeros(1).unwrap(),
-            vnew_d: s.alloc_zeros(1).unwrap(),
-        };
-        let (kp, vp) = (this.physical(&this.k_log), this.physical(&this.v_log));
-        this.kc = s.clone_htod(kp.as_slice().unwrap()).unwrap();
-        this.vc = s.clone_htod(vp.as_slice().unwrap()).unwrap();
-        this.table_d = s.clone_htod(&this.table).unwrap();
-        this.seqlens_d = s.clone_htod(&this.lens_i32()).unwrap();
-        this.q_d = s.clone_htod(this.q.as_slice().unwrap()).unwrap();
-        this.knew_d = s.clone_htod(this.k_new.as_slice().unwrap()).unwrap();
-        this.vnew_d = s.clone_htod(this.v_new.as_slice().unwrap()).unwrap();
-        this
+            q,
+            k_new,
+            v_new,
+        }
     }
 
     fn lens_i32(&self) -> Vec<i32> {
         self.lens.iter().map(|&l| l as i32).collect()
     }
 
-    /// Pool page and row of key `t` of sequence `b`.
-    fn at(&self, b: usize, t: usize) -> (usize, usize) {
-        (self.table[b * Self::PER + t / Self::PAGE] as usize, t % Self::PAGE)
-    }
-
-    /// The pool `(POOL, PAGE, HK, D)` holding a logical cache (spare pages 0).
-    fn physical(&self, log: &Array4<bf16>) -> Array4<bf16> {
+    /// The pool `(POOL, PAGE, HK, D)` holding a logical cache through
+    /// `table` (spare pages 0).
+    fn physical(table: &[i32], log: &Array4<bf16>) -> Array4<bf16> {
         let mut p = Array4::from_elem((Self::POOL, Self::PAGE, Self::HK, Self::D), bf16::ZERO);
         for b in 0..Self::B {
             for t in 0..Self::PER * Self::PAGE {
-                let (pg, r) = self.at(b, t);
-                p.slice_mut(s![pg, r, .., ..]).assign(&log.slice(s![b, t, .., ..]));
+                let page = table[b * Self::PER + t / Self::PAGE] as usize;
+                p.slice_mut(s![page, t % Self::PAGE, .., ..]).assign(&log.slice(s![b, t, .., ..]));
             }
         }
         p
@@ -161,7 +150,7 @@ impl PagedDecode {
             self.k_log.slice_mut(s![b, t, .., ..]).assign(&self.k_new.slice(s![b, 0, .., ..]));
             self.v_log.slice_mut(s![b, t, .., ..]).assign(&self.v_new.slice(s![b, 0, .., ..]));
         }
-        let (kp, vp) = (self.physical(&self.k_log), self.physical(&self.v_log));
+        let (kp, vp) = (Self::physical(&self.table, &self.k_log), Self::physical(&self.table, &self.v_log));
         let (kb, vb) = self.cache_bits(g);
         let want = |a: &Array4<bf16>| a.iter().map(|x| x.to_bits()).collect::<Vec<u16>>();
         // Spare pages: zeros before and after (never written).

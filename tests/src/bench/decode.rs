@@ -284,20 +284,7 @@ impl DecodeInputs {
     /// the scratch's counters nothing is allocated: a CUDA graph can
     /// capture it).
     pub fn run_into(&mut self, g: &Gpu) -> Res<()> {
-        let c = self.cell;
-        let deterministic = self.deterministic;
-        let (cache, scratch, q, o, lse) = self.parts(false);
-        g.fa.forward_kvcache_into::<half::bf16, _, _>(
-            &g.stream,
-            q,
-            cache,
-            TensorMut::new(o, TensorLayout::contiguous([c.batch, 1, H, D])),
-            lse,
-            &ForwardParams::default(),
-            &Extras::default(),
-            DecodeOptions { num_splits: None, scratch: Some(scratch), kernel: None, timeline: None, deterministic },
-        )?;
-        Ok(())
+        Ok(self.call_into(g, 0)?)
     }
 
     /// [`DecodeInputs::run_into`] with O 8 bytes off its alignment: the
@@ -305,23 +292,29 @@ impl DecodeInputs {
     /// launch (the host's cost of a call without the driver's). Errors
     /// unless it fails so.
     pub fn plan_only(&mut self, g: &Gpu) -> Res<()> {
-        let c = self.cell;
-        let (cache, scratch, q, o, lse) = self.parts(false);
-        let mut off = o.slice_mut(4..);
-        let r = g.fa.forward_kvcache_into::<half::bf16, _, _>(
-            &g.stream,
-            q,
-            cache,
-            TensorMut::new(&mut off, TensorLayout::contiguous([c.batch, 1, H, D])),
-            lse,
-            &ForwardParams::default(),
-            &Extras::default(),
-            DecodeOptions { num_splits: None, scratch: Some(scratch), kernel: None, timeline: None, deterministic: false },
-        );
-        match r {
+        match self.call_into(g, 4) {
             Err(flash_attn::FlashAttnError::Misaligned { argument: "o", .. }) => Ok(()),
             other => Err(format!("plan_only: expected a misaligned O, got {other:?}").into()),
         }
+    }
+
+    /// `forward_kvcache_into` with O starting `o_offset` elements into the
+    /// cell's O buffer.
+    fn call_into(&mut self, g: &Gpu, o_offset: usize) -> flash_attn::Result<()> {
+        let c = self.cell;
+        let deterministic = self.deterministic;
+        let (cache, scratch, q, o, lse) = self.parts(false);
+        let mut o = o.slice_mut(o_offset..);
+        g.fa.forward_kvcache_into::<half::bf16, _, _>(
+            &g.stream,
+            q,
+            cache,
+            TensorMut::new(&mut o, TensorLayout::contiguous([c.batch, 1, H, D])),
+            lse,
+            &ForwardParams::default(),
+            &Extras::default(),
+            DecodeOptions { num_splits: None, scratch: Some(scratch), kernel: None, timeline: None, deterministic },
+        )
     }
 
     /// A call's cache (with one new token per sequence: the query buffer
