@@ -13,6 +13,8 @@
 //! * [`ndarray_api`]: `flash_attn_func` over `ndarray` arrays, with a CPU
 //!   fallback when no GPU is present.
 //! * [`ptx`]: the embedded PTX, one build per target family.
+//! * [`page_order`]: block tables sorted by address where key order is free
+//!   (a paged cache streamed as its pages lie in memory).
 //! * [`tc`]: the tensor-core (f16/bf16) kernel table and launch.
 pub mod api;
 pub mod decode;
@@ -23,6 +25,7 @@ pub mod error;
 pub mod hopper;
 pub mod ndarray_api;
 pub mod ndarray_kvcache;
+pub mod page_order;
 pub mod params;
 pub mod ptx;
 pub mod reference;
@@ -42,6 +45,7 @@ pub use dispatch::DType;
 pub use error::{FlashAttnError, Result};
 pub use hopper::KernelFamily;
 pub use ndarray_kvcache::{HostKvCache, flash_attn_varlen_paged_func, flash_attn_with_kvcache};
+pub use page_order::{KvCacheCall, order_block_table};
 pub use ndarray_api::{
     Backend, default_backend, flash_attn_func, flash_attn_func_ext, flash_attn_func_on, flash_attn_func_on_ext,
     flash_attn_varlen_func,

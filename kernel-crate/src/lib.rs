@@ -6,9 +6,11 @@
 //! * `tile/`, `fa1`, `fa2`, `standard`: the f32 kernels (the readable
 //!   reference GPU path): shared-memory tiles, Algorithm 1, FA2, Algorithm 0.
 //! * `tc/`: tensor-core FA2 and FA1 kernels for f16/bf16.
+//! * `page_order`: block tables sorted by address on the device.
 //!
 //! Every exported entry point is `extern "ptx-kernel"` and takes one
-//! `#[repr(C)]` parameter block from `flash_attn_common::params`.
+//! `#[repr(C)]` parameter block from `flash_attn_common` (`params`,
+//! `decode_params`, `page_order`).
 #![no_std]
 #![feature(abi_ptx, stdarch_nvptx, asm_experimental_arch, core_intrinsics, gpu_intrinsics, gpu_launch_sized_workgroup_mem)]
 #![allow(internal_features)]
@@ -19,6 +21,7 @@ pub mod fa1;
 pub mod fa2;
 #[cfg(fa_sm90a)]
 pub mod hopper;
+pub mod page_order;
 pub mod score;
 pub mod softmax_rows;
 pub mod standard;

@@ -10,7 +10,7 @@
 //! Usage: `decode-tune [--quick] [--flush read|write] [--splits N,...]
 //! [--kernels SUBSTR,...] [--layouts P,...] [--cells B:CACHE:HK,...] [--page-order random|inorder|group:N,...]
 //! [--no-fused] [--schedules default,static] [--no-event-tracking]
-//! [--timeline [--timeline-csv FILE]] [--append] [--graph]`
+//! [--timeline [--timeline-csv FILE]] [--append] [--graph] [--order-cost]`
 //! (prints a markdown table). `--graph` (with `--no-event-tracking`)
 //! instead times back-to-back decode steps per cell, eager and replayed
 //! from a CUDA graph.
@@ -70,7 +70,10 @@ struct Opts {
     /// groups of N pages), `sorted:N` (random, then each run of N logical
     /// pages sorted by address) or `ranged:S:F` (random, then each of S
     /// split shares of a sequence given an address range after its first F
-    /// pages); a row per order (default: random)
+    /// pages), `ordered` (random, then each row through the library's
+    /// `order_block_table`) or `scattered:K` / `scattered-ordered:K` (drawn
+    /// from a pool K× larger, ordered or not); a row per order (default:
+    /// random)
     #[arg(long, value_delimiter = ',', value_parser = PageOrder::parse)]
     page_order: Vec<PageOrder>,
     /// Instead of the kernel columns: per cell, 200 back-to-back decode
@@ -82,6 +85,10 @@ struct Opts {
     /// Needs --no-event-tracking
     #[arg(long)]
     graph: bool,
+    /// Per paged cell, also time `FlashAttention::order_block_table` on
+    /// the device over the cell's table (the L2 flushed before each run)
+    #[arg(long)]
+    order_cost: bool,
     /// Only these cells, as batch:cache:kv_heads (default: all)
     #[arg(long, value_delimiter = ',', value_parser = parse_cell)]
     cells: Vec<(usize, usize, usize)>,
@@ -273,6 +280,27 @@ fn main() -> Res<()> {
                 }
                 timelines.push((c, layout.clone(), kernel, ns, us, summary));
             }
+        }
+        // Last: it reorders the cell's table (the columns above read it as placed).
+        if o.order_cost && c.page.is_some() {
+            let m = time_events(&g.ctx, &g.stream, timing, |step| match step {
+                Step::Setup(_) => flush.run(&g.stream),
+                Step::Timed(_) => inputs.order_table(g),
+            })?;
+            // And back to back, the table and code warm in the L2.
+            let w = time_events(&g.ctx, &g.stream, timing, |step| match step {
+                Step::Setup(_) => Ok(()),
+                Step::Timed(_) => inputs.order_table(g),
+            })?;
+            eprintln!(
+                "order_block_table {} {} 32/{} {}: {:.2} µs after the flush, {:.2} µs warm",
+                c.batch,
+                c.cache,
+                c.hk,
+                layout,
+                m.ms.unwrap_or(f64::NAN) * 1e3,
+                w.ms.unwrap_or(f64::NAN) * 1e3
+            );
         }
         line += &format!(" {diff:.1e} |");
         eprintln!("{line}");

@@ -11,6 +11,9 @@
 //!   unused entries) and page sizes 1, 2, 3, 4, 5, 7, 8, 16, 32; the pages
 //!   after an append; varlen prefill over pages (shared prefix pages
 //!   included) = varlen over the packed keys;
+//! * address-ordered block tables (`order_block_table`): each row's free full
+//!   pages sorted, the logical table's attention and appends where no mask or
+//!   bias depends on positions, a typed error where one does;
 //! * every bad input a typed error naming the argument, the cache untouched.
 //!
 //! f64, 256 cases per property.
@@ -24,7 +27,8 @@ use flash_attn::reference::{
     AttnOutput, PagedKv, PagedKvMut, attention, attention_varlen, attention_varlen_paged, combine_partials,
     kvcache_attention, paged_kvcache_attention, paged_to_contiguous, split_kv_forward, split_kv_partials,
 };
-use flash_attn::{FlashAttnError, ForwardParams};
+use flash_attn::common::mask::{UNBOUNDED, normalize_window};
+use flash_attn::{FlashAttnError, ForwardParams, KvCacheCall, order_block_table};
 use infer::{Dense, Feat, assert_invalid, check_close, check_out, dense, expected_alone, feat, host_alibi, prefix_sums, seq_slopes, slopes};
 use ndarray::{Array2, Array3, Array4, Axis, array, concatenate, s};
 use proptest::prelude::*;
@@ -311,6 +315,40 @@ fn paged_case() -> impl Strategy<Value = PagedCase> {
         })
 }
 
+/// One paged KV-cache problem's data: lengths before and after the append,
+/// a random block table over a pool with spare pages, the pages, q, the new
+/// rows, ALiBi slopes.
+struct PagedData {
+    seqlens: Vec<i32>,
+    after: Vec<usize>,
+    table: Array2<i32>,
+    k_pages: Array4<f64>,
+    v_pages: Array4<f64>,
+    q: Array4<f64>,
+    k_new: Option<Array4<f64>>,
+    v_new: Option<Array4<f64>>,
+    slopes: Vec<f32>,
+}
+
+impl PagedCase {
+    fn data(&self, seed: u64) -> PagedData {
+        let mut rng = Rng::new(seed);
+        let (b, hk, d, h) = (self.batch, self.nheads_k, self.d, self.nheads_k * self.group);
+        let cap = self.max_blocks * self.page;
+        let n = self.s_new.unwrap_or(0);
+        let seqlens: Vec<i32> = (0..b).map(|i| ((cap - n) as f64 * self.fill[i]).round() as i32).collect();
+        let after: Vec<usize> = seqlens.iter().map(|&x| x as usize + n).collect();
+        let (table, num_blocks) = block_table(&mut rng, &after, self.page, self.max_blocks, self.spare_blocks);
+        let k_pages = rng.tensor((num_blocks, self.page, hk, d), 2.0);
+        let v_pages = rng.tensor((num_blocks, self.page, hk, d), 1.0);
+        let q = rng.tensor((b, self.sq, h, d), 2.0);
+        let k_new = self.s_new.map(|n| rng.tensor((b, n, hk, d), 2.0));
+        let v_new = self.s_new.map(|n| rng.tensor((b, n, hk, d), 1.0));
+        let slopes = slopes(&mut rng, self.f.alibi, b, h);
+        PagedData { seqlens, after, table, k_pages, v_pages, q, k_new, v_new, slopes }
+    }
+}
+
 /// A random block table: each sequence gets distinct blocks for the tokens
 /// it holds after the append (shuffled over the pool); entries past those
 /// are garbage (-1, out of range, or someone else's block): never read.
@@ -345,19 +383,10 @@ proptest! {
 
     #[test]
     fn paged_equals_contiguous(c in paged_case()) {
-        let mut rng = Rng::new(c.seed);
-        let (b, hk, d, h) = (c.batch, c.nheads_k, c.d, c.nheads_k * c.group);
+        let (b, hk, d) = (c.batch, c.nheads_k, c.d);
         let cap = c.max_blocks * c.page;
         let n = c.s_new.unwrap_or(0);
-        let seqlens: Vec<i32> = (0..b).map(|i| ((cap - n) as f64 * c.fill[i]).round() as i32).collect();
-        let after: Vec<usize> = seqlens.iter().map(|&x| x as usize + n).collect();
-        let (table, num_blocks) = block_table(&mut rng, &after, c.page, c.max_blocks, c.spare_blocks);
-        let k_pages = rng.tensor((num_blocks, c.page, hk, d), 2.0);
-        let v_pages = rng.tensor((num_blocks, c.page, hk, d), 1.0);
-        let q = rng.tensor((b, c.sq, h, d), 2.0);
-        let k_new = c.s_new.map(|n| rng.tensor((b, n, hk, d), 2.0));
-        let v_new = c.s_new.map(|n| rng.tensor((b, n, hk, d), 1.0));
-        let sl = slopes(&mut rng, c.f.alibi, b, h);
+        let PagedData { seqlens, after, table, k_pages, v_pages, q, k_new, v_new, slopes: sl } = c.data(c.seed);
         let p = c.f.params();
         let al = || host_alibi(c.f.alibi, &sl);
 
@@ -404,6 +433,53 @@ proptest! {
         }
         prop_assert_eq!(kp, k_want);
         prop_assert_eq!(vp, v_want);
+    }
+
+    /// An address-ordered block table (`order_block_table`) gives the
+    /// logical table's attention and appends to the same slots; calls whose
+    /// keys carry positions (a left window, ALiBi) are refused.
+    #[test]
+    fn ordered_table_equals_logical(c in paged_case()) {
+        let b = c.batch;
+        let cap = c.max_blocks * c.page;
+        let n = c.s_new.unwrap_or(0);
+        let PagedData { seqlens, table, k_pages, v_pages, q, k_new, v_new, slopes: sl, .. } = c.data(c.seed ^ 0x0DE5);
+        let p = c.f.params();
+        let call = KvCacheCall { params: &p, alibi: c.f.alibi.is_some(), seqlen_q: c.sq, s_new: n };
+        let mut ordered = table.clone();
+        let r = order_block_table(ordered.as_slice_mut().unwrap(), c.max_blocks, c.page, &seqlens, &call);
+        let (left, _) = normalize_window(p.causal, p.window_left, p.window_right, cap);
+        if c.f.alibi.is_some() || left != UNBOUNDED {
+            prop_assert!(r.is_err(), "a position-dependent call was ordered");
+            prop_assert_eq!(&ordered, &table);
+            return Ok(());
+        }
+        // Each row: its full pages of keys that every query row sees (by
+        // brute force over the mask) sorted, every other slot as it was.
+        let (_, right) = normalize_window(p.causal, p.window_left, p.window_right, cap);
+        let mut want_table = table.clone();
+        let mut free_pages = 0;
+        for bb in 0..b {
+            let (cached, seqlen_k) = (seqlens[bb] as i64, seqlens[bb] as i64 + n as i64);
+            let seen_by_all = |j: i64| (0..c.sq as i64).all(|i| right == UNBOUNDED || j <= i + seqlen_k - c.sq as i64 + right as i64);
+            let free = (0..cached).filter(|&j| seen_by_all(j)).count() / c.page;
+            want_table.slice_mut(s![bb, ..free]).as_slice_mut().unwrap().sort_unstable();
+            free_pages += free;
+        }
+        prop_assert_eq!(r.unwrap(), free_pages);
+        prop_assert_eq!(&ordered, &want_table);
+        let run = |t: &Array2<i32>| {
+            let (mut kp, mut vp) = (k_pages.clone(), v_pages.clone());
+            let pages = PagedKvMut { k_pages: kp.view_mut(), v_pages: vp.view_mut(), block_table: t.view() };
+            let (kn, vn) = (k_new.as_ref().map(|a| a.view()), v_new.as_ref().map(|a| a.view()));
+            let out = paged_kvcache_attention(q.view(), pages, &seqlens, kn, vn, &p, host_alibi(c.f.alibi, &sl)).unwrap();
+            (out, kp, vp)
+        };
+        let (want, k_want, v_want) = run(&table);
+        let (got, k_got, v_got) = run(&ordered);
+        check_out("ordered vs logical table", &got, &want, TOL)?;
+        prop_assert_eq!(k_got, k_want);
+        prop_assert_eq!(v_got, v_want);
     }
 
     /// Varlen prefill over pages (prefix caching) = varlen over the packed

@@ -3,11 +3,16 @@
 //! at any strides with the elements between left alone, typed errors for
 //! bad outputs raised before anything is enqueued (the cache untouched),
 //! and a decode loop captured once in a CUDA graph and replayed step after
-//! step — every step against the f64 reference (O within 3 × the naive
-//! bf16 error, the logsumexp within 1e-4) and the cache compared exactly.
+//! step, and a decode loop over an address-ordered block table
+//! (`order_block_table`) — every step against the f64 reference (O within
+//! 3 × the naive bf16 error, the logsumexp within 1e-4) and the cache
+//! compared exactly.
 
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, sys};
-use flash_attn::{BlockTable, DecodeOptions, Extras, FlashAttnError, ForwardParams, KvCache, KvCacheRef, RowStats, SplitScratch, Tensor, TensorLayout, TensorMut};
+use flash_attn::{
+    BlockTable, DecodeOptions, Extras, FlashAttnError, ForwardParams, KvCache, KvCacheCall, KvCacheRef, RowStats, SplitScratch, Tensor, TensorLayout,
+    TensorMut, order_block_table,
+};
 use flash_attn_tests::features::{Spec, assert_matches_reference, random};
 use flash_attn_tests::{Gpu, Rng, gpu};
 use half::bf16;
@@ -414,4 +419,105 @@ fn gpu_decode_cuda_graph() {
 fn gpu_decode_cuda_graph_two_step() {
     let Some(g) = gpu("gpu_decode_cuda_graph_two_step") else { return };
     graph_loop(g, &mut Rng::fresh("gpu_decode_cuda_graph_two_step"), true);
+}
+
+/// A decode loop over an address-ordered block table
+/// (`FlashAttention::order_block_table` on the device table, the same order
+/// as the host's `order_block_table`): the kernels read the ordered table while the
+/// pages hold the logical table's keys. Each step (the new key appended in
+/// the call, 4 deterministic splits and the library's default schedule in
+/// turn) matches the f64 reference over the logical keys, and the cache is
+/// exactly the logical model's — the appends land in the same slots — as
+/// the sequences grow across page boundaries (300 → 306 crosses 304, 77 →
+/// 83 crosses 80) without ordering again.
+#[test]
+fn gpu_decode_ordered_table() {
+    let Some(g) = gpu("gpu_decode_ordered_table") else { return };
+    let mut rng = Rng::fresh("gpu_decode_ordered_table");
+    let s = &g.stream;
+    let mut st = PagedDecode::new(g, &mut rng, [0, 300, 77]);
+    let params = ForwardParams::default();
+    let call = KvCacheCall { params: &params, alibi: false, seqlen_q: 1, s_new: 1 };
+    let mut ordered = st.table.clone();
+    let n = order_block_table(&mut ordered, PagedDecode::PER, PagedDecode::PAGE, &st.lens_i32(), &call).unwrap();
+    assert_eq!(n, 300 / 16 + 77 / 16, "the full pages of the cached keys");
+    assert_ne!(ordered, st.table, "the random table reordered");
+    // The device's sort of the device table: the host's order.
+    g.fa.order_block_table(s, &mut st.table_d, PagedDecode::PER, PagedDecode::PAGE, &st.seqlens_d, &call).unwrap();
+    assert_eq!(s.clone_dtoh(&st.table_d).unwrap(), ordered, "order_block_table on the device");
+    for k in 0..6 {
+        let opts = if k % 2 == 0 { DecodeOptions { num_splits: Some(4), deterministic: true, ..Default::default() } } else { DecodeOptions::default() };
+        let out = {
+            let (c, q) = st.call_inputs();
+            g.fa.forward_kvcache::<bf16, _>(s, Tensor::new(q, PagedDecode::q_layout()), c, &params, &Extras::default(), opts).unwrap()
+        };
+        let RowStats::LogSumExp(lse) = &out.stats else { unreachable!("FA2 gives the LSE") };
+        let (o, lse) = download(g, &out.o, out.o_layout, lse);
+        st.check_step(g, &format!("ordered table, step {k}"), &o, &lse);
+        st.next_inputs(g, &mut rng);
+    }
+    assert_eq!(st.lens, vec![6, 306, 83]);
+}
+
+/// `FlashAttention::order_block_table` against the host's
+/// `order_block_table` over random tables (rows of 1 to 8192 slots, powers
+/// of two and not), lengths from 0 to the capacity and, on the device only,
+/// out of range (clamped: −5 as 0, past the capacity as the capacity), for
+/// plain decode and for 4 causal query rows without new keys; the
+/// position-dependent calls and bad shapes typed errors, the table
+/// untouched.
+#[test]
+fn gpu_order_block_table() {
+    let Some(g) = gpu("gpu_order_block_table") else { return };
+    let mut rng = Rng::fresh("gpu_order_block_table");
+    let s = &g.stream;
+    let plain = ForwardParams::default();
+    let causal = ForwardParams { causal: true, ..Default::default() };
+    for (batch, max_blocks, page) in [(3, 1, 16), (4, 5, 16), (2, 1000, 16), (3, 3000, 1), (1, 8192, 16), (5, 64, 256)] {
+        let cap = (max_blocks * page) as i64;
+        let table: Vec<i32> = (0..batch * max_blocks).map(|_| rng.below(1 << 20) as i32 - 7).collect();
+        let mut lens: Vec<i64> = (0..batch).map(|_| rng.below(cap as usize + 1) as i64).collect();
+        lens[0] = cap;
+        if batch > 2 {
+            lens[1] = -5;
+            lens[2] = cap + 40;
+        }
+        let lens_d: Vec<i32> = lens.iter().map(|&l| l as i32).collect();
+        let lens_h: Vec<i32> = lens.iter().map(|&l| l.clamp(0, cap) as i32).collect();
+        for (p, sq) in [(&plain, 1), (&causal, 4)] {
+            let call = KvCacheCall { params: p, alibi: false, seqlen_q: sq, s_new: 0 };
+            let what = format!("batch {batch}, {max_blocks} slots of {page}, causal {}, {sq} rows", p.causal);
+            let mut want = table.clone();
+            order_block_table(&mut want, max_blocks, page, &lens_h, &call).unwrap();
+            let mut t_d = s.clone_htod(&table).unwrap();
+            let l_d = s.clone_htod(&lens_d).unwrap();
+            g.fa.order_block_table(s, &mut t_d, max_blocks, page, &l_d, &call).unwrap();
+            assert_eq!(s.clone_dtoh(&t_d).unwrap(), want, "{what}");
+            if max_blocks >= 64 {
+                // lens[0] is the capacity: ≥ 63 random entries sorted.
+                assert_ne!(want, table, "{what}: a random table reordered");
+            }
+        }
+    }
+    // Typed errors, nothing enqueued.
+    let table: Vec<i32> = (0..64).rev().collect();
+    let mut t_d = s.clone_htod(&table).unwrap();
+    let l_d = s.clone_htod(&[512i32, 512]).unwrap();
+    let window = ForwardParams { causal: true, window_left: Some(100), ..Default::default() };
+    let with = |p| KvCacheCall { params: p, alibi: false, seqlen_q: 1, s_new: 0 };
+    let cases: [(&str, usize, usize, KvCacheCall<'_>); 5] = [
+        ("a left window", 32, 16, with(&window)),
+        ("ALiBi", 32, 16, KvCacheCall { alibi: true, ..with(&plain) }),
+        ("page size 0", 32, 0, with(&plain)),
+        ("a table of another length", 31, 16, with(&plain)),
+        ("no query row", 32, 16, KvCacheCall { seqlen_q: 0, ..with(&plain) }),
+    ];
+    for (what, max_blocks, page, call) in cases {
+        let e = g.fa.order_block_table(s, &mut t_d, max_blocks, page, &l_d, &call).expect_err(what);
+        assert!(matches!(e, FlashAttnError::InvalidArgument { .. } | FlashAttnError::ShapeMismatch { .. }), "{what}: {e}");
+    }
+    let mut big: CudaSlice<i32> = s.alloc_zeros(2 * (1 << 16)).unwrap();
+    let e = g.fa.order_block_table(s, &mut big, 1 << 16, 16, &l_d, &with(&plain)).expect_err("a row past the device sort");
+    assert!(matches!(e, FlashAttnError::DimTooLarge { .. }), "{e}");
+    assert_eq!(s.clone_dtoh(&t_d).unwrap(), table, "the table untouched by the refused calls");
 }

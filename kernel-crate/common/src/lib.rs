@@ -11,12 +11,14 @@
 //!   and the HBM-traffic model of standard attention, FA1 and FA2.
 //! * [`smem_layout`]: thread shape and shared-memory layout of the f32 kernels.
 //! * [`tc`]: shared-memory footprint of the tensor-core kernels.
+//! * [`page_order`]: which block-table slots may be read in address order.
 #![cfg_attr(not(feature = "std"), no_std)]
 #![cfg_attr(target_arch = "nvptx64", feature(asm_experimental_arch))]
 
 pub mod decode_params;
 pub mod hopper;
 pub mod mask;
+pub mod page_order;
 pub mod params;
 pub mod plan;
 pub mod real;

@@ -17,6 +17,12 @@ pub fn shfl_xor_f32(x: f32, lane_mask: u32) -> f32 {
     y
 }
 
+/// [`shfl_xor_f32`] for 32-bit integers (the same bits moved).
+#[inline(always)]
+pub fn shfl_xor_i32(x: i32, lane_mask: u32) -> i32 {
+    shfl_xor_f32(f32::from_bits(x as u32), lane_mask).to_bits() as i32
+}
+
 /// `shfl.sync.idx.b32`: the value of lane `src_lane`.
 #[inline(always)]
 pub fn shfl_idx_f32(x: f32, src_lane: u32) -> f32 {

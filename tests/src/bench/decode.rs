@@ -67,6 +67,15 @@ pub enum PageOrder {
     /// address range of the row's pages (after `first` pages read in
     /// logical order) would stream (decode step 42).
     Ranged { splits: usize, first: usize },
+    /// A random permutation, then each row as the library's
+    /// [`flash_attn::order_block_table`] leaves it for the benchmark's call
+    /// (one query token, no append, no mask: every full page by address) —
+    /// what a caller that orders its tables gets.
+    Ordered,
+    /// The sequences' pages drawn at random from a pool `factor` times
+    /// larger than they need (an allocator's pool after churn: a sequence's
+    /// pages scattered among others'), rows `ordered` by the library or not.
+    Scattered { factor: usize, ordered: bool },
 }
 
 impl PageOrder {
@@ -79,6 +88,12 @@ impl PageOrder {
         match s {
             "random" => Ok(PageOrder::Random),
             "inorder" => Ok(PageOrder::Grouped(1)),
+            "ordered" => Ok(PageOrder::Ordered),
+            _ if s.starts_with("scattered") => match (n("scattered:"), n("scattered-ordered:")) {
+                (Some(factor), _) => Ok(PageOrder::Scattered { factor, ordered: false }),
+                (_, Some(factor)) => Ok(PageOrder::Scattered { factor, ordered: true }),
+                _ => Err(format!("{s}: want scattered:K or scattered-ordered:K (K > 0)")),
+            },
             _ if s.starts_with("ranged:") => match s["ranged:".len()..].split_once(':').map(|(a, b)| (a.parse::<usize>(), b.parse::<usize>())) {
                 Some((Ok(splits), Ok(first))) if splits > 0 => Ok(PageOrder::Ranged { splits, first }),
                 _ => Err(format!("{s}: want ranged:SPLITS:FIRST (SPLITS > 0)")),
@@ -86,7 +101,7 @@ impl PageOrder {
             _ => match (n("group:"), n("sorted:")) {
                 (Some(g), _) => Ok(PageOrder::Grouped(g)),
                 (_, Some(r)) => Ok(PageOrder::Sorted(r)),
-                _ => Err(format!("{s}: want random, inorder, group:N, sorted:N (N > 0) or ranged:SPLITS:FIRST")),
+                _ => Err(format!("{s}: want random, inorder, ordered, group:N, sorted:N (N > 0), ranged:SPLITS:FIRST or scattered[-ordered]:K")),
             },
         }
     }
@@ -99,6 +114,9 @@ impl PageOrder {
             PageOrder::Grouped(n) => format!("group:{n}"),
             PageOrder::Sorted(n) => format!("sorted:{n}"),
             PageOrder::Ranged { splits, first } => format!("ranged:{splits}:{first}"),
+            PageOrder::Ordered => "ordered".into(),
+            PageOrder::Scattered { factor, ordered: false } => format!("scattered:{factor}"),
+            PageOrder::Scattered { factor, ordered: true } => format!("scattered-ordered:{factor}"),
         }
     }
 
@@ -110,16 +128,36 @@ impl PageOrder {
             PageOrder::Grouped(n) => format!("pages shuffled within groups of {n}"),
             PageOrder::Sorted(n) => format!("a random permutation of the pool, each run of {n} logical pages sorted by address"),
             PageOrder::Ranged { splits, first } => format!("a random permutation of the pool, each sequence's {splits} split shares given address ranges after their first {first} pages"),
+            PageOrder::Ordered => "pages placed by a random permutation of the pool, each block-table row then ordered by `flash_attn::order_block_table`".into(),
+            PageOrder::Scattered { factor, ordered } => format!(
+                "pages drawn at random from a pool {factor}× as large as the sequences need{}",
+                if ordered { ", each block-table row then ordered by `flash_attn::order_block_table`" } else { "" }
+            ),
         }
     }
 
+    /// How many times the pages the sequences need the pool holds.
+    pub fn pool_factor(self) -> usize {
+        match self {
+            PageOrder::Scattered { factor, .. } => factor,
+            _ => 1,
+        }
+    }
+
+    /// Whether the rows go through [`flash_attn::order_block_table`].
+    pub fn ordered_by_library(self) -> bool {
+        matches!(self, PageOrder::Ordered | PageOrder::Scattered { ordered: true, .. })
+    }
+
     /// The pool's page order: `perm[i]` is the page holding logical page `i`
-    /// (`per` pages per sequence, rows one after another).
+    /// (`per` pages per sequence, rows one after another) of `n` pages, in a
+    /// pool of `n ·` [`PageOrder::pool_factor`] pages. (Before
+    /// [`flash_attn::order_block_table`] for the orders that use it.)
     pub fn permutation(self, n: usize, per: usize, rng: &mut Rng) -> Vec<i32> {
-        let mut perm: Vec<i32> = (0..n as i32).collect();
+        let mut perm: Vec<i32> = (0..(n * self.pool_factor()) as i32).collect();
         let group = match self {
-            PageOrder::Random | PageOrder::Sorted(_) | PageOrder::Ranged { .. } => n.max(1),
             PageOrder::Grouped(g) => g,
+            _ => perm.len().max(1),
         };
         for chunk in perm.chunks_mut(group) {
             for i in (1..chunk.len()).rev() {
@@ -142,6 +180,7 @@ impl PageOrder {
                 }
             }
         }
+        perm.truncate(n);
         perm
     }
 }
@@ -188,7 +227,8 @@ impl DecodeInputs {
             None => (c.batch, c.cache),
             Some(p) => (c.batch * c.cache / p, p),
         };
-        let elems = n_rows * rows_per * c.hk * D;
+        let pool_rows = n_rows * c.page.map_or(1, |_| order.pool_factor());
+        let elems = pool_rows * rows_per * c.hk * D;
         let pattern: Vec<half::bf16> = (0..elems.min(1 << 22))
             .map(|_| half::bf16::from_f32(rng.nonzero(1.0)))
             .collect();
@@ -211,8 +251,16 @@ impl DecodeInputs {
                 .map(|_| half::bf16::from_f32(rng.nonzero(1.0)))
                 .collect::<Vec<_>>(),
         )?;
-        let seqlens = s.clone_htod(&vec![c.cache as i32; c.batch])?;
-        let table = s.clone_htod(&order.permutation(n_rows, c.cache.div_ceil(rows_per), rng))?;
+        let lens = vec![c.cache as i32; c.batch];
+        let seqlens = s.clone_htod(&lens)?;
+        let per = c.cache.div_ceil(rows_per);
+        let mut table = order.permutation(n_rows, per, rng);
+        if c.page.is_some() && order.ordered_by_library() {
+            let p = ForwardParams::default();
+            let call = flash_attn::KvCacheCall { params: &p, alibi: false, seqlen_q: 1, s_new: 0 };
+            flash_attn::order_block_table(&mut table, per, rows_per, &lens, &call)?;
+        }
+        let table = s.clone_htod(&table)?;
         Ok(DecodeInputs {
             cell: c,
             kc,
@@ -225,8 +273,8 @@ impl DecodeInputs {
             counters: s.alloc_zeros(c.batch * H)?,
             o: s.alloc_zeros(c.batch * H * D + 8)?, // + 8: plan_only's misaligned view
             lse: s.alloc_zeros(c.batch * H)?,
-            layout: TensorLayout::contiguous([n_rows, rows_per, c.hk, D]),
-            per: c.cache.div_ceil(rows_per),
+            layout: TensorLayout::contiguous([pool_rows, rows_per, c.hk, D]),
+            per,
             fused: true,
             deterministic: false,
         })
@@ -276,6 +324,19 @@ impl DecodeInputs {
             None,
             c.page.map(|_| BlockTable { table: &self.table as &dyn DevicePtr<i32>, max_blocks_per_seq: self.per }),
         )?;
+        Ok(())
+    }
+
+    /// The cell's block table through the device's
+    /// `FlashAttention::order_block_table` (in place, stream-ordered; one
+    /// query token, no append): what ordering the table costs a decode step
+    /// whose tables live on the GPU. A contiguous cell has no table: an error.
+    pub fn order_table(&mut self, g: &Gpu) -> Res<()> {
+        let c = self.cell;
+        let page = c.page.ok_or("order_table: a contiguous cell has no block table")?;
+        let p = ForwardParams::default();
+        let call = flash_attn::KvCacheCall { params: &p, alibi: false, seqlen_q: 1, s_new: 0 };
+        g.fa.order_block_table(&g.stream, &mut self.table, self.per, page, &self.seqlens, &call)?;
         Ok(())
     }
 
@@ -390,7 +451,24 @@ mod tests {
         assert_eq!(PageOrder::parse("sorted:128"), Ok(PageOrder::Sorted(128)));
         assert_eq!(PageOrder::parse("ranged:16:16"), Ok(PageOrder::Ranged { splits: 16, first: 16 }));
         assert!(PageOrder::parse("ranged:0:1").is_err() && PageOrder::parse("ranged:4").is_err());
-        for o in [PageOrder::Random, PageOrder::Grouped(1), PageOrder::Grouped(8), PageOrder::Sorted(128), PageOrder::Ranged { splits: 16, first: 16 }] {
+        // A scattered pool: distinct pages of a pool 4× as large.
+        let perm = PageOrder::Scattered { factor: 4, ordered: false }.permutation(100, 50, &mut rng);
+        let mut seen = perm.clone();
+        seen.sort();
+        seen.dedup();
+        assert!(perm.len() == 100 && seen.len() == 100 && perm.iter().all(|&p| (0..400).contains(&p)), "{perm:?}");
+        assert!(perm.iter().any(|&p| p >= 100), "{perm:?}");
+        assert!(PageOrder::parse("scattered:0").is_err() && PageOrder::parse("scattered").is_err());
+        for o in [
+            PageOrder::Random,
+            PageOrder::Grouped(1),
+            PageOrder::Grouped(8),
+            PageOrder::Sorted(128),
+            PageOrder::Ranged { splits: 16, first: 16 },
+            PageOrder::Ordered,
+            PageOrder::Scattered { factor: 4, ordered: false },
+            PageOrder::Scattered { factor: 8, ordered: true },
+        ] {
             assert_eq!(PageOrder::parse(&o.name()), Ok(o), "{o:?}");
             assert!(!o.describe().is_empty());
         }

@@ -3,7 +3,7 @@
 //!
 //! bf16, d = 128, 32 query heads over 32 (MHA) or 8 (GQA) KV heads, batch ∈
 //! {1, 8, 64} × cache length ∈ {4096, 32768, 131072}, contiguous and paged
-//! (page 16 and 256, pages in a random order; `--page-order inorder|group:N|sorted:N|ranged:S:F`
+//! (page 16 and 256, pages in a random order; `--page-order inorder|ordered|group:N|sorted:N|ranged:S:F|scattered[-ordered]:K`
 //! places them otherwise). Per cell: the median of
 //! CUDA-event-timed runs after warm-up (ours with automatic splits and with
 //! one split in alternating halves), the L2 flushed before every run
@@ -27,7 +27,7 @@
 //! ours solid per batch, heads and layout, PyTorch flash dashed).
 //!
 //! Usage: `fa-bench-decode [OUT] [--quick] [--batches 1,8,64] [--caches ...]
-//! [--kv-heads 32,8] [--layouts contiguous,16,256] [--page-order random|inorder|group:N|sorted:N|ranged:S:F] [--reps N]
+//! [--kv-heads 32,8] [--layouts contiguous,16,256] [--page-order random|inorder|ordered|group:N|sorted:N|ranged:S:F|scattered[-ordered]:K] [--reps N]
 //! [--flush read|write] [--no-torch]`.
 
 mod report;
@@ -91,8 +91,11 @@ pub struct Opts {
     /// permutation, as FlashAttention-2's tests draw block tables: the
     /// default), `inorder` (as FlashInfer's decode benchmark), `group:N`
     /// (shuffled within groups of N pages), `sorted:N` (random, each run of N
-    /// logical pages sorted by address) or `ranged:S:F` (random, each of S
-    /// split shares given an address range after its first F pages)
+    /// logical pages sorted by address), `ranged:S:F` (random, each of S
+    /// split shares given an address range after its first F pages),
+    /// `ordered` (random, each row then through `order_block_table`) or
+    /// `scattered:K` / `scattered-ordered:K` (drawn from a pool K× larger,
+    /// ordered by the library or not)
     #[arg(long = "page-order", value_name = "ORDER", default_value = "random", value_parser = PageOrder::parse)]
     pub page_order: PageOrder,
     /// Turn cudarc's cross-stream event tracking off, as `fa-bench` and
@@ -159,7 +162,8 @@ pub fn grid(o: &Opts) -> Vec<Cell> {
 
 /// Why `c` cannot run here, if it cannot.
 fn skip_reason(o: &Opts, c: &Cell, free: usize) -> Option<String> {
-    let gb = c.bytes() / 1e9;
+    // The pool of a paged cell may hold more pages than the cell reads.
+    let gb = c.bytes() * c.page.map_or(1, |_| o.page_order.pool_factor()) as f64 / 1e9;
     if !H.is_multiple_of(c.hk) {
         return Some(format!(
             "skipped: {H} query heads are not a multiple of {} KV heads",
@@ -178,7 +182,7 @@ fn skip_reason(o: &Opts, c: &Cell, free: usize) -> Option<String> {
             o.mem_cap_gb
         ));
     }
-    if c.bytes() + 2e9 > free as f64 {
+    if gb * 1e9 + 2e9 > free as f64 {
         return Some(format!(
             "skipped: the K+V cache needs {gb:.1} GB, {:.1} GB free",
             free as f64 / 1e9
