@@ -22,6 +22,11 @@
 //! page and every slot past the ordered ones stay put, so appends and later
 //! pages land where they did.
 //!
+//! Varlen prefill over a paged cache (prefix caching,
+//! `forward_varlen_paged`) is such a call with `s_new = 0`, each sequence's
+//! key count as its cached length and the longest query chunk as
+//! `seqlen_q` (more rows than a sequence has only order fewer pages).
+//!
 //! An ordered table stays valid for later calls of the same kind as long as
 //! sequences only grow (decode): its ordered pages stay full and cached.
 //! Order again after anything that shortens a sequence below them

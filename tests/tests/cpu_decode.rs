@@ -526,6 +526,17 @@ proptest! {
         let pages = PagedKv { k_pages: k_pages.view(), v_pages: v_pages.view(), block_table: table.view() };
         let got = attention_varlen_paged(q.view(), &pages, &cu_q, &cu_k, seqused, max_q, max_k, &p, al()).unwrap();
         check_close("paged varlen vs varlen", (got.o.view(), got.lse.view()), (want.o.view(), want.lse.view()), TOL)?;
+        // Prefix caching over an address-ordered table: each sequence's keys
+        // as its cached length, no append, the longest query chunk as every
+        // sequence's (fewer free keys: safe).
+        let keys: Vec<i32> = if use_seqused { used.clone() } else { seg_k.iter().map(|&n| n as i32).collect() };
+        let call = KvCacheCall { params: &p, alibi: c.f.alibi.is_some(), seqlen_q: max_q.max(1), s_new: 0 };
+        let mut ordered = table.clone();
+        if order_block_table(ordered.as_slice_mut().unwrap(), c.max_blocks, page, &keys, &call).is_ok() {
+            let pages = PagedKv { k_pages: k_pages.view(), v_pages: v_pages.view(), block_table: ordered.view() };
+            let got = attention_varlen_paged(q.view(), &pages, &cu_q, &cu_k, seqused, max_q, max_k, &p, al()).unwrap();
+            check_close("paged varlen over the ordered table vs varlen", (got.o.view(), got.lse.view()), (want.o.view(), want.lse.view()), TOL)?;
+        }
     }
 }
 
