@@ -24,9 +24,8 @@ use flash_attn_common::page_order::{PageOrderParams, WARP_RUN, bitonic_pair, fre
 ///
 /// # Safety
 /// `p.table_ptr` holds `batch · max_blocks_per_seq` i32, `p.cache_seqlens_ptr`
-/// `batch` i32; `p.sort_len` is a power of two ≥ `max_blocks_per_seq` and
-/// ≥ [`WARP_RUN`], and the launch gives that many i32 of dynamic shared
-/// memory; `page_size ≥ 1`.
+/// `batch` i32; `p.sort_len` is a power of two ≥ `max_blocks_per_seq`, and
+/// the launch gives that many i32 of dynamic shared memory; `page_size ≥ 1`.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn order_block_table(p: PageOrderParams) {
     let (b, tid, nt) = (block_idx_x() as usize, thread_idx_x() as usize, block_dim_x() as usize);
@@ -36,10 +35,13 @@ pub unsafe extern "ptx-kernel" fn order_block_table(p: PageOrderParams) {
     let cached = unsafe { *(p.cache_seqlens_ptr as *const i32).add(b) };
     let cached = (cached.max(0) as u64).min(capacity);
     let n = free_pages(cached, p.seqlen_q as u64, p.s_new as u64, p.right, p.page_size as u64, max_blocks as u64) as usize;
-    if n < 2 {
-        return; // uniform over the block: no barrier is skipped by some threads only
-    }
     let n2 = n.next_power_of_two();
+    if n < 2 || n2 > p.sort_len as usize {
+        // Uniform over the block (no barrier is skipped by some threads
+        // only); a row longer than the launch's buffer (not launched so by
+        // the host) is left as it is.
+        return;
+    }
     // SAFETY: row `b` of `(batch, max_blocks)`; `n ≤ max_blocks`.
     let row = unsafe { (p.table_ptr as *mut i32).add(b * max_blocks) };
     let sm = dynamic_smem::<i32>();

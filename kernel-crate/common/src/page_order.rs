@@ -26,8 +26,9 @@ pub struct PageOrderParams {
     /// The right window bound after FlashAttention-2's normalization,
     /// [`crate::UNBOUNDED`] (negative) for none.
     pub right: i32,
-    /// Entries of the kernel's shared-memory sort buffer (a power of two ≥
-    /// `max_blocks_per_seq`).
+    /// Entries of the kernel's shared-memory sort buffer (the launch's
+    /// dynamic shared memory / 4: a power of two ≥ `max_blocks_per_seq`); a
+    /// row needing more is left unsorted.
     pub sort_len: u32,
 }
 
