@@ -43,6 +43,7 @@ use crate::device::FlashAttention;
 use crate::dispatch::Launch;
 use crate::error::{FlashAttnError, Result};
 use crate::params::ForwardParams;
+use crate::reference::decode::{check_lengths, paged_capacity};
 
 /// The call an ordered table is made for: its options and shape.
 #[derive(Clone, Copy, Debug)]
@@ -132,11 +133,11 @@ pub fn order_block_table(
     call: &KvCacheCall<'_>,
 ) -> Result<usize> {
     let capacity = check_table(table.len(), max_blocks_per_seq, page_size, cache_seqlens.len())?;
-    check_lengths(cache_seqlens, capacity)?;
+    let cached = check_lengths("cache_seqlens", cache_seqlens, cache_seqlens.len(), capacity)?;
     let free = FreeKeys::new(call, capacity)?;
     let mut ordered = 0;
-    for (row, &cached) in table.chunks_exact_mut(max_blocks_per_seq).zip(cache_seqlens) {
-        let n = free.count(cached as usize) / page_size;
+    for (row, cached) in table.chunks_exact_mut(max_blocks_per_seq).zip(cached) {
+        let n = free.count(cached) / page_size;
         row[..n].sort_unstable();
         ordered += n;
     }
@@ -161,24 +162,7 @@ fn check_table(len: usize, max_blocks_per_seq: usize, page_size: usize, batch: u
             rule: "block_table is (batch, max_blocks_per_seq) with batch = cache_seqlens.len()",
         });
     }
-    let capacity = max_blocks_per_seq.saturating_mul(page_size);
-    if u32::try_from(capacity).is_err() {
-        let (argument, axis, max) = ("block_table", "max_blocks_per_seq · page_size", u32::MAX as usize);
-        return Err(FlashAttnError::DimTooLarge { argument, axis, value: capacity, max });
-    }
-    Ok(capacity)
-}
-
-/// Host-visible `cache_seqlens` within `0..=capacity`.
-fn check_lengths(cache_seqlens: &[i32], capacity: usize) -> Result<()> {
-    if let Some((b, &n)) = cache_seqlens.iter().enumerate().find(|&(_, &n)| n < 0 || n as usize > capacity) {
-        return Err(invalid(
-            "cache_seqlens",
-            format!("cache_seqlens[{b}] = {n}, capacity = {capacity}"),
-            "a sequence length must be within 0..=max_blocks_per_seq · page_size",
-        ));
-    }
-    Ok(())
+    paged_capacity(max_blocks_per_seq, page_size)
 }
 
 /// The largest power of two ≤ `n` (0 for 0).

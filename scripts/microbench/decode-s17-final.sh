@@ -10,10 +10,7 @@ set -u
 unpack_bins
 run() {
   all_checks
-  for tool in memcheck racecheck; do
-    timeout 120 compute-sanitizer --tool $tool /tmp/h/gpu_decode_into --test-threads 1 gpu_order_block_table gpu_decode_ordered_table > /tmp/s.txt 2>&1
-    echo "=== $tool gpu_decode_into order tests (rc $?): $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' /tmp/s.txt | tail -1) $(grep -E 'test result' /tmp/s.txt)" | tee -a $OUT/tests.txt
-  done
+  sanitize_order
   timeout 200 /tmp/h/decode-tune --no-event-tracking --kernels bf16_d128_w8_bc128_s3_pg_c --layouts 16 --order-cost \
     --cells 1:4096:8,1:32768:8,1:131072:8,8:32768:8,64:32768:8 --page-order random,ordered > $OUT/tune.md 2> $OUT/tune.log
   echo "rc $? (decode-tune)"; grep -E "^\| [0-9]" $OUT/tune.md; grep order_block_table $OUT/tune.log

@@ -10,10 +10,7 @@ set -u
 unpack_bins
 gpu_name
 run_tests gpu_decode_into gpu_decode
-for tool in memcheck racecheck; do
-  timeout 120 compute-sanitizer --tool $tool /tmp/h/gpu_decode_into --test-threads 1 gpu_order_block_table gpu_decode_ordered_table > /tmp/s.txt 2>&1
-  echo "=== $tool gpu_decode_into order tests (rc $?): $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' /tmp/s.txt | tail -1) $(grep -E 'test result' /tmp/s.txt)" | tee -a $OUT/tests.txt
-done
+sanitize_order
 for order in ${ORDERS:-random ordered}; do
   timeout 240 /tmp/h/fa-bench-decode /tmp/p-$order --no-event-tracking --batches 1 --caches ${CACHES:-32768,131072} --kv-heads 8,32 --page-order $order > /tmp/p.log 2>&1
   echo "rc $? ($order)"; cp /tmp/p-$order/decode.md $OUT/b1-$order.md

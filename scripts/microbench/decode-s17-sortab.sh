@@ -10,10 +10,7 @@ set -u
 unpack_bins
 gpu_name
 run_tests gpu_decode_into
-for tool in memcheck racecheck; do
-  timeout 120 compute-sanitizer --tool $tool /tmp/h/gpu_decode_into --test-threads 1 gpu_order_block_table gpu_decode_ordered_table > /tmp/s.txt 2>&1
-  echo "=== $tool gpu_decode_into order tests (rc $?): $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' /tmp/s.txt | tail -1) $(grep -E 'test result' /tmp/s.txt)" | tee -a $OUT/tests.txt
-done
+sanitize_order
 for r in 0 1 2; do
   for b in B N; do
     timeout 250 /tmp/h/decode-tune-$b --no-event-tracking --kernels s3_pg_c --layouts 16 --order-cost --cells 1:4096:8,1:32768:8,1:131072:8,8:32768:8,64:32768:8 > /dev/null 2> /tmp/t.log

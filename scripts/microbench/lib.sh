@@ -17,13 +17,26 @@ run_tests() {
   done
 }
 
-# sanitize_decode TOOL TEST...: compute-sanitizer TOOL (memcheck,
-# racecheck) over gpu_decode's named tests, its summary appended to
-# $OUT/tests.txt.
+# sanitize BIN TOOL TEST...: compute-sanitizer TOOL (memcheck, racecheck)
+# over the named tests of the test binary /tmp/h/BIN, its summary (and the
+# tests' result line) appended to $OUT/tests.txt.
+sanitize() {
+  local bin=$1 tool=$2; shift 2
+  timeout 200 compute-sanitizer --tool $tool /tmp/h/$bin --test-threads 1 "$@" > /tmp/s.txt 2>&1
+  echo "=== $tool $bin (rc $?): $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' /tmp/s.txt | tail -1) $(grep -E 'test result' /tmp/s.txt)" | tee -a $OUT/tests.txt
+}
+
+# sanitize_decode TOOL TEST...: sanitize over gpu_decode's named tests.
 sanitize_decode() {
-  local tool=$1; shift
-  timeout 200 compute-sanitizer --tool $tool /tmp/h/gpu_decode --test-threads 1 "$@" > /tmp/s.txt 2>&1
-  echo "=== $tool (rc $?): $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' /tmp/s.txt | tail -1)" | tee -a $OUT/tests.txt
+  sanitize gpu_decode "$@"
+}
+
+# sanitize_order: memcheck and racecheck over the block-table order tests
+# (gpu_decode_into: the device sort, a decode loop over an ordered table).
+sanitize_order() {
+  for tool in memcheck racecheck; do
+    sanitize gpu_decode_into $tool gpu_order_block_table gpu_decode_ordered_table
+  done
 }
 
 # gpu_name: the GPU's name to $OUT/gpu.txt (and stdout).

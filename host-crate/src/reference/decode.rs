@@ -270,16 +270,23 @@ fn check_pages<'t>(ks: [usize; 4], vs: [usize; 4], block_table: ArrayView2<'t, i
     }
     let (rows, max_blocks) = block_table.dim();
     same("block_table", "batch", rows, batch, "block_table is (batch, max_blocks_per_seq)")?;
-    let capacity = max_blocks.saturating_mul(page_size);
+    let capacity = paged_capacity(max_blocks, page_size)?;
+    Ok((Placement::Paged { table: block_table, page_size, num_blocks }, capacity))
+}
+
+/// Keys per sequence of a paged cache, `max_blocks_per_seq · page_size`,
+/// within the kernels' 32-bit lengths.
+pub(crate) fn paged_capacity(max_blocks_per_seq: usize, page_size: usize) -> Result<usize> {
+    let capacity = max_blocks_per_seq.saturating_mul(page_size);
     if u32::try_from(capacity).is_err() {
         let (argument, axis, max) = ("block_table", "max_blocks_per_seq · page_size", u32::MAX as usize);
         return Err(FlashAttnError::DimTooLarge { argument, axis, value: capacity, max });
     }
-    Ok((Placement::Paged { table: block_table, page_size, num_blocks }, capacity))
+    Ok(capacity)
 }
 
 /// `lens[b]` (i32, named `argument`) as lengths `0..=capacity`.
-fn check_lengths(argument: &'static str, lens: &[i32], batch: usize, capacity: usize) -> Result<Vec<usize>> {
+pub(crate) fn check_lengths(argument: &'static str, lens: &[i32], batch: usize, capacity: usize) -> Result<Vec<usize>> {
     if lens.len() != batch {
         return Err(invalid(argument, format!("{} entries, batch = {batch}", lens.len()), "must hold one entry per sequence (batch)"));
     }

@@ -185,6 +185,12 @@ impl PageOrder {
     }
 }
 
+/// The benchmark's call as its tables are ordered for it (`p` the call's
+/// options): one query token, no append — every full page by address.
+fn ordered_call(p: &ForwardParams) -> flash_attn::KvCacheCall<'_> {
+    flash_attn::KvCacheCall { params: p, alibi: false, seqlen_q: 1, s_new: 0 }
+}
+
 /// The device inputs of one cell.
 pub struct DecodeInputs {
     pub cell: Cell,
@@ -256,9 +262,7 @@ impl DecodeInputs {
         let per = c.cache.div_ceil(rows_per);
         let mut table = order.permutation(n_rows, per, rng);
         if c.page.is_some() && order.ordered_by_library() {
-            let p = ForwardParams::default();
-            let call = flash_attn::KvCacheCall { params: &p, alibi: false, seqlen_q: 1, s_new: 0 };
-            flash_attn::order_block_table(&mut table, per, rows_per, &lens, &call)?;
+            flash_attn::order_block_table(&mut table, per, rows_per, &lens, &ordered_call(&ForwardParams::default()))?;
         }
         let table = s.clone_htod(&table)?;
         Ok(DecodeInputs {
@@ -334,9 +338,7 @@ impl DecodeInputs {
     pub fn order_table(&mut self, g: &Gpu) -> Res<()> {
         let c = self.cell;
         let page = c.page.ok_or("order_table: a contiguous cell has no block table")?;
-        let p = ForwardParams::default();
-        let call = flash_attn::KvCacheCall { params: &p, alibi: false, seqlen_q: 1, s_new: 0 };
-        g.fa.order_block_table(&g.stream, &mut self.table, self.per, page, &self.seqlens, &call)?;
+        g.fa.order_block_table(&g.stream, &mut self.table, self.per, page, &self.seqlens, &ordered_call(&ForwardParams::default()))?;
         Ok(())
     }
 
