@@ -63,7 +63,12 @@ elem!(bf16, f32, BF16, bf16::to_f32, bf16::from_f32);
 pub(crate) fn host_i32(argument: &str, t: &Tensor) -> Result<Vec<i32>> {
     let held = Held::new(argument, t);
     let (st, l) = held.cpu()?;
-    let range = l.start_offset()..l.start_offset() + t.elem_count();
+    index_i32(argument, st, l)
+}
+
+/// [`host_i32`] of a storage and its (contiguous) layout.
+pub(crate) fn index_i32(argument: &str, st: &CpuStorage, l: &Layout) -> Result<Vec<i32>> {
+    let range = l.start_offset()..l.start_offset() + l.shape().elem_count();
     let short = || err(format_args!("`{argument}`: buffer shorter than its shape"));
     match st {
         CpuStorage::I32(v) => Ok(v.get(range).ok_or_else(short)?.to_vec()),

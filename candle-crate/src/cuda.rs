@@ -13,10 +13,10 @@ use std::sync::{Arc, Mutex};
 
 use candle_core::backend::{BackendDevice, BackendStorage};
 use candle_core::cuda_backend::CudaDType;
-use candle_core::cuda_backend::cudarc::driver::{CudaStream, CudaView, DevicePtr, DeviceRepr};
+use candle_core::cuda_backend::cudarc::driver::{CudaStream, CudaView, DevicePtr, DevicePtrMut, DeviceRepr};
 use candle_core::{CudaStorage, DType, Layout, Result};
 use flash_attn::{
-    AlibiShape, AlibiSlopes, AttnElem, BlockTable, DecodeOptions, Extras, FlashAttention, KvCache, PagedCache, RowStats,
+    AlibiShape, AlibiSlopes, AttnElem, BlockTable, DecodeOptions, Extras, FlashAttention, KvCache, KvCacheCall, PagedCache, RowStats,
     StatsMut, Tensor, TensorLayout, TensorMut, Varlen,
 };
 use half::{bf16, f16};
@@ -389,4 +389,51 @@ fn run_kv<T: AttnElem + CudaDType>(
         return Err(err("the KV-cache call returned no logsumexp"));
     };
     Ok((wrap(out.o, &dev), wrap(lse, &dev)))
+}
+
+/// A block table (U32 or I32, contiguous) handed to `f` as the kernels'
+/// i32, writable in place ([`i32_view`]'s rule).
+fn with_i32_view_mut<R>(
+    argument: &str,
+    s: &mut CudaStorage,
+    l: &Layout,
+    f: impl FnOnce(&mut dyn DevicePtrMut<i32>) -> Result<R>,
+) -> Result<R> {
+    let n = l.shape().elem_count();
+    let at = l.start_offset();
+    let short = || err(format_args!("`{argument}`: buffer shorter than its shape"));
+    match s.dtype() {
+        DType::I32 => {
+            let v = s.as_cuda_slice_mut::<i32>()?;
+            let mut v = v.try_slice_mut(at..at.saturating_add(n)).ok_or_else(short)?;
+            f(&mut v)
+        }
+        DType::U32 => {
+            let v = s.as_cuda_slice_mut::<u32>()?;
+            let mut v = v.try_slice_mut(at..at.saturating_add(n)).ok_or_else(short)?;
+            // SAFETY: u32 → i32, same size and alignment (see i32_view); the
+            // sort only permutes entries, so a u32 table keeps its values.
+            let mut t = unsafe { v.transmute_mut::<i32>(n) }.ok_or_else(short)?;
+            f(&mut t)
+        }
+        dt => Err(err(format_args!("dtype mismatch: `{argument}` is {dt:?}, expected U32 or I32"))),
+    }
+}
+
+/// `FlashAttention::order_block_table` on candle's buffers and stream.
+pub(crate) fn order_block_table(
+    (table, table_l): (&mut CudaStorage, &Layout),
+    (lens, lens_l): (&CudaStorage, &Layout),
+    max_blocks: usize,
+    page: usize,
+    call: &KvCacheCall<'_>,
+) -> Result<()> {
+    let dev = table.device().clone();
+    same_device(&dev, &[("cache_seqlens", lens)])?;
+    let stream = dev.cuda_stream();
+    let fa = kernels(&stream)?;
+    let lens = i32_view("cache_seqlens", lens, lens_l)?;
+    with_i32_view_mut("block_table", table, table_l, |table| {
+        fa.order_block_table(&stream, table, max_blocks, page, &lens, call).map_err(core_err)
+    })
 }

@@ -35,6 +35,10 @@
 //!   ([`flash_attn_with_kvcache`], [`FlashAttnKvCache`]: the core's
 //!   `forward_kvcache`, contiguous or paged, split-KV; the reference's
 //!   `kvcache_attention`/`paged_kvcache_attention` on the CPU).
+//! * [`FlashAttnKvCache::order_block_table`] sorts a block-table tensor's
+//!   position-free full pages by address in place (the core's
+//!   `order_block_table` on the CPU, its device sort on candle's stream),
+//!   so that paged calls stream their pages in address order.
 
 mod check;
 mod cpu;
@@ -42,6 +46,7 @@ mod cpu;
 pub mod cuda;
 mod kvcache;
 mod op;
+mod page_order;
 mod storage;
 mod varlen;
 

@@ -526,11 +526,7 @@ fn paged_varlen_errors_and_mm_prefix_ranges() -> Result<()> {
 /// exactly. f32 (no KV-cache kernel) is a typed error naming `q`.
 #[test]
 fn gpu_matches_cpu() -> Result<()> {
-    let devs = devices();
-    let Some(gpu) = devs.iter().find(|d| d.is_cuda()) else {
-        eprintln!("skipped: no GPU requested (FA_REQUIRE_GPU=1)");
-        return Ok(());
-    };
+    let Some(gpu) = &requested_gpu() else { return Ok(()) };
     let cpu = Device::Cpu;
     let mut rng = Lcg(21);
     // Paged varlen prefill.
@@ -595,6 +591,169 @@ fn gpu_matches_cpu() -> Result<()> {
             }
         }
         expect_err(case.run(&kv_op((None, Some(0)), None, None), gpu, DType::F32), &["`q`", "f32"]);
+    }
+    Ok(())
+}
+
+impl KvCase {
+    /// The same call over another block table (the same pages).
+    fn with_table(&self, table: Vec<u32>) -> KvCase {
+        let p = self.pages.as_ref().expect("a paged case");
+        KvCase {
+            q: self.q.clone(),
+            k_cache: self.k_cache.clone(),
+            v_cache: self.v_cache.clone(),
+            new: self.new.clone(),
+            lens: self.lens.clone(),
+            batch_idx: None,
+            pages: Some(Pages { table, ..*p }),
+        }
+    }
+}
+
+/// The table `order_block_table` must give, computed here from the rule
+/// (not the core's function): in each row, the full pages of keys that
+/// every query row sees — `min(len, len + s_new + 1 − sq)` keys under the
+/// causal mask, `len` without — sorted by page index; every other slot
+/// as it was.
+fn ordered_by_rule(p: &Pages, lens: &[u32], sq: usize, s_new: usize, causal: bool) -> Vec<u32> {
+    let mut want = p.table.clone();
+    for (b, &len) in lens.iter().enumerate() {
+        let len = len as usize;
+        let free = if causal { (len + s_new + 1).saturating_sub(sq).min(len) } else { len };
+        let n = (free / p.page).min(p.max_blocks);
+        want[b * p.max_blocks..b * p.max_blocks + n].sort_unstable();
+    }
+    want
+}
+
+/// A block table's entries as u32, whichever index dtype it has.
+fn table_u32(t: &Tensor) -> Result<Vec<u32>> {
+    Ok(match t.dtype() {
+        DType::I32 => t.flatten_all()?.to_vec1::<i32>()?.into_iter().map(|x| x as u32).collect(),
+        _ => t.flatten_all()?.to_vec1::<u32>()?,
+    })
+}
+
+/// The table of `p` on `dev` as U32 or I32.
+fn table_as(p: &Pages, dt: DType, dev: &Device) -> Result<Tensor> {
+    let shape = (p.table.len() / p.max_blocks, p.max_blocks);
+    match dt {
+        DType::I32 => Tensor::from_vec(p.table.iter().map(|&x| x as i32).collect::<Vec<_>>(), shape, dev),
+        _ => Tensor::from_slice(&p.table, shape, dev),
+    }
+}
+
+/// `FlashAttnKvCache::order_block_table` on the CPU: U32 and I32 tables
+/// equal the rule's (each row's full position-free pages sorted, the
+/// partial page and later slots in place) for decode, speculative
+/// (several causal query rows) and prefix-caching shapes and page sizes
+/// 1–16; a call over the ordered table gives the logical table's O and
+/// LSE (f32 rounding of the sums' order) and writes the caches exactly as
+/// it does. Bad input: errors naming the argument, the table untouched.
+#[test]
+fn ordered_block_table_on_the_cpu() -> Result<()> {
+    let cpu = Device::Cpu;
+    let mut rng = Lcg(41);
+    let mut reordered = 0;
+    for (sq, s_new, causal) in [(1, 1, false), (1, 1, true), (3, 3, true), (4, 0, true), (2, 0, false)] {
+        for page in [1, 4, 5, 16] {
+            let g = Geom { heads: (4, 2), d: 16, sq, s_new, cap: 0 };
+            let case = kv_case(&mut rng, g, &[0, 17, 33, 64], Some(page), None)?;
+            let p = case.pages.as_ref().unwrap();
+            let window = if causal { (None, Some(0)) } else { (None, None) };
+            let op = kv_op(window, Some(3.0), None);
+            let lens = Tensor::new(case.lens.as_slice(), &cpu)?;
+            let want = ordered_by_rule(p, &case.lens, sq, s_new, causal);
+            let what = format!("sq {sq} s_new {s_new} causal {causal} page {page}");
+            for dt in [DType::U32, DType::I32] {
+                let bt = table_as(p, dt, &cpu)?;
+                op.order_block_table(&bt, &lens, page, sq, s_new)?;
+                assert_eq!(table_u32(&bt)?, want, "{what} {dt:?}: the ordered table");
+            }
+            reordered += usize::from(want != p.table);
+            let [o, lse, kc, vc] = case.run(&op, &cpu, DType::F32)?;
+            let [o2, lse2, kc2, vc2] = case.with_table(want).run(&op, &cpu, DType::F32)?;
+            assert!(max_diff(&o2, &o)? <= 1e-5, "{what}: O over the ordered table");
+            assert!(max_diff_inf(&lse2, &lse)? <= 1e-5, "{what}: LSE over the ordered table");
+            assert_eq!(max_diff(&kc2, &kc)?, 0.0, "{what}: k_cache after the append");
+            assert_eq!(max_diff(&vc2, &vc)?, 0.0, "{what}: v_cache after the append");
+        }
+    }
+    assert!(reordered >= 15, "only {reordered} of 20 cases had pages out of order: the test would not see a missing sort");
+
+    // Bad input.
+    let p = random_pages(&mut rng, &[40, 9], 4);
+    let bt = p.tensor(&cpu)?;
+    let lens = Tensor::new(&[40u32, 9], &cpu)?;
+    let plain = kv_op((None, None), None, None);
+    let slopes = Tensor::new(&[0.1f32, 0.2, 0.3, 0.4], &cpu)?;
+    let untouched = |what: &str| assert_eq!(table_u32(&bt).unwrap(), p.table, "{what}: the table was written");
+    expect_err(kv_op((None, None), None, Some(&slopes)).order_block_table(&bt, &lens, 4, 1, 1), &["alibi_slopes", "position"]);
+    untouched("ALiBi");
+    expect_err(kv_op((Some(8), Some(0)), None, None).order_block_table(&bt, &lens, 4, 1, 1), &["window_left"]);
+    untouched("left window");
+    expect_err(plain.order_block_table(&bt, &lens, 4, 0, 0), &["seqlen_q"]);
+    expect_err(plain.order_block_table(&bt, &lens, 0, 1, 0), &["page_size"]);
+    expect_err(plain.order_block_table(&bt, &Tensor::new(&[40u32, 9, 1], &cpu)?, 4, 1, 0), &["`cache_seqlens`", "(2)"]);
+    let cap = (p.max_blocks * 4) as u32;
+    expect_err(plain.order_block_table(&bt, &Tensor::new(&[cap + 1, 9], &cpu)?, 4, 1, 0), &["cache_seqlens"]);
+    expect_err(plain.order_block_table(&bt.to_dtype(DType::F32)?, &lens, 4, 1, 0), &["`block_table`", "U32 or I32"]);
+    expect_err(plain.order_block_table(&bt.flatten_all()?, &lens, 4, 1, 0), &["`block_table`", "rank 2"]);
+    expect_err(plain.order_block_table(&bt.t()?, &lens, 4, 1, 0), &["`block_table`", "contiguous"]);
+    let shared = bt.flatten_all()?.narrow(0, 0, 2)?;
+    expect_err(plain.order_block_table(&bt, &shared, 4, 1, 0), &["`cache_seqlens` shares storage with `block_table`"]);
+    untouched("bad input");
+    Ok(())
+}
+
+/// The device sort through candle (`FA_REQUIRE_GPU=1`, feature `cuda`):
+/// U32 and I32 tables on the GPU equal the rule's, rows of up to 4004
+/// slots; cache lengths past the capacity (which the host cannot see) are
+/// clamped to it; the ordered table's decode step on the GPU matches the
+/// CPU path over the logical table; ALiBi is an error, the table untouched.
+#[test]
+fn gpu_ordered_block_table() -> Result<()> {
+    let Some(gpu) = &requested_gpu() else { return Ok(()) };
+    let cpu = Device::Cpu;
+    let mut rng = Lcg(43);
+    for (lens, page, sq, s_new, causal) in [
+        (vec![0usize, 17, 333, 64], 16usize, 1usize, 1usize, false),
+        (vec![4000, 1, 2500], 1, 3, 3, true),
+        (vec![20000, 7], 16, 1, 0, true),
+    ] {
+        let g = Geom { heads: (8, 2), d: 128, sq, s_new, cap: 0 };
+        let case = kv_case(&mut rng, g, &lens, Some(page), None)?;
+        let p = case.pages.as_ref().unwrap();
+        let window = if causal { (None, Some(0)) } else { (None, None) };
+        let op = kv_op(window, None, None);
+        let want = ordered_by_rule(p, &case.lens, sq, s_new, causal);
+        let what = format!("lens {lens:?} page {page} sq {sq} s_new {s_new}");
+        for dt in [DType::U32, DType::I32] {
+            let bt = table_as(p, dt, gpu)?;
+            op.order_block_table(&bt, &Tensor::new(case.lens.as_slice(), gpu)?, page, sq, s_new)?;
+            assert_eq!(table_u32(&bt.to_device(&cpu)?)?, want, "{what} {dt:?}: the device-ordered table");
+        }
+        // Lengths past the capacity: clamped on the device (the CPU path errs).
+        let cap = (p.max_blocks * page) as u32;
+        let long: Vec<u32> = case.lens.iter().map(|_| cap + 7).collect();
+        let bt = table_as(p, DType::I32, gpu)?;
+        op.order_block_table(&bt, &Tensor::new(long.as_slice(), gpu)?, page, sq, s_new)?;
+        let full: Vec<u32> = long.iter().map(|_| cap).collect();
+        assert_eq!(table_u32(&bt.to_device(&cpu)?)?, ordered_by_rule(p, &full, sq, s_new, causal), "{what}: clamped lengths");
+        for dt in [DType::F16, DType::BF16] {
+            let [og, lg, kg, vg] = case.with_table(want.clone()).run(&op, gpu, dt)?;
+            let [oc, lc, kc, vc] = case.run(&op, &cpu, dt)?;
+            assert!(max_diff(&og, &oc)? <= tol(dt), "{what} {dt:?}: O over the ordered table, GPU vs CPU");
+            assert!(max_diff_inf(&lg, &lc)? <= 2e-2, "{what} {dt:?}: LSE over the ordered table, GPU vs CPU");
+            assert_eq!(max_diff(&kg, &kc)?, 0.0, "{what} {dt:?}: k_cache after the append");
+            assert_eq!(max_diff(&vg, &vc)?, 0.0, "{what} {dt:?}: v_cache after the append");
+        }
+        let slopes = Tensor::new(&[0.1f32; 8], gpu)?;
+        let bt = table_as(p, DType::U32, gpu)?;
+        let r = kv_op(window, None, Some(&slopes)).order_block_table(&bt, &Tensor::new(case.lens.as_slice(), gpu)?, page, sq, s_new);
+        expect_err(r, &["alibi_slopes"]);
+        assert_eq!(table_u32(&bt.to_device(&cpu)?)?, p.table, "{what}: ALiBi wrote the table");
     }
     Ok(())
 }

@@ -18,6 +18,16 @@ pub fn devices() -> Vec<Device> {
     devs
 }
 
+/// The GPU when the tests are asked to use one (`FA_REQUIRE_GPU=1`), else
+/// `None`, saying that the GPU cases are skipped.
+pub fn requested_gpu() -> Option<Device> {
+    let gpu = devices().into_iter().find(Device::is_cuda);
+    if gpu.is_none() {
+        eprintln!("skipped: no GPU requested (FA_REQUIRE_GPU=1)");
+    }
+    gpu
+}
+
 /// candle's attention on `(b, s, h, d)` tensors, in f32, causal mask
 /// bottom-right aligned; returns `(b, sq, h, d)` f32 and the logsumexp
 /// `(b, h, sq)`.
