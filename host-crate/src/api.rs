@@ -695,8 +695,9 @@ impl FlashAttention {
                 p.bc = kernel.bc as u32;
                 // SAFETY: q, k, v, o validated against their shapes and
                 // strides (o non-overlapping), 16-byte aligned with strides
-                // multiple of 8 elements (checked above); headdim == kernel.d
-                // (the plan matched it); lse ≥ batch·nheads·seqlen_q f32;
+                // multiple of 8 elements (checked above); headdim a multiple
+                // of 8 ≤ kernel.d (the plan's `hopper_head_dim`; the copies
+                // zero-fill the rest); lse ≥ batch·nheads·seqlen_q f32;
                 // `main` is the plan's launch for `kernel`.
                 unsafe { crate::hopper::launch(self, stream, kernel, &main, &p) }?;
             }

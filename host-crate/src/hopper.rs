@@ -8,11 +8,12 @@
 //! exist only in the sm_90a PTX, which the library loads on compute
 //! capability 9.0 unless [`KernelFamily::MmaSync`] is asked for.
 //!
-//! Dispatch: f16/bf16, `LoopOrder::Fa2`, no explicit `block`, a head dim of
-//! the table, on an sm_90a module → the Hopper kernel (varlen or sliding
-//! window: its `_vw` variant); everything else (FA1, explicit `(Br, Bc)`
-//! choices, softcap, ALiBi, decode, other head dims, other GPUs) keeps the
-//! `mma.sync` kernels.
+//! Dispatch: f16/bf16, `LoopOrder::Fa2`, no explicit `block`, a head dim
+//! that [`hopper_head_dim`] maps to a compiled one (64, 128, 256, or a
+//! multiple of 8 in 33..=255 zero-padded to the next of them), on an sm_90a
+//! module → the Hopper kernel (varlen or sliding window: its `_vw`
+//! variant); everything else (FA1, explicit `(Br, Bc)` choices, softcap,
+//! ALiBi, decode, d ≤ 32, other GPUs) keeps the `mma.sync` kernels.
 
 use std::sync::Arc;
 
@@ -153,6 +154,22 @@ impl HopperKernel {
     }
 }
 
+/// The compiled Hopper head dim that runs a caller's head dim `d`: `d`
+/// itself (64, 128, 256), or for another multiple of 8 in 33..=255 the
+/// next of them — the tensor maps keep the caller's `d` as the head axis'
+/// extent, so the copy engine zero-fills the columns past it (exact
+/// products) and the epilogue stores only `d` columns. At most half of a
+/// tile is padding; d ≤ 32 stays on the `mma.sync` kernels (their d = 32
+/// tile). Padded tiles beat the `mma.sync` kernels' own (which pad too, to
+/// 32/64/96/…/256) on the H100: docs/perf-notes.md, "Hopper: head dims by
+/// padding".
+pub fn hopper_head_dim(d: usize) -> Option<usize> {
+    if d <= 32 || d % 8 != 0 {
+        return None;
+    }
+    [64, 128, 256].into_iter().find(|&k| k >= d)
+}
+
 /// The Hopper plan of a problem, or `None` when the rule in the module docs
 /// sends it to the other kernels. `sm90a` says whether the loaded module is
 /// the sm_90a build (it holds the Hopper kernels); `windowed`, whether the
@@ -174,7 +191,8 @@ pub fn plan(
         return Ok(None);
     }
     let bf16 = key.dtype == DType::BF16;
-    let found = if key.features.varlen || windowed { HopperKernel::find_vw(bf16, key.headdim) } else { HopperKernel::find(bf16, key.headdim) };
+    let Some(d) = hopper_head_dim(key.headdim) else { return Ok(None) };
+    let found = if key.features.varlen || windowed { HopperKernel::find_vw(bf16, d) } else { HopperKernel::find(bf16, d) };
     let Some(kernel) = found else { return Ok(None) };
     if kernel.smem_bytes() > max_smem_per_block {
         return Ok(None);
@@ -333,7 +351,7 @@ pub unsafe fn launch_with_maps(
 /// # Safety
 /// `p` satisfies the kernel's contract: q, k, v, o and lse valid for the
 /// shapes and strides it states (validated by the caller), 16-byte aligned
-/// with strides multiples of 8 elements, `p.headdim == k.d`; `main` is the
+/// with strides multiples of 8 elements, `p.headdim` a multiple of 8 ≤ `k.d`; `main` is the
 /// plan's launch for `k`.
 pub(crate) unsafe fn launch(
     fa: &FlashAttention,
@@ -373,4 +391,42 @@ pub unsafe fn launch_params(fa: &FlashAttention, stream: &Arc<CudaStream>, k: &H
     let main = Launch { kernel: k.name, grid: blocks, threads: k.threads(), smem_bytes: k.smem_bytes() as u32 };
     // SAFETY: forwarded to the caller.
     unsafe { launch(fa, stream, k, &main, p) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dispatch::Features;
+
+    #[test]
+    fn head_dims_pad_to_the_next_compiled_one() {
+        for (d, want) in [(64, Some(64)), (40, Some(64)), (72, Some(128)), (96, Some(128)), (136, Some(256)), (248, Some(256)), (256, Some(256))] {
+            assert_eq!(hopper_head_dim(d), want, "d = {d}");
+        }
+        for d in [0, 8, 32, 44, 100, 264] {
+            assert_eq!(hopper_head_dim(d), None, "d = {d}");
+        }
+        // Every mapped head dim has a dense and a `_vw` kernel in both dtypes.
+        for d in (40..=256).step_by(8) {
+            let k = hopper_head_dim(d).unwrap();
+            for bf16 in [false, true] {
+                assert!(HopperKernel::find(bf16, k).is_some() && HopperKernel::find_vw(bf16, k).is_some(), "d = {d} → {k}");
+            }
+        }
+        // The plan: d = 96 runs the d = 128 kernel; d = 32 and softcap stay on mma.sync.
+        let key = |headdim, mods| DispatchKey {
+            dtype: DType::BF16,
+            headdim,
+            causal: true,
+            loop_order: LoopOrder::Fa2,
+            arch: (9, 0),
+            features: Features { varlen: false, mods, decode: false },
+        };
+        let dims = |headdim| Dims { batch: 1, nheads: 2, nheads_k: 2, seqlen_q: 300, seqlen_k: 300, headdim };
+        let Ok(Some(Plan::Hopper { kernel, .. })) = plan(true, &key(96, false), false, &dims(96), None, 232_448) else { panic!() };
+        assert_eq!((kernel.d, kernel.bf16, kernel.vw), (128, true, false));
+        assert!(matches!(plan(true, &key(32, false), false, &dims(32), None, 232_448), Ok(None)));
+        assert!(matches!(plan(true, &key(96, true), false, &dims(96), None, 232_448), Ok(None)));
+        assert!(matches!(plan(false, &key(96, false), false, &dims(96), None, 232_448), Ok(None)));
+    }
 }

@@ -7,7 +7,8 @@
 //!   with P in registers and V read MN-major), compared with f64: S and O
 //!   must agree to f32 accumulation (1e-5), the zero-filled columns exactly.
 //! * `gpu_hopper_forward_*`: `FlashAttention::forward_into` on the default
-//!   (Hopper) plan — asserted to be `Plan::Hopper` — against the f64
+//!   (Hopper) plan — asserted to be `Plan::Hopper`, for the compiled head
+//!   dims and head dims zero-padded to them — against the f64
 //!   reference with the rule of `gpu_half.rs` (`err(o) ≤ 2·err(naive)` and
 //!   `< 2e-3` (f16) / `1e-2` (bf16); logsumexp within 1e-4; every output
 //!   poisoned with NaN first; fresh random inputs).
@@ -24,7 +25,7 @@
 
 use cudarc::driver::{CudaSlice, LaunchConfig};
 use flash_attn::dispatch::Plan;
-use flash_attn::hopper::{HOPPER_KERNELS, HopperKernel, PROBE_SMEM_BYTES, TensorMap};
+use flash_attn::hopper::{HOPPER_KERNELS, HopperKernel, PROBE_SMEM_BYTES, TensorMap, hopper_head_dim};
 use flash_attn::reference;
 use flash_attn::{AttnElem, DType, LoopOrder, TensorLayout};
 use flash_attn_tests::case::{Case, Inputs, run_gpu, to64};
@@ -128,11 +129,17 @@ fn sweep(test: &str, cases: &[Case]) {
     assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
 }
 
-/// The head dims with a Hopper kernel.
+/// The head dims the Hopper kernels run: the compiled ones, and others
+/// zero-padded to them (`hopper_head_dim`: 40 → 64; 80, 96 → 128; 160, 192,
+/// 224 → 256), asserted to map there.
 fn head_dims() -> Vec<usize> {
     let mut d: Vec<usize> = HOPPER_KERNELS.iter().map(|k| k.d).collect();
     d.sort();
     d.dedup();
+    for (padded, to) in [(40, 64), (80, 128), (96, 128), (160, 256), (192, 256), (224, 256)] {
+        assert_eq!(hopper_head_dim(padded), Some(to), "head dim {padded}");
+        d.push(padded);
+    }
     d
 }
 

@@ -8,7 +8,9 @@
 //!   first: the masked blocks come first) waits until K stage `it % 2` is
 //!   free (its *empty* barrier), arms the stage's K *full* barrier with the
 //!   tile bytes and issues the TMA copies (64-column panels, 128B swizzle,
-//!   rows past seqlen zero-filled); then the same for V.
+//!   rows past seqlen and columns past the caller's head dim zero-filled:
+//!   a head dim below `D` runs as `D` with exact products); then the same
+//!   for V.
 //! * **Consumers** (warpgroups 1, 2, `setmaxnreg.inc` to 240): 64 query rows
 //!   each. Per block: wait K full; `S = Q·K_jᵀ` (`wgmma` m64n{Bc}k16, both
 //!   operands in shared memory); mask (diagonal and tail blocks only);
@@ -20,7 +22,8 @@
 //!   tensor cores; K stages are released when `S_i` completes, V stages
 //!   when `P·V` does.
 //! * **Epilogue**: the quad sums `l`, `O / l` stored straight from the
-//!   accumulators (4-byte pairs), the logsumexp from lanes with `t == 0`.
+//!   accumulators (4-byte pairs, the caller's head dim's columns), the
+//!   logsumexp from lanes with `t == 0`.
 //!
 //! **Varlen and sliding windows** (`VW`, a separate instantiation: the dense
 //! kernels keep their code). Thread 0 looks the tile's sequence up once
@@ -404,6 +407,9 @@ pub unsafe fn forward<
             (nq, 0, bh * nq)
         };
         let g_o = (p.o_ptr as *mut u16).wrapping_add((b as u64 * os0 + q_row0 * os1 + h as u64 * os2) as usize);
+        // The caller's head dim: D, or a multiple of 8 below it whose extra
+        // columns the copies zero-filled (their O columns are not stored).
+        let hd = p.headdim as usize;
         for r in 0..2 {
             let row = row0 + 8 * r;
             st[0][r].l = quad_sum(st[0][r].l);
@@ -412,9 +418,11 @@ pub unsafe fn forward<
                 let o_row = g_o.wrapping_add(row * os1 as usize);
                 for n in 0..DN {
                     let v = pack::<T>(r_o[0][n][2 * r] * inv_l, r_o[0][n][2 * r + 1] * inv_l);
-                    // SAFETY: row < nq, col < D; 4-byte aligned (even column,
-                    // host-checked strides).
-                    unsafe { *(o_row.wrapping_add(n * 8 + 2 * t) as *mut u32) = v };
+                    if n * 8 < hd {
+                        // SAFETY: row < nq, col < headdim (a multiple of 8);
+                        // 4-byte aligned (even column, host-checked strides).
+                        unsafe { *(o_row.wrapping_add(n * 8 + 2 * t) as *mut u32) = v };
+                    }
                 }
                 if t == 0 && p.lse_ptr != 0 {
                     // SAFETY: lse holds batch·nheads·nq f32 (dense) or
