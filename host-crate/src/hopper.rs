@@ -9,7 +9,7 @@
 //! capability 9.0 unless [`KernelFamily::MmaSync`] is asked for.
 //!
 //! Dispatch: f16/bf16, `LoopOrder::Fa2`, no explicit `block`, a head dim
-//! that [`hopper_head_dim`] maps to a compiled one (64, 128, 256, or a
+//! that [`hopper_head_dim`] maps to a compiled one (64, 128, 192, 256, or a
 //! multiple of 8 in 33..=255 zero-padded to the next of them), on an sm_90a
 //! module → the Hopper kernel (varlen or sliding window: its `_vw`
 //! variant); everything else (FA1, explicit `(Br, Bc)` choices, softcap,
@@ -77,7 +77,8 @@ pub struct HopperKernel {
 /// Bc = 128 overlap 430/433); d = 128: Bc = 128 with overlap 640/660 (pingpong added
 /// 611/633, Bc = 176 + pingpong 640/661 but slower at N = 4096, no overlap
 /// 578/581); d = 256: Bc = 64 with overlap 715/764 (no overlap 628/616,
-/// + pingpong 734/736).
+/// + pingpong 734/736); d = 192 (session 18): Bc = 64 with overlap, as
+/// d = 256 (618 bf16 at N = 4096; 136..184 zero-padded onto it).
 pub const HOPPER_KERNELS: &[HopperKernel] = &[
     HopperKernel { name: "flash_fwd_hopper_f16_d64_bc128_ov_w3", bf16: false, d: 64, bc: 128, wgs: 3, persistent: false, vw: false },
     HopperKernel { name: "flash_fwd_hopper_bf16_d64_bc128_ov_w3", bf16: true, d: 64, bc: 128, wgs: 3, persistent: false, vw: false },
@@ -109,6 +110,10 @@ pub const HOPPER_KERNELS: &[HopperKernel] = &[
     HopperKernel { name: "flash_fwd_hopper_bf16_d128_bc128_ov_vw", bf16: true, d: 128, bc: 128, wgs: 2, persistent: false, vw: true },
     HopperKernel { name: "flash_fwd_hopper_f16_d256_bc64_ov_vw", bf16: false, d: 256, bc: 64, wgs: 2, persistent: false, vw: true },
     HopperKernel { name: "flash_fwd_hopper_bf16_d256_bc64_ov_vw", bf16: true, d: 256, bc: 64, wgs: 2, persistent: false, vw: true },
+    HopperKernel { name: "flash_fwd_hopper_f16_d192_bc64_ov", bf16: false, d: 192, bc: 64, wgs: 2, persistent: false, vw: false },
+    HopperKernel { name: "flash_fwd_hopper_bf16_d192_bc64_ov", bf16: true, d: 192, bc: 64, wgs: 2, persistent: false, vw: false },
+    HopperKernel { name: "flash_fwd_hopper_f16_d192_bc64_ov_vw", bf16: false, d: 192, bc: 64, wgs: 2, persistent: false, vw: true },
+    HopperKernel { name: "flash_fwd_hopper_bf16_d192_bc64_ov_vw", bf16: true, d: 192, bc: 64, wgs: 2, persistent: false, vw: true },
 ];
 
 /// The probe kernels (one warpgroup, one 64 × 128 tile at d = 128; see
@@ -155,7 +160,7 @@ impl HopperKernel {
 }
 
 /// The compiled Hopper head dim that runs a caller's head dim `d`: `d`
-/// itself (64, 128, 256), or for another multiple of 8 in 33..=255 the
+/// itself (64, 128, 192, 256), or for another multiple of 8 in 33..=255 the
 /// next of them — the tensor maps keep the caller's `d` as the head axis'
 /// extent, so the copy engine zero-fills the columns past it (exact
 /// products) and the epilogue stores only `d` columns. At most half of a
@@ -167,7 +172,7 @@ pub fn hopper_head_dim(d: usize) -> Option<usize> {
     if d <= 32 || d % 8 != 0 {
         return None;
     }
-    [64, 128, 256].into_iter().find(|&k| k >= d)
+    [64, 128, 192, 256].into_iter().find(|&k| k >= d)
 }
 
 /// The Hopper plan of a problem, or `None` when the rule in the module docs
@@ -400,7 +405,7 @@ mod tests {
 
     #[test]
     fn head_dims_pad_to_the_next_compiled_one() {
-        for (d, want) in [(64, Some(64)), (40, Some(64)), (72, Some(128)), (96, Some(128)), (136, Some(256)), (248, Some(256)), (256, Some(256))] {
+        for (d, want) in [(64, Some(64)), (40, Some(64)), (72, Some(128)), (96, Some(128)), (136, Some(192)), (192, Some(192)), (200, Some(256)), (248, Some(256)), (256, Some(256))] {
             assert_eq!(hopper_head_dim(d), want, "d = {d}");
         }
         for d in [0, 8, 32, 44, 100, 264] {

@@ -93,7 +93,7 @@ pub unsafe fn mma_ss<T: Elem16, const N8: usize>(d: &mut [[f32; 4]; N8], da: u64
 /// As `wgmma::wgmma_rs_*`.
 #[inline(always)]
 pub unsafe fn mma_rs<T: Elem16, const N8: usize>(d: &mut [[f32; 4]; N8], a: [u32; 4], db: u64, scale_d: u32) {
-    const { assert!(N8 == 8 || N8 == 16 || N8 == 32) };
+    const { assert!(N8 == 8 || N8 == 16 || N8 == 24 || N8 == 32) };
     // SAFETY: forwarded to the caller.
     unsafe {
         match (N8, T::IS_BF16) {
@@ -101,6 +101,8 @@ pub unsafe fn mma_rs<T: Elem16, const N8: usize>(d: &mut [[f32; 4]; N8], a: [u32
             (8, true) => wgmma::wgmma_rs_m64n64k16_bf16(acc_as(d), a, db, scale_d),
             (16, false) => wgmma::wgmma_rs_m64n128k16_f16(acc_as(d), a, db, scale_d),
             (16, true) => wgmma::wgmma_rs_m64n128k16_bf16(acc_as(d), a, db, scale_d),
+            (24, false) => wgmma::wgmma_rs_m64n192k16_f16(acc_as(d), a, db, scale_d),
+            (24, true) => wgmma::wgmma_rs_m64n192k16_bf16(acc_as(d), a, db, scale_d),
             (_, false) => wgmma::wgmma_rs_m64n256k16_f16(acc_as(d), a, db, scale_d),
             (_, true) => wgmma::wgmma_rs_m64n256k16_bf16(acc_as(d), a, db, scale_d),
         }
@@ -189,6 +191,10 @@ hopper_kernels! {
     flash_fwd_hopper_bf16_d128_bc128_ov_vw: Bf16, d = 128, bc = 128, ov = true, pp = false, wgs = 2, ps = false, vw = true;
     flash_fwd_hopper_f16_d256_bc64_ov_vw: F16, d = 256, bc = 64, ov = true, pp = false, wgs = 2, ps = false, vw = true;
     flash_fwd_hopper_bf16_d256_bc64_ov_vw: Bf16, d = 256, bc = 64, ov = true, pp = false, wgs = 2, ps = false, vw = true;
+    flash_fwd_hopper_f16_d192_bc64_ov: F16, d = 192, bc = 64, ov = true, pp = false, wgs = 2, ps = false;
+    flash_fwd_hopper_bf16_d192_bc64_ov: Bf16, d = 192, bc = 64, ov = true, pp = false, wgs = 2, ps = false;
+    flash_fwd_hopper_f16_d192_bc64_ov_vw: F16, d = 192, bc = 64, ov = true, pp = false, wgs = 2, ps = false, vw = true;
+    flash_fwd_hopper_bf16_d192_bc64_ov_vw: Bf16, d = 192, bc = 64, ov = true, pp = false, wgs = 2, ps = false, vw = true;
 }
 
 /// The probe kernels (one warpgroup, d = 128, one 64 × 128 tile).
