@@ -117,3 +117,18 @@ packed() {
   OUT=$out
   tar cJf $OUT/$tarname.tar.xz -C $OUT $dir && rm -rf $OUT/$dir
 }
+
+# headdim_rows PEER ROWS B...: fa-bench-infer's head-dim rows of each build
+# /tmp/h/fa-bench-infer-B in turn (PyTorch in the run of build PEER only),
+# each run's table to $OUT/headdim-B.md and its rows matching the regex ROWS
+# (e.g. 'd=(160|192)') appended to $OUT/headdim.txt under "## B", then printed.
+headdim_rows() {
+  local peer=$1 rows=$2; shift 2
+  for b in "$@"; do
+    local extra=--no-torch; [ "$b" = "$peer" ] && extra=
+    timeout 200 /tmp/h/fa-bench-infer-$b --groups headdim $extra --out /tmp/hd-$b > /tmp/hd.log 2>&1; echo "$b rc $?"
+    cp /tmp/hd-$b/bench-infer.md $OUT/headdim-$b.md
+    echo "## $b" >> $OUT/headdim.txt; grep -E "^\| $rows " /tmp/hd-$b/bench-infer.md | cut -c1-120 >> $OUT/headdim.txt
+  done
+  cat $OUT/headdim.txt
+}

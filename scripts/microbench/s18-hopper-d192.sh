@@ -13,10 +13,4 @@ gpu_name
 run_tests gpu_hopper
 grep -E "^(ok|FAIL) .*d192" /tmp/t.txt | head -6
 sanitize gpu_hopper memcheck gpu_hopper_small gpu_hopper_varlen_small
-for b in P N P; do
-  extra=--no-torch; [ $b = N ] && extra=
-  timeout 180 /tmp/h/fa-bench-infer-$b --groups headdim $extra --out /tmp/hd-$b > /tmp/hd.log 2>&1; echo "$b rc $?"
-  cp /tmp/hd-$b/bench-infer.md $OUT/headdim-$b.md
-  echo "## $b" >> $OUT/headdim.txt; grep -E "^\| d=(160|192|224)" /tmp/hd-$b/bench-infer.md | cut -c1-120 >> $OUT/headdim.txt
-done
-cat $OUT/headdim.txt
+headdim_rows N 'd=(160|192|224)' P N P

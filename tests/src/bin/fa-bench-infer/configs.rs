@@ -204,7 +204,7 @@ pub fn cases(o: &Opts) -> Vec<Case> {
     if o.groups.contains(&Group::HeadDim) {
         let n = 4096;
         for dtype in [Dtype::Bf16, Dtype::F16] {
-            for &d in &[40, 80, 96, 160, 192, 224] {
+            for &d in &[32, 40, 80, 96, 160, 192, 224] {
                 let h = (o.hidden as f64 / d as f64).round() as usize;
                 for causal in [false, true] {
                     let s = Dense { b: tokens / n, n, h, hk: h, d };

@@ -13,9 +13,9 @@
 //!    jagged tensors and through `aten._flash_attention_forward` with
 //!    cu_seqlens. FLOPs are counted over the real tokens, Σ 4·H·Lᵢ²·d
 //!    (halved when causal), for the padded runs too.
-//! 3. **Head dims** 40, 80, 96, 160, 192, 224 (bf16 and f16, causal and
+//! 3. **Head dims** 32, 40, 80, 96, 160, 192, 224 (bf16 and f16, causal and
 //!    not, N = 4096, batch·N = 16384, heads = 2048/d rounded) beside PyTorch
-//!    flash; on an H100 the Hopper kernels, zero-padded to 64/128/256
+//!    flash; on an H100 the Hopper kernels, zero-padded to 64/128/192/256
 //!    (`FA_BENCH_FAMILY=mma-sync`: the mma.sync kernels).
 //!
 //! Every row of ours is checked first (`check`: poisoned outputs, sampled
@@ -56,7 +56,7 @@ pub struct Opts {
 }
 
 const USAGE: &str = "\
-fa-bench-infer: issue 8's rows (GQA prefill, varlen, head dims 40..224), ours vs PyTorch
+fa-bench-infer: issue 8's rows (GQA prefill, varlen, head dims 32..224), ours vs PyTorch
 
 USAGE: fa-bench-infer [FLAGS]
   --groups LIST     gqa,varlen,headdim                 [all three]

@@ -171,7 +171,7 @@ pub fn write(o: &Opts, rows: &[Row], t: &TorchInfo, device: Option<&str>) -> Res
     };
     writeln!(s, "# fa-bench-infer: issue 8's rows\n").unwrap();
     writeln!(s, "{}; {torch}. TFLOP/s (median ms) over the real tokens: 4·H·ΣL²·d, halved when causal (padded rows too). CUDA events, {} warm-up runs, median of up to {} runs, {} rotating input sets.\n", device.unwrap_or("no GPU"), o.warmup, o.reps, o.sets).unwrap();
-    for (g, title) in [(Group::Gqa, "GQA prefill (Llama-3-8B: 32 query heads, 8 KV heads, d = 128)"), (Group::Varlen, "Varlen (packed batch)"), (Group::HeadDim, "Head dims 40..224 (heads = 2048/d rounded)")] {
+    for (g, title) in [(Group::Gqa, "GQA prefill (Llama-3-8B: 32 query heads, 8 KV heads, d = 128)"), (Group::Varlen, "Varlen (packed batch)"), (Group::HeadDim, "Head dims 32..224 (heads = 2048/d rounded)")] {
         let rs: Vec<&Row> = rows.iter().filter(|r| r.case.group == g).collect();
         if rs.is_empty() {
             continue;
