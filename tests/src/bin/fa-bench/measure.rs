@@ -306,7 +306,8 @@ impl Gpu {
                     bc: k.bc as u32,
                     ..self.params(o, c, fa2, set)
                 };
-                // SAFETY: as `launch` (same buffers and contiguous strides); headdim == k.d.
+                // SAFETY: as `launch` (same buffers and contiguous strides);
+                // headdim a multiple of 8 ≤ k.d (`hopper_head_dim`).
                 unsafe { flash_attn::hopper::launch_params(&self.fa, &self.stream, k, &p)? };
                 Ok(())
             }
@@ -431,17 +432,16 @@ pub fn run_ours(
                     Err(format!("no sm_90a build on this device ({build_arch})"))
                 }
                 // FA_BENCH_HOPPER=<variant> (e.g. bc128_ov_pp): a candidate
-                // kernel instead of the default.
-                "hopper" => std::env::var("FA_BENCH_HOPPER")
-                    .ok()
-                    .and_then(|v| {
-                        flash_attn::hopper::HopperKernel::find_variant(
-                            c.dtype == Dtype::Bf16,
-                            c.d,
-                            &v,
-                        )
+                // kernel instead of the default. Head dims without their own
+                // kernel run the one the library pads them onto.
+                "hopper" => flash_attn::hopper::hopper_head_dim(c.d)
+                    .and_then(|kd| {
+                        let bf16 = c.dtype == Dtype::Bf16;
+                        std::env::var("FA_BENCH_HOPPER")
+                            .ok()
+                            .and_then(|v| flash_attn::hopper::HopperKernel::find_variant(bf16, kd, &v))
+                            .or_else(|| flash_attn::hopper::HopperKernel::find(bf16, kd))
                     })
-                    .or_else(|| flash_attn::hopper::HopperKernel::find(c.dtype == Dtype::Bf16, c.d))
                     .map(Which::Hopper)
                     .ok_or_else(|| "no Hopper kernel for this dtype/d".into()),
                 "fa1" if fa1_skip => Err(format!(
