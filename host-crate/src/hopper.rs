@@ -76,9 +76,9 @@ pub struct HopperKernel {
 /// over Bc = 192 with overlap and pingpong (451/447; overlap only 437/444,
 /// Bc = 128 overlap 430/433); d = 128: Bc = 128 with overlap 640/660 (pingpong added
 /// 611/633, Bc = 176 + pingpong 640/661 but slower at N = 4096, no overlap
-/// 578/581); d = 256: Bc = 64 with overlap 715/764 (no overlap 628/616,
-/// + pingpong 734/736); d = 192 (session 18): Bc = 64 with overlap, as
-/// d = 256 (618 bf16 at N = 4096; 136..184 zero-padded onto it).
+/// 578/581); d = 256: Bc = 64 with overlap 715/764 (no overlap 628/616, with
+/// pingpong 734/736); d = 192 (session 18): Bc = 64 with overlap, as d = 256
+/// (618 bf16 at N = 4096; 136..184 zero-padded onto it).
 pub const HOPPER_KERNELS: &[HopperKernel] = &[
     HopperKernel { name: "flash_fwd_hopper_f16_d64_bc128_ov_w3", bf16: false, d: 64, bc: 128, wgs: 3, persistent: false, vw: false },
     HopperKernel { name: "flash_fwd_hopper_bf16_d64_bc128_ov_w3", bf16: true, d: 64, bc: 128, wgs: 3, persistent: false, vw: false },
@@ -160,10 +160,11 @@ impl HopperKernel {
 }
 
 /// The compiled Hopper head dim that runs a caller's head dim `d`: `d`
-/// itself (64, 128, 192, 256), or for another multiple of 8 in 33..=255 the
-/// next of them — the tensor maps keep the caller's `d` as the head axis'
-/// extent, so the copy engine zero-fills the columns past it (exact
-/// products) and the epilogue stores only `d` columns. At most half of a
+/// itself (a head dim of [`HOPPER_KERNELS`]: 64, 128, 192, 256), or for
+/// another multiple of 8 in 33..=255 the next of them — the tensor maps
+/// keep the caller's `d` as the head axis' extent, so the copy engine
+/// zero-fills the columns past it (exact products) and the epilogue stores
+/// only `d` columns. At most half of a
 /// tile is padding; d ≤ 32 stays on the `mma.sync` kernels (their d = 32
 /// tile). Padded tiles beat the `mma.sync` kernels' own (which pad too, to
 /// 32/64/96/…/256) on the H100: docs/perf-notes.md, "Hopper: head dims by
@@ -172,7 +173,7 @@ pub fn hopper_head_dim(d: usize) -> Option<usize> {
     if d <= 32 || d % 8 != 0 {
         return None;
     }
-    [64, 128, 192, 256].into_iter().find(|&k| k >= d)
+    HOPPER_KERNELS.iter().map(|k| k.d).filter(|&k| k >= d).min()
 }
 
 /// The Hopper plan of a problem, or `None` when the rule in the module docs

@@ -10,8 +10,4 @@ unpack_bins
 gpu_name
 run_tests gpu_decode_into
 sanitize_order
-for order in random ordered; do
-  timeout 200 /tmp/h/fa-bench-decode /tmp/p-$order --no-event-tracking --batches 1 --caches 32768,131072 --kv-heads 8,32 --page-order $order > /tmp/p.log 2>&1
-  echo "rc $? ($order)"; cp /tmp/p-$order/decode.md $OUT/b1-$order.md
-  echo "## $order"; grep -E "^\| 1 \| " /tmp/p-$order/decode.md | cut -c1-200
-done
+bar_cells 32768,131072 random ordered

@@ -11,11 +11,7 @@ unpack_bins
 gpu_name
 run_tests gpu_decode_into gpu_decode
 sanitize_order
-for order in ${ORDERS:-random ordered}; do
-  timeout 240 /tmp/h/fa-bench-decode /tmp/p-$order --no-event-tracking --batches 1 --caches ${CACHES:-32768,131072} --kv-heads 8,32 --page-order $order > /tmp/p.log 2>&1
-  echo "rc $? ($order)"; cp /tmp/p-$order/decode.md $OUT/b1-$order.md
-  echo "## $order"; grep -E "^\| 1 \| " /tmp/p-$order/decode.md | cut -c1-200
-done
+bar_cells ${CACHES:-32768,131072} ${ORDERS:-random ordered}
 timeout 240 /tmp/h/decode-tune --no-event-tracking --kernels bf16_d128_w8_bc128_s3_pg_c --layouts 16 --order-cost \
   --cells ${TUNE_CELLS:-1:32768:8,1:131072:8,1:131072:32,8:32768:8} \
   --page-order random,ordered,scattered:4,scattered-ordered:4 > $OUT/tune.md 2> $OUT/tune.log

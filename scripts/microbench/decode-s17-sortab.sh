@@ -17,8 +17,4 @@ for r in 0 1 2; do
     echo "## $b round $r (rc $?)" | tee -a $OUT/sortcost.txt; grep order_block_table /tmp/t.log | tee -a $OUT/sortcost.txt
   done
 done
-for order in random ordered; do
-  timeout 200 /tmp/h/fa-bench-decode /tmp/p-$order --no-event-tracking --batches 1 --caches 32768 --kv-heads 8,32 --page-order $order > /tmp/p.log 2>&1
-  echo "rc $? ($order)"; cp /tmp/p-$order/decode.md $OUT/b1-$order.md
-  echo "## $order"; grep -E "^\| 1 \| " /tmp/p-$order/decode.md | cut -c1-200
-done
+bar_cells 32768 random ordered

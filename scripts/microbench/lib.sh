@@ -132,3 +132,16 @@ headdim_rows() {
   done
   cat $OUT/headdim.txt
 }
+
+# bar_cells CACHES ORDER...: issue 9's batch-1 bar cells (fa-bench-decode,
+# MHA and GQA, the cache lengths CACHES, PyTorch in the same run) once per
+# page placement ORDER (random, inorder, ordered, …): each table to
+# $OUT/b1-ORDER.md, its batch-1 rows printed.
+bar_cells() {
+  local caches=$1; shift
+  for order in "$@"; do
+    timeout 240 /tmp/h/fa-bench-decode /tmp/p-$order --no-event-tracking --batches 1 --caches $caches --kv-heads 8,32 --page-order $order > /tmp/p.log 2>&1
+    echo "rc $? ($order)"; cp /tmp/p-$order/decode.md $OUT/b1-$order.md
+    echo "## $order"; grep -E "^\| 1 \| " /tmp/p-$order/decode.md | cut -c1-200
+  done
+}

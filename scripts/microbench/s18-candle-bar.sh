@@ -16,8 +16,4 @@ mkdir -p /tmp/c && tar xJf .stage-t/candle.tar.xz -C /tmp/c || exit 1
 (cd /tmp/c && timeout 420 bash run.sh) > $OUT/candle.log 2>&1
 echo "candle rc $?"
 grep -E "^== |test result|FAILED|panicked|llama-check: " $OUT/candle.log
-for order in random inorder ordered; do
-  timeout 200 /tmp/h/fa-bench-decode /tmp/p-$order --no-event-tracking --batches 1 --caches 32768,131072 --kv-heads 8,32 --page-order $order > /tmp/p.log 2>&1
-  echo "rc $? ($order)"; cp /tmp/p-$order/decode.md $OUT/b1-$order.md
-  echo "## $order"; grep -E "^\| 1 \| " /tmp/p-$order/decode.md | cut -c1-200
-done
+bar_cells 32768,131072 random inorder ordered
