@@ -7,6 +7,7 @@
 //! * [`softmax`]: the online-softmax row state (`m_i`, `l_i`), its rescale and
 //!   its finalization with the `-inf` guards of seed 003.
 //! * [`params`]: the `#[repr(C)]` parameter block every attention kernel takes.
+//! * [`bwd_params`]: the backward kernels' block (the forward's plus gradients and scratch).
 //! * [`plan`]: the FA1 tiling plan (`Bc = ceil(M/4d)`, `Br = min(ceil(M/4d), d)`)
 //!   and the HBM-traffic model of standard attention, FA1 and FA2.
 //! * [`smem_layout`]: thread shape and shared-memory layout of the f32 kernels.
@@ -15,6 +16,7 @@
 #![cfg_attr(not(feature = "std"), no_std)]
 #![cfg_attr(target_arch = "nvptx64", feature(asm_experimental_arch))]
 
+pub mod bwd_params;
 pub mod decode_params;
 pub mod hopper;
 pub mod mask;
@@ -26,6 +28,7 @@ pub mod smem_layout;
 pub mod softmax;
 pub mod tc;
 
+pub use bwd_params::BwdParams;
 pub use decode_params::DecodeParams;
 pub use mask::{KeyWindow, ScoreMod, UNBOUNDED};
 pub use params::{AttnParams, INTERLEAVE_PAGED, MAX_TICKET_BLOCKS, SeqInfo};
