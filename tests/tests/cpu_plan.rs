@@ -152,3 +152,26 @@ proptest! {
         prop_assert_eq!(fa1.read_bytes, 2 * n_k * d * e + p.tc * (o_lm + n_q * d * e));
     }
 }
+
+/// The backward models against the element counts of their docs, on a
+/// shape small enough to count by hand.
+#[test]
+fn backward_traffic_counts() {
+    // N_q = 4, N_k = 6, d = 2, 2-byte elements.
+    let std = HbmTraffic::standard_backward(4, 6, 2, 2).unwrap();
+    // reads 5·24 + 3·8 + 2·12 = 168, writes 2·24 + 8 + 2·12 = 80 elements.
+    assert_eq!(std, HbmTraffic { read_bytes: 168 * 2, write_bytes: 80 * 2 });
+    // Bc = 4 → Tc = 2. Reads: O, dO (2·8·2 = 32 B); per block Q, dO (32 B),
+    // LSE, D (2·4·4 = 32 B), accumulator (8·4 = 32 B) → 2·96 = 192;
+    // K, V (2·12·2 = 48); the dQ pass's accumulator (32): 304 B.
+    // Writes: D (16), zeroed accumulator (32), per block 32 → 64, dK, dV (48), dQ (16): 176 B.
+    let fa2 = HbmTraffic::fa2_backward(4, 6, 2, 4, 2, 4).unwrap();
+    assert_eq!(fa2, HbmTraffic { read_bytes: 304, write_bytes: 176 });
+    // Recomputation moves far fewer bytes than materializing the N² matrices
+    // on the GPT-2-medium shape (seed 002): N = 1024, d = 64, Bc = 128.
+    let s = HbmTraffic::standard_backward(1024, 1024, 64, 2).unwrap().total();
+    let f = HbmTraffic::fa2_backward(1024, 1024, 64, 128, 2, 4).unwrap().total();
+    assert!(f * 2 < s, "FA2 backward {f} B vs standard {s} B");
+    assert_eq!(HbmTraffic::fa2_backward(4, 6, 2, 0, 2, 4), Err(PlanError::ZeroDim { name: "bc" }));
+    assert_eq!(HbmTraffic::standard_backward(4, 6, 2, 0), Err(PlanError::ZeroElemSize { name: "elem_bytes" }));
+}

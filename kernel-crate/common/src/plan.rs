@@ -289,4 +289,70 @@ impl HbmTraffic {
         let write = add(two_s, qd, W)?;
         Ok(Self { read_bytes: mul(read, elem_bytes, W)?, write_bytes: mul(write, elem_bytes, W)? })
     }
+
+    /// The backward pass of standard attention (what an autograd framework
+    /// runs after [`HbmTraffic::standard`], which kept `P` in HBM), every
+    /// `N_q × N_k` matrix stored in the element type:
+    ///
+    /// 1. `dV = Pᵀ dO`: read `P`, `dO`; write `dV`;
+    /// 2. `dP = dO Vᵀ`: read `dO`, `V`; write `dP`;
+    /// 3. `dS = P ∘ (dP − rowsum(P ∘ dP))`: read `P`, `dP`; write `dS`;
+    /// 4. `dQ = scale · dS K`: read `dS`, `K`; write `dQ`;
+    /// 5. `dK = scale · dSᵀ Q`: read `dS`, `Q`; write `dK`.
+    ///
+    /// Reads `5 N_q N_k + 2 N_q d + N_q d + 2 N_k d` (P twice, dP, dS twice;
+    /// dO twice, Q, K, V), writes `2 N_q N_k + N_q d + 2 N_k d` elements.
+    pub fn standard_backward(n_q: u64, n_k: u64, d: u64, elem_bytes: u64) -> Result<Self, PlanError> {
+        nonzero(n_q, "n_q")?;
+        nonzero(n_k, "n_k")?;
+        nonzero(d, "d")?;
+        if elem_bytes == 0 {
+            return Err(PlanError::ZeroElemSize { name: "elem_bytes" });
+        }
+        const W: &str = "standard backward bytes";
+        let (qd, kd, s) = (mul(n_q, d, W)?, mul(n_k, d, W)?, mul(n_q, n_k, W)?);
+        let read = add(add(mul(5, s, W)?, mul(3, qd, W)?, W)?, mul(2, kd, W)?, W)?;
+        let write = add(add(mul(2, s, W)?, qd, W)?, mul(2, kd, W)?, W)?;
+        Ok(Self { read_bytes: mul(read, elem_bytes, W)?, write_bytes: mul(write, elem_bytes, W)? })
+    }
+
+    /// FlashAttention-2's backward (Algorithm 2 with the preprocessing and
+    /// dQ passes of the implementation), `Tc = ceil(N_k / Bc)` K/V blocks,
+    /// counting every load and store:
+    ///
+    /// * preprocess: read `O`, `dO` (`2 N_q d` elements), write `D` (`N_q`
+    ///   statistics) and zero the f32 dQ accumulator (`N_q d` statistics);
+    /// * main loop, per K/V block: read `Q`, `dO` (`2 N_q d`), `LSE`, `D`
+    ///   (`2 N_q`) and add into the dQ accumulator (read + write `N_q d` f32);
+    ///   once in all: read `K`, `V`, write `dK`, `dV` (`2 N_k d` each way);
+    /// * dQ pass: read the accumulator (`N_q d` f32), write `dQ` (`N_q d`).
+    ///
+    /// Dense figure (causal skips about half the per-block terms): an upper
+    /// bound for causal. `stat_bytes` is the size of `D`, `LSE` and the
+    /// accumulator's entries (f32: 4).
+    pub fn fa2_backward(n_q: u64, n_k: u64, d: u64, bc: u64, elem_bytes: u64, stat_bytes: u64) -> Result<Self, PlanError> {
+        nonzero(n_q, "n_q")?;
+        nonzero(n_k, "n_k")?;
+        nonzero(d, "d")?;
+        nonzero(bc, "bc")?;
+        check_sizes(elem_bytes, stat_bytes)?;
+        const W: &str = "FA2 backward bytes";
+        let tc = n_k.div_ceil(bc);
+        let (qd, kd) = (mul(n_q, d, W)?, mul(n_k, d, W)?);
+        let (qd_e, kd_e, qd_s) = (mul(qd, elem_bytes, W)?, mul(kd, elem_bytes, W)?, mul(qd, stat_bytes, W)?);
+        let row_s = mul(n_q, stat_bytes, W)?;
+        // Per K/V block: Q, dO, LSE, D and the accumulator's read.
+        let per_block_read = add(add(mul(2, qd_e, W)?, mul(2, row_s, W)?, W)?, qd_s, W)?;
+        let read = add(
+            add(mul(2, qd_e, W)?, mul(tc, per_block_read, W)?, W)?,
+            add(mul(2, kd_e, W)?, qd_s, W)?,
+            W,
+        )?;
+        let write = add(
+            add(add(row_s, qd_s, W)?, mul(tc, qd_s, W)?, W)?,
+            add(mul(2, kd_e, W)?, qd_e, W)?,
+            W,
+        )?;
+        Ok(Self { read_bytes: read, write_bytes: write })
+    }
 }
