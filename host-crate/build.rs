@@ -33,10 +33,9 @@ fn main() {
         println!("cargo:rerun-if-changed={}", kernel_dir.join(p).display());
     }
 
-    let rustc = env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
+    let (cargo, rustc) = kernel_toolchain();
     check_rust_src(&rustc);
 
-    let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let children: Vec<_> = ARCHS
         .iter()
         .map(|&(arch, ptx)| {
@@ -52,6 +51,7 @@ fn main() {
             };
             cmd.current_dir(&kernel_dir)
                 .env("RUSTC", &rustc)
+                .env("RUSTUP_TOOLCHAIN", KERNEL_TOOLCHAIN)
                 .env(
                     "CARGO_ENCODED_RUSTFLAGS",
                     [
@@ -78,7 +78,8 @@ fn main() {
                 .args(["--", "--emit=asm"])
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped());
-            let child = cmd.spawn().unwrap_or_else(|e| panic!("cannot run `{cargo}` to build the kernels: {e}"));
+            let child =
+                cmd.spawn().unwrap_or_else(|e| panic!("cannot run `{}` to build the kernels: {e}", cargo.display()));
             (arch, target_dir, child)
         })
         .collect();
@@ -135,9 +136,62 @@ fn add_hopper_entry_directives(ptx: &str) -> String {
     out
 }
 
+/// The toolchain the kernels are built with, whatever toolchain builds the
+/// crate that depends on us (stable, another nightly): the pinned nightly
+/// of the repository's `rust-toolchain.toml`. Kept here too, because a
+/// packaged copy of this crate has no `rust-toolchain.toml` beside it;
+/// `cargo xtask test` checks that the two agree.
+const KERNEL_TOOLCHAIN: &str = "nightly-2026-05-20";
+
+/// `(cargo, rustc)` of [`KERNEL_TOOLCHAIN`], found through rustup; without
+/// rustup, the outer build's own cargo/rustc if they are that nightly
+/// (e.g. a distribution's build of it). Panics with the one command that
+/// installs what is missing.
+fn kernel_toolchain() -> (PathBuf, PathBuf) {
+    let install = format!("rustup toolchain install {KERNEL_TOOLCHAIN} --profile minimal --component rust-src");
+    let which = |tool: &str| -> Option<PathBuf> {
+        let out = Command::new("rustup")
+            .args(["which", "--toolchain", KERNEL_TOOLCHAIN, tool])
+            .env_remove("RUSTUP_TOOLCHAIN")
+            .stdin(Stdio::null())
+            .output()
+            .ok()?;
+        out.status.success().then(|| PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+    };
+    let rustup_present = Command::new("rustup").arg("--version").stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok();
+    if rustup_present {
+        match (which("cargo"), which("rustc")) {
+            (Some(cargo), Some(rustc)) if cargo.exists() && rustc.exists() => return (cargo, rustc),
+            _ => panic!(
+                "\n\nflash-attn compiles its GPU kernels with the Rust toolchain {KERNEL_TOOLCHAIN} (whatever \
+                 toolchain builds your crate), and rustup does not have it.\nRun:\n\n    {install}\n\n"
+            ),
+        }
+    }
+    // No rustup: the outer toolchain, if it is the pinned nightly.
+    let rustc = PathBuf::from(env::var("RUSTC").unwrap_or_else(|_| "rustc".into()));
+    let cargo = PathBuf::from(env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    let version = Command::new(&rustc).arg("-V").output().ok().map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
+    let date = KERNEL_TOOLCHAIN.trim_start_matches("nightly-");
+    // rustc's version line names the commit date, the day before the nightly's.
+    match version {
+        Some(v) if v.contains("nightly") => {
+            if !v.contains(date) {
+                println!("cargo:warning=flash-attn: building the kernels with `{}` instead of {KERNEL_TOOLCHAIN} (rustup not found)", v.trim());
+            }
+            (cargo, rustc)
+        }
+        v => panic!(
+            "\n\nflash-attn compiles its GPU kernels with the Rust toolchain {KERNEL_TOOLCHAIN}, found through \
+             rustup, and rustup is not installed (the outer rustc is {}).\nInstall rustup (https://rustup.rs), then run:\n\n    {install}\n\n",
+            v.as_deref().map(str::trim).unwrap_or("unknown")
+        ),
+    }
+}
+
 /// `-Zbuild-std=core` compiles core from the toolchain's `rust-src`; say
 /// exactly how to get it when it is missing.
-fn check_rust_src(rustc: &str) {
+fn check_rust_src(rustc: &Path) {
     let sysroot = Command::new(rustc)
         .args(["--print", "sysroot"])
         .output()
@@ -145,14 +199,14 @@ fn check_rust_src(rustc: &str) {
         .filter(|o| o.status.success())
         .map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()));
     let Some(sysroot) = sysroot else {
-        panic!("cannot run `{rustc} --print sysroot`");
+        panic!("cannot run `{} --print sysroot`", rustc.display());
     };
     let core = sysroot.join("lib/rustlib/src/rust/library/core/Cargo.toml");
     if !Path::new(&core).exists() {
         panic!(
             "\n\nflash-attn builds its GPU kernels with `-Zbuild-std=core`, which needs the `rust-src` \
-             component of the pinned nightly, and it is missing ({} not found).\nRun:\n\n    \
-             rustup component add rust-src --toolchain nightly-2026-05-20\n\n",
+             component of {KERNEL_TOOLCHAIN}, and it is missing ({} not found).\nRun:\n\n    \
+             rustup component add rust-src --toolchain {KERNEL_TOOLCHAIN}\n\n",
             core.display()
         );
     }
