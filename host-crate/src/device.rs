@@ -3,23 +3,23 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute_enum};
-use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, LaunchConfig};
-use cudarc::nvrtc::Ptx;
+use cudarc::driver::sys::CUdevice_attribute;
+use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig};
 
 use crate::dispatch::{self, DeviceLimits, Launch};
 use crate::error::{FlashAttnError, Result};
+use crate::ptx::load::LazyKernels;
 use crate::ptx::{self, PtxBuild};
 
-/// The flash-attn kernels loaded on one CUDA context: the embedded PTX
-/// build for the device's compute capability, loaded once, with every
-/// kernel's function handle and its dynamic shared-memory limit raised to
-/// the device's opt-in maximum. Cheap to share (`Send + Sync`); launches go
-/// to whatever stream of this context the caller passes.
+/// The flash-attn kernels of one CUDA context: the embedded PTX build for
+/// the device's compute capability, each kernel loaded on first use (its
+/// own PTX module, JIT-compiled by the driver) with its dynamic
+/// shared-memory limit raised to the device's opt-in maximum. Cheap to
+/// share (`Send + Sync`); launches go to whatever stream of this context
+/// the caller passes.
 #[derive(Debug)]
 pub struct FlashAttention {
     ctx: Arc<CudaContext>,
-    module: Arc<CudaModule>,
     build: PtxBuild,
     cc: (i32, i32),
     device_name: String,
@@ -28,7 +28,7 @@ pub struct FlashAttention {
     /// Peak DRAM bandwidth in bytes/s (memory clock × bus width × 2), where
     /// the driver reports both.
     peak_mem_bandwidth: Option<f64>,
-    kernels: HashMap<&'static str, CudaFunction>,
+    kernels: Arc<LazyKernels>,
     /// Resident blocks per SM of each launch shape asked so far (the
     /// driver's occupancy calculator costs microseconds per call: decode
     /// calls ask it on every step).
@@ -40,9 +40,27 @@ pub struct FlashAttention {
 }
 
 impl FlashAttention {
-    /// Loads the PTX build for `ctx`'s device (the driver JIT-compiles it on
-    /// first load). Errors: [`FlashAttnError::UnsupportedDevice`] below sm_80,
-    /// [`FlashAttnError::Driver`] if loading fails.
+    /// The kernels of the PTX build for `ctx`'s device. Loads none: each
+    /// kernel is loaded on its first launch.
+    ///
+    /// # What the first call costs
+    /// `new` reads a few device attributes and indexes the embedded PTX
+    /// (split per kernel, once per process: a few milliseconds in release
+    /// builds). The first launch of each kernel then loads that kernel's own
+    /// PTX module, which the driver JIT-compiles for the GPU — typically
+    /// 0.1–1 s per kernel on an H100 with an empty JIT cache (the f32
+    /// kernels are small, the tensor-core and Hopper kernels large) — and
+    /// caches on disk (`~/.nv/ComputeCache`), so later processes pay only
+    /// milliseconds. A call runs one to three kernels (decode: the kernel
+    /// and its split combine; paged caches: the page-order kernel), so the
+    /// first call of a kernel family costs about a second on a fresh
+    /// machine, not the minutes that JIT-compiling the whole build took.
+    ///
+    /// Errors: [`FlashAttnError::UnsupportedDevice`] below sm_80,
+    /// [`FlashAttnError::Driver`] if the device cannot be queried,
+    /// [`FlashAttnError::Ptx`] if the embedded PTX cannot be indexed or
+    /// lacks a kernel of the host's tables. A kernel that fails to load is
+    /// reported by the call that launches it.
     pub fn new(ctx: &Arc<CudaContext>) -> Result<Self> {
         Self::with_family(ctx, crate::hopper::KernelFamily::Auto)
     }
@@ -73,30 +91,34 @@ impl FlashAttention {
             (Ok(khz), Ok(bits)) if khz > 0 && bits > 0 => Some(2.0 * khz as f64 * 1e3 * bits as f64 / 8.0),
             _ => None,
         };
-        let module = ctx.load_module(Ptx::from_src(build.ptx))?;
-        let mut kernels = HashMap::new();
+        let kernels = LazyKernels::new(ctx, build, max_smem)
+            .map_err(|reason| FlashAttnError::Ptx { build: build.arch, reason })?;
+        // Every kernel of the host's tables must be in the build (the old
+        // eager load failed here too): a mismatch between the kernel crate
+        // and the tables is found at once, not at some later call.
         let dec_names = crate::decode_kernels::DEC_KERNELS.iter().flat_map(|k| std::iter::once(k.name).chain(k.compact));
         let tc_names = crate::tc::TC_KERNELS.iter().map(|k| k.name).chain(dec_names);
         let hopper_names: &[&'static str] = if build.arch == "sm_90a" { crate::hopper::PROBE_KERNELS } else { &[] };
         let hopper_names = hopper_names.iter().copied().chain(
             crate::hopper::HOPPER_KERNELS.iter().map(|k| k.name).filter(|_| build.arch == "sm_90a"),
         );
-        for name in dispatch::F32_KERNELS.iter().chain(crate::decode::DECODE_KERNELS).chain(crate::page_order::PAGE_ORDER_KERNELS).copied().chain(tc_names).chain(hopper_names) {
-            let f = module.load_function(name)?;
-            f.set_attribute(CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, max_smem)?;
-            kernels.insert(name, f);
+        let mut names = dispatch::F32_KERNELS
+            .iter()
+            .chain(crate::decode::DECODE_KERNELS)
+            .chain(crate::page_order::PAGE_ORDER_KERNELS)
+            .copied()
+            .chain(tc_names)
+            .chain(hopper_names);
+        if let Some(missing) = names.find(|n| !kernels.contains(n)) {
+            return Err(FlashAttnError::Ptx { build: build.arch, reason: format!("kernel `{missing}` is not in the PTX") });
         }
-        Ok(Self { ctx: ctx.clone(), module, build, cc: (major, minor), device_name, limits, num_sms, peak_mem_bandwidth, kernels, occupancy: Mutex::new(HashMap::new()), split_counters: Mutex::new(HashMap::new()) })
+        let kernels = Arc::new(kernels);
+        Ok(Self { ctx: ctx.clone(), build, cc: (major, minor), device_name, limits, num_sms, peak_mem_bandwidth, kernels, occupancy: Mutex::new(HashMap::new()), split_counters: Mutex::new(HashMap::new()) })
     }
 
     /// The context the kernels are loaded in.
     pub fn context(&self) -> &Arc<CudaContext> {
         &self.ctx
-    }
-
-    /// The loaded module (every kernel of the embedded PTX build).
-    pub fn module(&self) -> &Arc<CudaModule> {
-        &self.module
     }
 
     /// Whether the Hopper-native kernels are loaded (the sm_90a build).
@@ -134,9 +156,33 @@ impl FlashAttention {
         self.peak_mem_bandwidth
     }
 
-    /// A loaded kernel by name (for tests and tools: registers, local memory).
+    /// A kernel by name (for tests and tools: registers, local memory),
+    /// loaded now if it is not yet. `None` if the PTX build has no such
+    /// kernel, or the driver fails to load it ([`FlashAttention::kernel`]
+    /// says why).
     pub fn function(&self, name: &str) -> Option<&CudaFunction> {
-        self.kernels.get(name)
+        self.kernels.get(name).ok().flatten()
+    }
+
+    /// A kernel by name, loaded now if it is not yet: `Ok(None)` if the PTX
+    /// build has no such kernel, the driver's error if loading fails.
+    pub fn kernel(&self, name: &str) -> Result<Option<&CudaFunction>> {
+        Ok(self.kernels.get(name)?)
+    }
+
+    /// Whether the PTX build has kernel `name` (loads nothing).
+    pub fn has_kernel(&self, name: &str) -> bool {
+        self.kernels.contains(name)
+    }
+
+    /// How many kernels this `FlashAttention` has loaded so far.
+    pub fn loaded_kernels(&self) -> usize {
+        self.kernels.loaded()
+    }
+
+    /// The lazily loaded kernels, shared with [`crate::tc::TcModule`].
+    pub(crate) fn lazy_kernels(&self) -> &Arc<LazyKernels> {
+        &self.kernels
     }
 
     /// The function and launch configuration of one planned launch.
@@ -147,7 +193,7 @@ impl FlashAttention {
         if let Some(&n) = self.occupancy.lock().ok()?.get(&key) {
             return Some(n);
         }
-        let f = self.kernels.get(l.kernel)?;
+        let f = self.kernels.get(l.kernel).ok()??;
         let n = f.occupancy_max_active_blocks_per_multiprocessor(l.threads, l.smem_bytes as usize, None).ok()?;
         let n = (n > 0).then_some(n as usize)?;
         self.occupancy.lock().ok()?.insert(key, n);
@@ -174,7 +220,7 @@ impl FlashAttention {
     }
 
     pub(crate) fn prepare(&self, l: &Launch) -> Result<(&CudaFunction, LaunchConfig)> {
-        let f = self.kernels.get(l.kernel).ok_or(FlashAttnError::Unsupported {
+        let f = self.kernels.get(l.kernel)?.ok_or(FlashAttnError::Unsupported {
             argument: "q",
             dtype: "f32",
             what: "this PTX build (kernel missing)",

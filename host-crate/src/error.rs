@@ -15,6 +15,11 @@ pub enum FlashAttnError {
     #[error("CUDA driver error: {0}")]
     Driver(#[from] DriverError),
 
+    /// The embedded PTX build cannot be indexed, or lacks a kernel of the
+    /// host's tables (a build mismatch, never the caller's input).
+    #[error("embedded PTX build {build}: {reason}")]
+    Ptx { build: &'static str, reason: String },
+
     /// No CUDA driver or no GPU: the device API cannot run (the ndarray API
     /// falls back to the CPU instead).
     #[error("no usable CUDA GPU: {reason}")]

@@ -5,14 +5,14 @@
 //! Kernel names are `flash_fwd_tc_{fa1,fa2}_{f16,bf16}_d{D}_w{warps}_m{MT}_bc{Bc}`;
 //! `Br = 16 · MT · warps` (each warp owns `MT` m-tiles of 16 query rows).
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
-use cudarc::driver::sys::CUfunction_attribute_enum;
-use cudarc::driver::{CudaFunction, CudaModule, CudaStream, DeviceRepr, DriverError, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaFunction, CudaStream, DeviceRepr, DriverError, LaunchConfig, PushKernelArg};
 use flash_attn_common::AttnParams;
 
+use crate::FlashAttention;
 use crate::dispatch::Features;
+use crate::ptx::load::LazyKernels;
 use flash_attn_common::tc::{fa1_tc_smem_bytes, fa2_tc_smem_bytes, tc_br};
 
 /// Which loop order a tensor-core kernel runs.
@@ -291,27 +291,30 @@ pub struct KernelArg<P: Copy>(pub P);
 // kernel crate (only integers and floats), laid out identically on both sides.
 unsafe impl<P: Copy> DeviceRepr for KernelArg<P> {}
 
-/// The tensor-core kernels of one loaded module, with their shared-memory
-/// limits raised.
-#[derive(Debug)]
+/// The tensor-core kernels of a [`FlashAttention`], launched directly
+/// (benchmarks): each loaded on its first launch, its dynamic shared-memory
+/// limit raised to the device's opt-in maximum (at least its
+/// configuration's need on any device the configuration fits).
+#[derive(Debug, Clone)]
 pub struct TcModule {
-    fns: HashMap<&'static str, CudaFunction>,
+    kernels: Arc<LazyKernels>,
 }
 
 impl TcModule {
-    /// Loads every tensor-core kernel of `module` and raises its dynamic
-    /// shared-memory limit to its configuration's need.
-    pub fn from_module(module: &Arc<CudaModule>) -> Result<Self, DriverError> {
-        let mut fns = HashMap::new();
-        for k in TC_KERNELS {
-            let f = module.load_function(k.name)?;
-            f.set_attribute(
-                CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                k.smem_bytes() as i32,
-            )?;
-            fns.insert(k.name, f);
-        }
-        Ok(Self { fns })
+    /// The tensor-core kernels of `fa` (shared with it: a kernel either
+    /// loads is loaded for both). Loads nothing.
+    pub fn new(fa: &FlashAttention) -> Self {
+        Self { kernels: fa.lazy_kernels().clone() }
+    }
+
+    /// Loads kernel `k` now (its first launch would otherwise), so that a
+    /// timed loop does not include the driver's JIT compilation.
+    pub fn load(&self, k: &TcKernel) -> Result<(), DriverError> {
+        self.function(k).map(|_| ())
+    }
+
+    fn function(&self, k: &TcKernel) -> Result<&CudaFunction, DriverError> {
+        self.kernels.get(k.name)?.ok_or(DriverError(cudarc::driver::sys::cudaError_enum::CUDA_ERROR_NOT_FOUND))
     }
 
     /// Launches `k` on `stream` with parameters `p`.
@@ -322,7 +325,7 @@ impl TcModule {
     /// elements, `p.headdim == k.d`, `p.br`/`p.bc` matching `k`, and for FA1
     /// `o_accum`, `lse` (l) and `m` initialized to 0, 0, −inf.
     pub unsafe fn launch(&self, stream: &CudaStream, k: &TcKernel, p: &AttnParams) -> Result<(), DriverError> {
-        let f = &self.fns[k.name];
+        let f = self.function(k)?;
         let blocks = k
             .grid_blocks(p.batch as usize, p.nheads as usize, p.seqlen_q as usize)
             .ok_or(DriverError(cudarc::driver::sys::cudaError_enum::CUDA_ERROR_INVALID_VALUE))?;

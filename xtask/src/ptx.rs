@@ -13,6 +13,61 @@ use std::process::Command;
 
 use crate::cargo;
 
+/// The library's own splitter (one module per kernel entry, loaded on first
+/// use), shared by path so that xtask needs no dependency on the library.
+#[path = "../../host-crate/src/ptx/split.rs"]
+#[allow(dead_code)]
+mod split;
+
+/// Every `SPLIT_SAMPLE_STRIDE`-th entry of each build (and the first of
+/// each family prefix in [`SPLIT_SAMPLE_FAMILIES`]) is assembled on its own.
+pub const SPLIT_SAMPLE_STRIDE: usize = 24;
+pub const SPLIT_SAMPLE_FAMILIES: &[&str] =
+    &["fa2_forward_f32", "flash_fwd_tc_fa2_", "flash_fwd_tc_dec_", "flash_fwd_hopper_", "combine_splits_", "order_block_table"];
+
+/// Assembles a sample of the per-entry modules the library loads (its
+/// run-time split of each PTX file) with ptxas, each as a stand-alone
+/// file: proof that a split module is valid PTX on its own. Returns the
+/// number assembled and the problems.
+pub fn check_split(ptxas: &Path, files: &[PtxFile]) -> Result<(usize, Vec<String>), String> {
+    let mut problems = Vec::new();
+    let mut n = 0;
+    let dir = std::env::temp_dir().join(format!("fa-split-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    for f in files {
+        let sp = split::SplitPtx::parse(&f.text).map_err(|e| format!("{}: split: {e}", f.path.display()))?;
+        let entries = sp.entries();
+        let mut sample: Vec<&str> = entries.iter().step_by(SPLIT_SAMPLE_STRIDE).copied().collect();
+        for fam in SPLIT_SAMPLE_FAMILIES {
+            if let Some(e) = entries.iter().find(|e| e.starts_with(fam)) {
+                sample.push(e);
+            }
+        }
+        sample.sort_unstable();
+        sample.dedup();
+        for entry in sample {
+            let m = sp.module(entry).ok_or_else(|| format!("{entry}: no module"))?;
+            let path = dir.join(format!("{}_{entry}.ptx", f.target));
+            std::fs::write(&path, &m).map_err(|e| format!("{}: {e}", path.display()))?;
+            let mut cmd = Command::new(ptxas);
+            cmd.arg(format!("-arch={}", f.target)).arg(&path).args(["-o", "/dev/null"]);
+            let out = cmd.output().map_err(|e| format!("cannot run `{}`: {e}", cargo::show(&cmd)))?;
+            n += 1;
+            if !out.status.success() {
+                problems.push(format!(
+                    "{} ({}): the split module of {entry} does not assemble on its own: {}",
+                    f.path.display(),
+                    f.target,
+                    String::from_utf8_lossy(&out.stderr).lines().take(5).collect::<Vec<_>>().join(" | ")
+                ));
+            } else {
+                let _ = std::fs::remove_file(&path);
+            }
+        }
+    }
+    Ok((n, problems))
+}
+
 /// Instructions a kernel must contain, by kernel-name prefix: the PTX
 /// counterpart of "the instructions we meant are there" (DESIGN.md, tests
 /// tier 4). Each `(prefix, substrings)` applies to every `.entry` whose name

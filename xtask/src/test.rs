@@ -81,7 +81,14 @@ pub fn main(args: &[String]) -> Result<(), String> {
         Some(ptxas) => {
             println!("\nxtask: checking the embedded PTX with {}", ptxas.display());
             let files = ptx::locate(&cargo::profile_args(args))?;
-            let sum = ptx::check(&ptxas, &files, false)?;
+            let mut sum = ptx::check(&ptxas, &files, false)?;
+            let t_split = std::time::Instant::now();
+            let (split_n, split_problems) = ptx::check_split(&ptxas, &files)?;
+            println!(
+                "xtask: {split_n} per-kernel split modules assembled on their own in {:.0} s",
+                t_split.elapsed().as_secs_f64()
+            );
+            sum.problems.extend(split_problems);
             if !sum.problems.is_empty() {
                 println!("\nPTX problems:\n  {}", sum.problems.join("\n  "));
                 println!(
@@ -92,7 +99,7 @@ pub fn main(args: &[String]) -> Result<(), String> {
                 return Err(format!("{} PTX problem(s)", sum.problems.len()));
             }
             format!(
-                "ptxas: {} kernels in {} PTX files ({}) assembled, no spills, no stack frames",
+                "ptxas: {} kernels in {} PTX files ({}) assembled, no spills, no stack frames; {split_n} split modules assemble alone",
                 sum.kernels,
                 sum.files,
                 sum.targets.join(", ")

@@ -90,9 +90,9 @@ impl Gpu {
         let stream = ctx.new_stream()?;
         let t = Instant::now();
         let fa = FlashAttention::new(&ctx)?;
-        let tc = TcModule::from_module(fa.module())?;
+        let tc = TcModule::new(&fa);
         eprintln!(
-            "fa-bench: loaded the {} PTX ({} tensor-core kernels) in {:.1} s",
+            "fa-bench: indexed the {} PTX ({} tensor-core kernels, each loaded on its first launch) in {:.3} s",
             fa.ptx_build().arch,
             flash_attn::tc::TC_KERNELS.len(),
             t.elapsed().as_secs_f64()
