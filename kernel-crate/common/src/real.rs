@@ -37,16 +37,12 @@ pub trait Real:
     fn sqrt(self) -> Self;
     fn is_nan(self) -> bool;
     /// Hyperbolic tangent (softcap). The default, used on the GPU, is
-    /// `sign(x)·(1 − 2/(e^{2|x|} + 1))` on `exp2`: its absolute error is a few
-    /// f32 ulps of 1 (so `cap·tanh(s/cap)` errs by ~`cap·1e-7`, far below a
-    /// 16-bit score's rounding), where PTX `tanh.approx` has a 2^-11
-    /// relative error. The host uses `std`'s.
+    /// [`tanh_exp2`] (accurate to a few f32 ulps *relative* over the whole
+    /// line, where PTX `tanh.approx` has a 2^-11 relative error). The host
+    /// uses `std`'s; the tests run [`tanh_exp2`] on the host against it.
     #[inline(always)]
     fn tanh(self) -> Self {
-        let two = Self::ONE + Self::ONE;
-        let a = if self < Self::ZERO { -self } else { self };
-        let t = Self::ONE - two / ((two * Self::LOG2_E * a).exp2() + Self::ONE);
-        if self < Self::ZERO { -t } else if self.is_nan() { self } else { t }
+        tanh_exp2(self)
     }
     /// The larger of the two; NaN propagates from either side.
     #[inline(always)]
@@ -58,6 +54,60 @@ pub trait Real:
         } else {
             self
         }
+    }
+}
+
+/// Below this `|x|`, [`tanh_exp2`] uses its odd polynomial.
+pub const TANH_POLY_MAX: f64 = 0.5;
+
+/// Taylor coefficients of `tanh x = x + x·Σ_n c_n x^(2n)`, `n = 1..=7`
+/// (`−1/3, 2/15, −17/315, 62/2835, −1382/155925, 21844/6081075,
+/// −929569/638512875`). On `|x| < 0.5` the first omitted term,
+/// `6404582/10854718875 · x^17`, is below `9e-9 · |x|`: under an f32 ulp.
+const TANH_TAYLOR: [f64; 7] = [
+    -1.0 / 3.0,
+    2.0 / 15.0,
+    -17.0 / 315.0,
+    62.0 / 2835.0,
+    -1382.0 / 155925.0,
+    21844.0 / 6081075.0,
+    -929569.0 / 638512875.0,
+];
+
+/// `tanh(x)` from `+ − × ÷` and [`Real::exp2`] only, so that the GPU
+/// (`ex2.approx`) and the host (any [`Real`]) run the same formula:
+///
+/// * `|x| < 0.5` ([`TANH_POLY_MAX`]): the odd Taylor polynomial
+///   `x + x·z·P(z)`, `z = x²`, degree 15 ([`TANH_TAYLOR`]), Horner in `z`.
+///   Relative error ≈ 1 ulp, down to the tiniest `x` (`tanh x → x`): the
+///   exp form below would return `1 − (1 − 2x + …)`, whose cancellation
+///   loses all relative precision as `x → 0` (f32 softcap measured 3–11×
+///   plain f32's error with it alone, issue 30 item 8).
+/// * `|x| ≥ 0.5`: `sign(x)·(1 − 2/(2^(2·log2 e·|x|) + 1))`; there
+///   `tanh |x| ≥ 0.46` and `2/(e^{2|x|}+1) ≤ 0.54`: no cancellation beyond
+///   a factor 1.2. `2^(huge) = inf` gives exactly ±1.
+///
+/// Odd (`tanh(−x) = −tanh(x)` bit for bit), NaN propagates, `tanh(±0) = ±0`.
+#[inline(always)]
+pub fn tanh_exp2<F: Real>(x: F) -> F {
+    let a = if x < F::ZERO { -x } else { x };
+    if a < F::from_f64(TANH_POLY_MAX) {
+        let z = x * x;
+        let c = |i: usize| F::from_f64(TANH_TAYLOR[i]);
+        let p = c(6);
+        let p = p * z + c(5);
+        let p = p * z + c(4);
+        let p = p * z + c(3);
+        let p = p * z + c(2);
+        let p = p * z + c(1);
+        let p = p * z + c(0);
+        // `x + x·(z·p)` is +0 at x = −0 (−0·−0); tanh(−0) = −0.
+        if a == F::ZERO { x } else { x + x * (z * p) }
+    } else {
+        let two = F::ONE + F::ONE;
+        let t = F::ONE - two / ((two * F::LOG2_E * a).exp2() + F::ONE);
+        // NaN: `a < 0.5` is false and `t` is NaN; `x < 0` is false too.
+        if x < F::ZERO { -t } else { t }
     }
 }
 
