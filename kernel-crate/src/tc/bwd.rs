@@ -34,6 +34,7 @@ use super::tile::{FragTile, SmemTile, tile_bytes};
 use super::{Elem16, mma, pack};
 use crate::arch::cp_async::{cp_async_ca_4, cp_async_commit, cp_async_wait};
 use crate::arch::global::{atom_add_acq_rel_u32_gpu, ld_acquire_u32_gpu, red_add_f32};
+use crate::arch::opaque;
 use crate::arch::smem::{dynamic_smem, smem_addr, st_shared_u32};
 use crate::arch::sreg;
 use crate::arch::sync::sync_threads;
@@ -137,6 +138,14 @@ unsafe fn dq_turn(sem: *const u32, turn: u32, tid: usize) {
         while unsafe { ld_acquire_u32_gpu(sem) } != turn {}
     }
     sync_threads();
+}
+
+/// `t` with its base recomputed at the point of use ([`opaque::u32_fresh`]):
+/// the fragment addresses of one product stay local to it instead of
+/// hundreds of loop-invariant registers.
+#[inline(always)]
+fn fresh<const D: usize>(t: SmemTile<D>) -> SmemTile<D> {
+    SmemTile { base: opaque::u32_fresh(t.base) }
 }
 
 /// The backward main kernel body (see the module docs).
@@ -293,7 +302,7 @@ pub unsafe fn backward<
         let (q0, buf) = (i * BR, n & 1);
 
         // SAFETY: K_j and Q_i landed and a barrier passed.
-        let mut r_p = unsafe { rows_bt::<T, DK, BRN>(s_k, kw, s_q(buf), lane) };
+        let mut r_p = unsafe { rows_bt::<T, DK, BRN>(fresh(s_k), kw, fresh(s_q(buf)), lane) };
         let mut r_dt = [[1f32; 4]; BRN];
         let key = [(k0 + kw + g) as i64, (k0 + kw + g + 8) as i64];
         // SAFETY: host-checked ALiBi slopes.
@@ -307,8 +316,12 @@ pub unsafe fn backward<
         if MODS && (sc.cap_post != 0.0 || sc.slope_log2 != 0.0) {
             sc.apply::<BRN>(&mut r_p, &mut r_dt, q0, t, key, win.shift);
         } else {
-            for x in r_p.iter_mut().flatten() {
-                *x *= sc.scale_log2;
+            // (Index loops: a `flatten` iterator is not unrolled and sends
+            // the accumulators to local memory.)
+            for nn in 0..BRN {
+                for e in 0..4 {
+                    r_p[nn][e] *= sc.scale_log2;
+                }
             }
         }
         if !(full_lo <= q0 as i64 && (q0 + BR) as i64 <= full_hi) {
@@ -330,9 +343,9 @@ pub unsafe fn backward<
             }
         }
         // SAFETY: dO_i landed and a barrier passed.
-        unsafe { acc_at_b::<T, BRN, BRK, DSN>(&mut r_dv, &r_p, s_do(buf), c0, lane) };
+        unsafe { acc_at_b::<T, BRN, BRK, DSN>(&mut r_dv, &r_p, fresh(s_do(buf)), c0, lane) };
         // SAFETY: V_j, dO_i landed and a barrier passed.
-        let mut r_ds = unsafe { rows_bt::<T, DK, BRN>(s_v, kw, s_do(buf), lane) };
+        let mut r_ds = unsafe { rows_bt::<T, DK, BRN>(fresh(s_v), kw, fresh(s_do(buf)), lane) };
         for nn in 0..BRN {
             // SAFETY: D_i landed and a barrier passed.
             let dv = unsafe { *(dlt.wrapping_add(nn * 8 + 2 * t) as *const [f32; 2]) };
@@ -341,7 +354,7 @@ pub unsafe fn backward<
             }
         }
         // SAFETY: Q_i landed and a barrier passed.
-        unsafe { acc_at_b::<T, BRN, BRK, DSN>(&mut r_dk, &r_ds, s_q(buf), c0, lane) };
+        unsafe { acc_at_b::<T, BRN, BRK, DSN>(&mut r_dk, &r_ds, fresh(s_q(buf)), c0, lane) };
         if sl == 0 {
             for nn in 0..BRN {
                 for r in 0..2 {
@@ -355,12 +368,13 @@ pub unsafe fn backward<
 
         // dQ_i += scale · dS·K_j: this warp's 16 queries × QCN·8 columns.
         let mut r_dq = [[0f32; 4]; QCN];
+        let (s_dsf, s_kf) = (fresh(s_ds), fresh(s_k));
         for kk in 0..BCK {
             // SAFETY: dSᵀ and K_j written/landed and a barrier passed.
-            let a = unsafe { s_ds.a_frag_trans(kk * 16, mq * 16, lane) };
+            let a = unsafe { s_dsf.a_frag_trans(kk * 16, mq * 16, lane) };
             for np in 0..QCN / 2 {
                 // SAFETY: as above.
-                let bb = unsafe { s_k.b_frag_trans_x2(kk * 16, qc0 + np * 16, lane) };
+                let bb = unsafe { s_kf.b_frag_trans_x2(kk * 16, qc0 + np * 16, lane) };
                 mma::<T>(&mut r_dq[2 * np], &a, &[bb[0], bb[1]]);
                 mma::<T>(&mut r_dq[2 * np + 1], &a, &[bb[2], bb[3]]);
             }
