@@ -5,7 +5,7 @@
 //! (`backward/`).
 //!
 //! Kernel names are `flash_bwd_tc{,x}_{f16,bf16}_d{D}_w{warps}_br{Br}_bc{Bc}`
-//! (`x`: softcap/ALiBi compiled in); the configurations (shared memory,
+//! (`x`: softcap/ALiBi compiled in, chosen when the call sets either); the configurations (shared memory,
 //! threads, `Br`, `Bc`) are `flash_attn_common::tc_bwd::TC_BWD_CONFIGS`,
 //! shared with the kernels. Grid: `batch · nheads_k · ceil(seqlen_k / Bc)`
 //! blocks of `32 · warps` threads.
@@ -47,30 +47,20 @@ table! {
     flash_bwd_tc_bf16_d32_w8_br64_bc128 true false 32;
     flash_bwd_tc_f16_d64_w8_br64_bc128 false false 64;
     flash_bwd_tc_bf16_d64_w8_br64_bc128 true false 64;
-    flash_bwd_tc_f16_d96_w8_br64_bc128 false false 96;
-    flash_bwd_tc_bf16_d96_w8_br64_bc128 true false 96;
-    flash_bwd_tc_f16_d128_w8_br64_bc128 false false 128;
-    flash_bwd_tc_bf16_d128_w8_br64_bc128 true false 128;
-    flash_bwd_tc_f16_d160_w8_br64_bc64 false false 160;
-    flash_bwd_tc_bf16_d160_w8_br64_bc64 true false 160;
-    flash_bwd_tc_f16_d192_w8_br64_bc64 false false 192;
-    flash_bwd_tc_bf16_d192_w8_br64_bc64 true false 192;
-    flash_bwd_tc_f16_d256_w8_br32_bc64 false false 256;
-    flash_bwd_tc_bf16_d256_w8_br32_bc64 true false 256;
+    flash_bwd_tc_f16_d128_w8_br32_bc128 false false 128;
+    flash_bwd_tc_bf16_d128_w8_br32_bc128 true false 128;
+    flash_bwd_tc_f16_d192_w8_br32_bc64 false false 192;
+    flash_bwd_tc_bf16_d192_w8_br32_bc64 true false 192;
+    flash_bwd_tc_f16_d256_w8_br16_bc64 false false 256;
+    flash_bwd_tc_bf16_d256_w8_br16_bc64 true false 256;
     flash_bwd_tcx_f16_d32_w8_br64_bc128 false true 32;
     flash_bwd_tcx_bf16_d32_w8_br64_bc128 true true 32;
-    flash_bwd_tcx_f16_d64_w8_br64_bc128 false true 64;
-    flash_bwd_tcx_bf16_d64_w8_br64_bc128 true true 64;
-    flash_bwd_tcx_f16_d96_w8_br64_bc128 false true 96;
-    flash_bwd_tcx_bf16_d96_w8_br64_bc128 true true 96;
-    flash_bwd_tcx_f16_d128_w8_br64_bc128 false true 128;
-    flash_bwd_tcx_bf16_d128_w8_br64_bc128 true true 128;
-    flash_bwd_tcx_f16_d160_w8_br64_bc64 false true 160;
-    flash_bwd_tcx_bf16_d160_w8_br64_bc64 true true 160;
-    flash_bwd_tcx_f16_d192_w8_br64_bc64 false true 192;
-    flash_bwd_tcx_bf16_d192_w8_br64_bc64 true true 192;
-    flash_bwd_tcx_f16_d256_w8_br32_bc64 false true 256;
-    flash_bwd_tcx_bf16_d256_w8_br32_bc64 true true 256;
+    flash_bwd_tcx_f16_d64_w8_br32_bc128 false true 64;
+    flash_bwd_tcx_bf16_d64_w8_br32_bc128 true true 64;
+    flash_bwd_tcx_f16_d128_w8_br16_bc128 false true 128;
+    flash_bwd_tcx_bf16_d128_w8_br16_bc128 true true 128;
+    flash_bwd_tcx_f16_d256_w8_br16_bc64 false true 256;
+    flash_bwd_tcx_bf16_d256_w8_br16_bc64 true true 256;
 }
 
 /// The opt-in shared memory per block of compute capability `cc`
@@ -85,10 +75,9 @@ fn max_smem_optin(cc: (i32, i32)) -> usize {
     }
 }
 
-/// The kernel of a call: dtype, the caller's head dim (padded to the
-/// configuration's), softcap/ALiBi.
-fn kernel_for(bf16: bool, cfg: &TcBwdConfig, mods: bool) -> Option<&'static TcBwdKernel> {
-    TC_BWD_KERNELS.iter().find(|k| k.bf16 == bf16 && k.mods == mods && k.d == cfg.d)
+/// The kernel of a configuration (compiled head dim, softcap/ALiBi) and dtype.
+fn kernel_for(bf16: bool, cfg: &TcBwdConfig) -> Option<&'static TcBwdKernel> {
+    TC_BWD_KERNELS.iter().find(|k| k.bf16 == bf16 && k.mods == cfg.mods && k.d == cfg.d)
 }
 
 /// Whether the tensor-core backward runs `dtype` at `headdim` on a device
@@ -97,7 +86,8 @@ fn kernel_for(bf16: bool, cfg: &TcBwdConfig, mods: bool) -> Option<&'static TcBw
 /// opt-in limit (sm_86/sm_89: d ≤ 64 only).
 pub(crate) fn tc_backward_supported(dtype: DType, headdim: usize, cc: (i32, i32)) -> bool {
     let sixteen_bit = matches!(dtype, DType::F16 | DType::BF16);
-    sixteen_bit && cc >= (8, 0) && tc_bwd_config(headdim).is_some_and(|c| c.smem_bytes() <= max_smem_optin(cc))
+    let fits = |mods| tc_bwd_config(headdim, mods).is_some_and(|c| c.smem_bytes() <= max_smem_optin(cc));
+    sixteen_bit && cc >= (8, 0) && fits(false) && fits(true)
 }
 
 /// The function of `k`, its dynamic shared-memory limit raised to `smem`
@@ -130,13 +120,13 @@ pub(crate) unsafe fn launch_tc_backward(fa: &crate::FlashAttention, stream: &Arc
         DType::F32 => return Err(FlashAttnError::Unsupported { argument: "q", dtype: dtype.name(), what }),
     };
     let d = p.fwd.headdim as usize;
-    let cfg = tc_bwd_config(d).ok_or(FlashAttnError::HeadDimOutOfRange { argument: "q", headdim: d })?;
+    let mods = p.fwd.softcap != 0.0 || p.fwd.alibi_ptr != 0;
+    let cfg = tc_bwd_config(d, mods).ok_or(FlashAttnError::HeadDimOutOfRange { argument: "q", headdim: d })?;
     let smem = cfg.smem_bytes();
     if smem > fa.limits().max_smem_per_block {
         return Err(FlashAttnError::Unsupported { argument: "q", dtype: dtype.name(), what: "the tensor-core backward at this head dim on this device (shared memory)" });
     }
-    let mods = p.fwd.softcap != 0.0 || p.fwd.alibi_ptr != 0;
-    let k = kernel_for(bf16, &cfg, mods).ok_or(FlashAttnError::Unsupported { argument: "q", dtype: dtype.name(), what })?;
+    let k = kernel_for(bf16, &cfg).ok_or(FlashAttnError::Unsupported { argument: "q", dtype: dtype.name(), what })?;
     let f = function(fa, k, smem)?;
 
     let bc = cfg.bc();
@@ -175,7 +165,7 @@ mod tests {
         let listed = src.lines().filter(|l| l.trim_start().starts_with("flash_bwd_tc")).count();
         assert_eq!(listed, TC_BWD_KERNELS.len());
         for k in TC_BWD_KERNELS {
-            let cfg = TC_BWD_CONFIGS.iter().find(|c| c.d == k.d).expect("a configuration per kernel");
+            let cfg = TC_BWD_CONFIGS.iter().find(|c| c.d == k.d && c.mods == k.mods).expect("a configuration per kernel");
             let name = format!(
                 "flash_bwd_tc{}_{}_d{}_w{}_br{}_bc{}",
                 if k.mods { "x" } else { "" },
@@ -188,9 +178,10 @@ mod tests {
             assert_eq!(k.name, name);
             assert!(src.contains(&format!("{name}: {}", if k.bf16 { "Bf16" } else { "F16" })), "{name} not in bwd.rs");
         }
+        assert_eq!(TC_BWD_KERNELS.len(), 2 * TC_BWD_CONFIGS.len());
         for c in TC_BWD_CONFIGS {
-            for (bf16, mods) in [(false, false), (true, false), (false, true), (true, true)] {
-                assert!(kernel_for(bf16, c, mods).is_some());
+            for bf16 in [false, true] {
+                assert!(kernel_for(bf16, c).is_some());
             }
         }
     }

@@ -24,6 +24,8 @@ pub struct TcBwdConfig {
     pub br: usize,
     /// Column slices of the head dim per key group (1 or 2).
     pub ds: usize,
+    /// Softcap and ALiBi compiled in.
+    pub mods: bool,
 }
 
 impl TcBwdConfig {
@@ -61,29 +63,34 @@ pub const fn bwd_ds_bytes(br: usize, bc: usize) -> usize {
     bc * row_bytes(br)
 }
 
-/// The compiled configurations, one per head dim (f16 and bf16, each with
-/// and without the softcap/ALiBi modifiers). d ≤ 128: 8 warps, `Br` 64,
-/// `Bc` 128 (FlashAttention-2's sm_80 backward tile for d ≤ 128); d 160 and
-/// 192: two column slices, `Bc` 64, `Br` 64; d 256: `Br` 32 (A100's 163 KB).
-/// d = 224 runs on the d = 256 kernel (a d = 224 kernel's column chunks
-/// would be an odd number of n-tiles).
+/// The compiled configurations (f16 and bf16 each), without and with the
+/// softcap/ALiBi modifiers (`mods`: the `1 − tanh²` factors cost `Br/2`
+/// registers more, so those take smaller `Br`). Chosen so that no kernel
+/// spills (ptxas, sm_80 and sm_90): 8 warps; d ≤ 128: `Bc` 128 (one column
+/// slice); d 192, 256: two column slices, `Bc` 64. `Br` 64 at d ≤ 64, 32 at
+/// d 128/192, 16 at d 256 (d 256's `dK`, `dV` slices alone take 128
+/// registers). Other head dims run on the next compiled one (zero-padded
+/// columns): a d = 96 or d = 160 kernel spilled at `Br` 64 and has an odd
+/// number of dQ column n-tiles at `Br` 32.
 pub const TC_BWD_CONFIGS: &[TcBwdConfig] = &[
-    TcBwdConfig { d: 32, warps: 8, br: 64, ds: 1 },
-    TcBwdConfig { d: 64, warps: 8, br: 64, ds: 1 },
-    TcBwdConfig { d: 96, warps: 8, br: 64, ds: 1 },
-    TcBwdConfig { d: 128, warps: 8, br: 64, ds: 1 },
-    TcBwdConfig { d: 160, warps: 8, br: 64, ds: 2 },
-    TcBwdConfig { d: 192, warps: 8, br: 64, ds: 2 },
-    TcBwdConfig { d: 256, warps: 8, br: 32, ds: 2 },
+    TcBwdConfig { d: 32, warps: 8, br: 64, ds: 1, mods: false },
+    TcBwdConfig { d: 64, warps: 8, br: 64, ds: 1, mods: false },
+    TcBwdConfig { d: 128, warps: 8, br: 32, ds: 1, mods: false },
+    TcBwdConfig { d: 192, warps: 8, br: 32, ds: 2, mods: false },
+    TcBwdConfig { d: 256, warps: 8, br: 16, ds: 2, mods: false },
+    TcBwdConfig { d: 32, warps: 8, br: 64, ds: 1, mods: true },
+    TcBwdConfig { d: 64, warps: 8, br: 32, ds: 1, mods: true },
+    TcBwdConfig { d: 128, warps: 8, br: 16, ds: 1, mods: true },
+    TcBwdConfig { d: 256, warps: 8, br: 16, ds: 2, mods: true },
 ];
 
 /// The configuration that runs a caller's head dim `d` (a multiple of 8,
-/// 8..=256): the smallest compiled `D ≥ d`.
-pub fn tc_bwd_config(d: usize) -> Option<TcBwdConfig> {
+/// 8..=256), with or without softcap/ALiBi: the smallest compiled `D ≥ d`.
+pub fn tc_bwd_config(d: usize, mods: bool) -> Option<TcBwdConfig> {
     if d == 0 || d % 8 != 0 {
         return None;
     }
-    TC_BWD_CONFIGS.iter().copied().find(|c| c.d >= d)
+    TC_BWD_CONFIGS.iter().copied().find(|c| c.mods == mods && c.d >= d)
 }
 
 /// The queries that see key `c` (`c < seqlen_k`) in a sequence of `nq`
@@ -225,8 +232,10 @@ mod tests {
             assert!(2 * c.br <= c.threads());
             assert!(c.smem_bytes() <= 163 * 1024, "d {}: {} B over A100's 163 KB", c.d, c.smem_bytes());
         }
-        assert_eq!(tc_bwd_config(224).unwrap().d, 256);
-        assert_eq!(tc_bwd_config(8).unwrap().d, 32);
-        assert!(tc_bwd_config(264).is_none() && tc_bwd_config(12).is_none());
+        for mods in [false, true] {
+            assert_eq!(tc_bwd_config(224, mods).unwrap().d, 256);
+            assert_eq!(tc_bwd_config(8, mods).unwrap().d, 32);
+            assert!(tc_bwd_config(264, mods).is_none() && tc_bwd_config(12, mods).is_none());
+        }
     }
 }

@@ -380,12 +380,12 @@ pub unsafe fn backward<
             }
         }
         let lse_row0 = seq.lse_base + (h - h0) as u64 * lse_head_stride + q0 as u64;
-        let sem = (p.dq_semaphore_ptr as *mut u32).wrapping_add(bwd_semaphore_index(b, h, i, f.nheads as usize, num_m));
         let det = p.deterministic != 0;
-        let first = bwd_key_blocks(&win, i, BR, BC, nq).0;
+        let sem = || (p.dq_semaphore_ptr as *mut u32).wrapping_add(bwd_semaphore_index(b, h, i, f.nheads as usize, num_m));
         if det {
+            let first = bwd_key_blocks(&win, i, BR, BC, nq).0;
             // SAFETY: the semaphore of (i, b, h) (host-sized buffer).
-            unsafe { dq_turn(sem, (j - first) as u32, tid) };
+            unsafe { dq_turn(sem(), (j - first) as u32, tid) };
         }
         for r in 0..2 {
             let row = mq * 16 + g + 8 * r;
@@ -406,7 +406,7 @@ pub unsafe fn backward<
             sync_threads(); // every thread's additions precede the release
             if tid == 0 {
                 // SAFETY: as above; release (cumulative over the barrier).
-                unsafe { atom_add_acq_rel_u32_gpu(sem, 1) };
+                unsafe { atom_add_acq_rel_u32_gpu(sem(), 1) };
             }
         }
     }
@@ -464,28 +464,18 @@ bwd_kernels! {
     flash_bwd_tc_bf16_d32_w8_br64_bc128: Bf16, d = 32, w = 8, ds = 1, br = 64, bc = 128, mods = false;
     flash_bwd_tc_f16_d64_w8_br64_bc128: F16, d = 64, w = 8, ds = 1, br = 64, bc = 128, mods = false;
     flash_bwd_tc_bf16_d64_w8_br64_bc128: Bf16, d = 64, w = 8, ds = 1, br = 64, bc = 128, mods = false;
-    flash_bwd_tc_f16_d96_w8_br64_bc128: F16, d = 96, w = 8, ds = 1, br = 64, bc = 128, mods = false;
-    flash_bwd_tc_bf16_d96_w8_br64_bc128: Bf16, d = 96, w = 8, ds = 1, br = 64, bc = 128, mods = false;
-    flash_bwd_tc_f16_d128_w8_br64_bc128: F16, d = 128, w = 8, ds = 1, br = 64, bc = 128, mods = false;
-    flash_bwd_tc_bf16_d128_w8_br64_bc128: Bf16, d = 128, w = 8, ds = 1, br = 64, bc = 128, mods = false;
-    flash_bwd_tc_f16_d160_w8_br64_bc64: F16, d = 160, w = 8, ds = 2, br = 64, bc = 64, mods = false;
-    flash_bwd_tc_bf16_d160_w8_br64_bc64: Bf16, d = 160, w = 8, ds = 2, br = 64, bc = 64, mods = false;
-    flash_bwd_tc_f16_d192_w8_br64_bc64: F16, d = 192, w = 8, ds = 2, br = 64, bc = 64, mods = false;
-    flash_bwd_tc_bf16_d192_w8_br64_bc64: Bf16, d = 192, w = 8, ds = 2, br = 64, bc = 64, mods = false;
-    flash_bwd_tc_f16_d256_w8_br32_bc64: F16, d = 256, w = 8, ds = 2, br = 32, bc = 64, mods = false;
-    flash_bwd_tc_bf16_d256_w8_br32_bc64: Bf16, d = 256, w = 8, ds = 2, br = 32, bc = 64, mods = false;
+    flash_bwd_tc_f16_d128_w8_br32_bc128: F16, d = 128, w = 8, ds = 1, br = 32, bc = 128, mods = false;
+    flash_bwd_tc_bf16_d128_w8_br32_bc128: Bf16, d = 128, w = 8, ds = 1, br = 32, bc = 128, mods = false;
+    flash_bwd_tc_f16_d192_w8_br32_bc64: F16, d = 192, w = 8, ds = 2, br = 32, bc = 64, mods = false;
+    flash_bwd_tc_bf16_d192_w8_br32_bc64: Bf16, d = 192, w = 8, ds = 2, br = 32, bc = 64, mods = false;
+    flash_bwd_tc_f16_d256_w8_br16_bc64: F16, d = 256, w = 8, ds = 2, br = 16, bc = 64, mods = false;
+    flash_bwd_tc_bf16_d256_w8_br16_bc64: Bf16, d = 256, w = 8, ds = 2, br = 16, bc = 64, mods = false;
     flash_bwd_tcx_f16_d32_w8_br64_bc128: F16, d = 32, w = 8, ds = 1, br = 64, bc = 128, mods = true;
     flash_bwd_tcx_bf16_d32_w8_br64_bc128: Bf16, d = 32, w = 8, ds = 1, br = 64, bc = 128, mods = true;
-    flash_bwd_tcx_f16_d64_w8_br64_bc128: F16, d = 64, w = 8, ds = 1, br = 64, bc = 128, mods = true;
-    flash_bwd_tcx_bf16_d64_w8_br64_bc128: Bf16, d = 64, w = 8, ds = 1, br = 64, bc = 128, mods = true;
-    flash_bwd_tcx_f16_d96_w8_br64_bc128: F16, d = 96, w = 8, ds = 1, br = 64, bc = 128, mods = true;
-    flash_bwd_tcx_bf16_d96_w8_br64_bc128: Bf16, d = 96, w = 8, ds = 1, br = 64, bc = 128, mods = true;
-    flash_bwd_tcx_f16_d128_w8_br64_bc128: F16, d = 128, w = 8, ds = 1, br = 64, bc = 128, mods = true;
-    flash_bwd_tcx_bf16_d128_w8_br64_bc128: Bf16, d = 128, w = 8, ds = 1, br = 64, bc = 128, mods = true;
-    flash_bwd_tcx_f16_d160_w8_br64_bc64: F16, d = 160, w = 8, ds = 2, br = 64, bc = 64, mods = true;
-    flash_bwd_tcx_bf16_d160_w8_br64_bc64: Bf16, d = 160, w = 8, ds = 2, br = 64, bc = 64, mods = true;
-    flash_bwd_tcx_f16_d192_w8_br64_bc64: F16, d = 192, w = 8, ds = 2, br = 64, bc = 64, mods = true;
-    flash_bwd_tcx_bf16_d192_w8_br64_bc64: Bf16, d = 192, w = 8, ds = 2, br = 64, bc = 64, mods = true;
-    flash_bwd_tcx_f16_d256_w8_br32_bc64: F16, d = 256, w = 8, ds = 2, br = 32, bc = 64, mods = true;
-    flash_bwd_tcx_bf16_d256_w8_br32_bc64: Bf16, d = 256, w = 8, ds = 2, br = 32, bc = 64, mods = true;
+    flash_bwd_tcx_f16_d64_w8_br32_bc128: F16, d = 64, w = 8, ds = 1, br = 32, bc = 128, mods = true;
+    flash_bwd_tcx_bf16_d64_w8_br32_bc128: Bf16, d = 64, w = 8, ds = 1, br = 32, bc = 128, mods = true;
+    flash_bwd_tcx_f16_d128_w8_br16_bc128: F16, d = 128, w = 8, ds = 1, br = 16, bc = 128, mods = true;
+    flash_bwd_tcx_bf16_d128_w8_br16_bc128: Bf16, d = 128, w = 8, ds = 1, br = 16, bc = 128, mods = true;
+    flash_bwd_tcx_f16_d256_w8_br16_bc64: F16, d = 256, w = 8, ds = 2, br = 16, bc = 64, mods = true;
+    flash_bwd_tcx_bf16_d256_w8_br16_bc64: Bf16, d = 256, w = 8, ds = 2, br = 16, bc = 64, mods = true;
 }
