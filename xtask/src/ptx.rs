@@ -87,6 +87,20 @@ pub const REQUIRED: &[(&str, &[&str])] = &[
             "cp.async.cg.shared.global",
         ],
     ),
+    // Tensor-core backward main kernels (kernel-crate/src/tc/bwd.rs): HMMA,
+    // ldmatrix (dO/Q/K through .trans, dSᵀ as a transposed A operand),
+    // cp.async of the tiles (16 B) and of LSE/D rows (4 B), the dQ
+    // accumulation as f32 reductions in the L2.
+    (
+        "flash_bwd_tc",
+        &[
+            "mma.sync.aligned.m16n8k16",
+            "ldmatrix.sync.aligned.m8n8.x4.trans",
+            "cp.async.cg.shared.global",
+            "cp.async.ca.shared.global",
+            "red.relaxed.gpu.global.add.f32",
+        ],
+    ),
 ];
 
 /// Instructions the Hopper-native kernels must contain, checked only in
@@ -412,8 +426,21 @@ ptxas info    : Used 255 registers, used 1 barriers, 8192 bytes smem
         assert!(e[0].1.contains("mma.sync") && !e[1].1.contains("mma.sync"));
     }
 
+    /// The forward tensor-core family's rule alone.
     fn missing_instructions_tc(e: &[(String, String)]) -> Vec<String> {
-        missing_instructions(e, REQUIRED)
+        missing_instructions(e, &REQUIRED[..1])
+    }
+
+    #[test]
+    fn requires_backward_instructions_per_kernel() {
+        let bwd = REQUIRED.iter().find(|(p, _)| *p == "flash_bwd_tc").expect("the backward family is checked");
+        let full = "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 x; ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 y; cp.async.cg.shared.global a; cp.async.ca.shared.global b; red.relaxed.gpu.global.add.f32 c;";
+        let e = |name: &str, body: &str| (name.to_string(), body.to_string());
+        assert!(missing_instructions(&[e("flash_bwd_tcx_bf16_d64_w8_br32_bc128", full)], std::slice::from_ref(bwd)).is_empty());
+        let no_red = full.replace("red.relaxed", "atom.relaxed");
+        let p = missing_instructions(&[e("flash_bwd_tc_f16_d64_w8_br64_bc128", &no_red)], std::slice::from_ref(bwd));
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert!(p[0].contains("red.relaxed.gpu.global.add.f32"));
     }
 
     #[test]

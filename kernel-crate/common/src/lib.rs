@@ -12,6 +12,7 @@
 //!   and the HBM-traffic model of standard attention, FA1 and FA2.
 //! * [`smem_layout`]: thread shape and shared-memory layout of the f32 kernels.
 //! * [`tc`]: shared-memory footprint of the tensor-core kernels.
+//! * [`tc_bwd`]: the tensor-core backward's configurations and block ranges.
 //! * [`page_order`]: which block-table slots may be read in address order.
 #![cfg_attr(not(feature = "std"), no_std)]
 #![cfg_attr(target_arch = "nvptx64", feature(asm_experimental_arch))]
@@ -27,6 +28,7 @@ pub mod real;
 pub mod smem_layout;
 pub mod softmax;
 pub mod tc;
+pub mod tc_bwd;
 
 pub use bwd_params::BwdParams;
 pub use decode_params::DecodeParams;

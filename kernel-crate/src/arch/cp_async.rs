@@ -65,3 +65,23 @@ pub fn cp_async_wait<const N: u32>() {
     // SAFETY: waiting has no preconditions.
     unsafe { core::arch::asm!("cp.async.wait_group {n};", n = const N, options(nostack)) }
 }
+
+/// `cp.async.ca.shared.global [dst], [src], 4, src_size;` — copies
+/// `src_size` (0 or 4) bytes and zero-fills the rest of the 4-byte word
+/// (the backward's per-row LSE and `D_i`, whose rows start at any f32).
+///
+/// # Safety
+/// `dst` is a 4-byte aligned shared-window address inside the block's
+/// shared memory; when `src_size > 0`, `src` points to 4 readable, 4-byte
+/// aligned bytes of global memory.
+#[inline(always)]
+pub unsafe fn cp_async_ca_4(dst: u32, src: *const u8, src_size: u32) {
+    // SAFETY: forwarded to the caller.
+    unsafe {
+        core::arch::asm!(
+            "cp.async.ca.shared.global [{d}], [{s}], 4, {n};",
+            d = in(reg32) dst, s = in(reg64) src, n = in(reg32) src_size,
+            options(nostack)
+        )
+    }
+}

@@ -93,3 +93,29 @@ pub unsafe fn ld_cg_f32x4(p: *const f32) -> [f32; 4] {
     };
     [a, b, c, d]
 }
+
+/// `red.relaxed.gpu.global.add.f32 [p], v;`: `*p += v` in the L2, no
+/// result (the backward's dQ accumulation). The vector forms
+/// (`red.global.add.v2.f32`, sm_90) need PTX ISA 8.1: neither build (7.1,
+/// 8.0) has them.
+///
+/// # Safety
+/// `p` a 4-byte aligned global address.
+#[inline(always)]
+pub unsafe fn red_add_f32(p: *mut f32, v: f32) {
+    // SAFETY: caller.
+    unsafe { core::arch::asm!("red.relaxed.gpu.global.add.f32 [{p}], {v};", p = in(reg64) p, v = in(reg32) v, options(nostack)) };
+}
+
+/// `ld.acquire.gpu.global.u32`: a load that later memory operations of
+/// this thread cannot pass (the backward's deterministic semaphore wait).
+///
+/// # Safety
+/// `p` a 4-byte aligned global address.
+#[inline(always)]
+pub unsafe fn ld_acquire_u32_gpu(p: *const u32) -> u32 {
+    let x: u32;
+    // SAFETY: caller.
+    unsafe { core::arch::asm!("ld.acquire.gpu.global.u32 {x}, [{p}];", x = out(reg32) x, p = in(reg64) p, options(nostack)) };
+    x
+}

@@ -13,3 +13,18 @@ pub fn u32(x: u32) -> u32 {
     unsafe { core::arch::asm!("mov.b32 {y}, {x};", y = out(reg32) y, x = in(reg32) x, options(pure, nomem, nostack)) };
     y
 }
+
+/// `x`, recomputed where it is used: a `mov` LLVM treats as having side
+/// effects, so it neither hoists it out of a loop nor merges two of them.
+/// A shared-memory tile base passed through it inside a loop keeps the
+/// fragment addresses derived from it (`base + constant`) inside the loop,
+/// where ptxas folds the constants into the `ldmatrix` address operand,
+/// instead of one hoisted register per address (the backward kernel's
+/// spills, `tc::bwd`).
+#[inline(always)]
+pub fn u32_fresh(x: u32) -> u32 {
+    let y: u32;
+    // SAFETY: a register move.
+    unsafe { core::arch::asm!("mov.b32 {y}, {x};", y = out(reg32) y, x = in(reg32) x, options(nomem, nostack)) };
+    y
+}

@@ -20,6 +20,7 @@
 //! one m-tile of 16 query rows whose warps split the keys (decode; listed
 //! in `host-crate/src/decode_kernels.rs`).
 
+pub mod bwd;
 pub mod fa1;
 pub mod fa2;
 pub mod flash_decode;

@@ -231,6 +231,24 @@ impl<const D: usize> SmemTile<D> {
         unsafe { ldmatrix_x4(self.addr(row0 + (lane & 15), col0 + (lane >> 4) * 8)) }
     }
 
+    /// A fragment (16 × 16) of an A operand stored **transposed** (the tile
+    /// holds `Aᵀ` row-major: e.g. the backward's `dSᵀ`, rows = keys, for
+    /// `dQ = dS·K`), through `ldmatrix.trans`: A rows `col0..col0+16` (tile
+    /// columns), A cols `row0..row0+16` (tile rows). Matrix `m = lane / 8`
+    /// is tile rows `row0 + 8·(m / 2)`, tile cols `col0 + 8·(m % 2)`: with
+    /// `.trans` lane `l` gets tile `(rows 2(l%4)..+2, col l/4)` =
+    /// `A[l/4][2(l%4)..+2]` of that 8×8 block — `a0` (A rows 0–7, cols
+    /// 0–7), `a1` (rows 8–15), `a2` (cols 8–15), `a3` as `mma` wants.
+    ///
+    /// # Safety
+    /// As [`SmemTile::a_frag`].
+    #[inline(always)]
+    pub unsafe fn a_frag_trans(&self, row0: usize, col0: usize, lane: usize) -> [u32; 4] {
+        let m = lane >> 3;
+        // SAFETY: forwarded.
+        unsafe { ldmatrix_x4_trans(self.addr(row0 + (m >> 1) * 8 + (lane & 7), col0 + (m & 1) * 8)) }
+    }
+
     /// B fragments of `Bᵀ` stored row-major (rows = n, cols = k; e.g. K for
     /// `S = Q·Kᵀ`): n-tiles `n0..n0+8` and `n0+8..n0+16`, k `k0..k0+16`.
     /// Returns `[b0, b1]` of the first n-tile then of the second.
