@@ -81,7 +81,7 @@ impl FlashAttention {
         let hopper_names = hopper_names.iter().copied().chain(
             crate::hopper::HOPPER_KERNELS.iter().map(|k| k.name).filter(|_| build.arch == "sm_90a"),
         );
-        for name in dispatch::F32_KERNELS.iter().chain(crate::decode::DECODE_KERNELS).chain(crate::page_order::PAGE_ORDER_KERNELS).copied().chain(tc_names).chain(hopper_names) {
+        for name in dispatch::F32_KERNELS.iter().chain(crate::backward::plan::BWD_KERNELS).chain(crate::decode::DECODE_KERNELS).chain(crate::page_order::PAGE_ORDER_KERNELS).copied().chain(tc_names).chain(hopper_names) {
             let f = module.load_function(name)?;
             f.set_attribute(CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, max_smem)?;
             kernels.insert(name, f);

@@ -93,3 +93,34 @@ pub unsafe fn ld_cg_f32x4(p: *const f32) -> [f32; 4] {
     };
     [a, b, c, d]
 }
+
+/// `red.relaxed.gpu.global.add.f32`: `*p += v` in the L2, no return value
+/// (the dQ accumulation of the backward pass).
+///
+/// # Safety
+/// `p` a 4-byte aligned global address.
+#[inline(always)]
+pub unsafe fn red_add_f32_gpu(p: *mut f32, v: f32) {
+    // SAFETY: caller.
+    unsafe { core::arch::asm!("red.relaxed.gpu.global.add.f32 [{p}], {v};", p = in(reg64) p, v = in(reg32) v, options(nostack)) };
+}
+
+/// `ld.acquire.gpu.global.u32`: reads a flag another block released; later
+/// reads of this thread see what that block wrote before its release.
+///
+/// # Safety
+/// `p` a 4-byte aligned global address.
+#[inline(always)]
+pub unsafe fn ld_acquire_u32_gpu(p: *const u32) -> u32 {
+    let x: u32;
+    // SAFETY: caller.
+    unsafe { core::arch::asm!("ld.acquire.gpu.global.u32 {x}, [{p}];", x = out(reg32) x, p = in(reg64) p, options(nostack)) };
+    x
+}
+
+/// `nanosleep.u32`: backs off a spinning thread for about `ns` nanoseconds (sm_70+).
+#[inline(always)]
+pub fn nanosleep(ns: u32) {
+    // SAFETY: no memory operands.
+    unsafe { core::arch::asm!("nanosleep.u32 {n};", n = in(reg32) ns, options(nostack)) };
+}
