@@ -104,6 +104,7 @@ impl FlashAttention {
         );
         let mut names = dispatch::F32_KERNELS
             .iter()
+            .chain(crate::backward::plan::BWD_KERNELS)
             .chain(crate::decode::DECODE_KERNELS)
             .chain(crate::page_order::PAGE_ORDER_KERNELS)
             .copied()

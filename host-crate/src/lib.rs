@@ -17,11 +17,7 @@
 //!   (a paged cache streamed as its pages lie in memory).
 //! * [`tc`]: the tensor-core (f16/bf16) kernel table and launch.
 pub mod api;
-// Temporary (branch `tc`): compiles backward/tc.rs until backward/mod.rs lands.
-#[allow(dead_code)]
-mod backward {
-    pub(crate) mod tc;
-}
+pub mod backward;
 pub mod decode;
 pub mod decode_kernels;
 pub mod device;
@@ -44,6 +40,7 @@ pub use api::{
     AlibiSlopes, AttnElem, Extras, ForwardOutput, RowStats, StatsMut, Tensor, TensorLayout, TensorMut,
     default_softmax_scale,
 };
+pub use backward::{BackwardParams, BackwardScratch, Gradients, ScratchSizes};
 pub use decode::{BlockTable, DecodeOptions, KvCache, KvCacheRef, PagedCache, SplitScratch};
 pub use device::FlashAttention;
 pub use dispatch::DType;

@@ -16,6 +16,7 @@
 #![allow(internal_features)]
 
 pub mod arch;
+pub mod bwd;
 pub mod decode;
 pub mod fa1;
 pub mod fa2;

@@ -101,6 +101,10 @@ pub const REQUIRED: &[(&str, &[&str])] = &[
             "red.relaxed.gpu.global.add.f32",
         ],
     ),
+    // f32 FA2-order backward (kernel-crate/src/bwd/fa2.rs): dQ added with
+    // f32 reductions in the L2, ordered by acquire loads of the semaphores
+    // in deterministic mode.
+    ("bwd_fa2_f32", &["red.relaxed.gpu.global.add.f32", "ld.acquire.gpu.global.u32", "atom.acq_rel.gpu.global.add.u32"]),
 ];
 
 /// Instructions the Hopper-native kernels must contain, checked only in

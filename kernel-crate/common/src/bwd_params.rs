@@ -72,3 +72,69 @@ impl Default for BwdParams {
         }
     }
 }
+
+/// Dynamic shared memory of the f32 backward kernels (`bwd_fa2_f32`,
+/// `bwd_fa1_f32`) for blocks `Br × Bc` and head dim `d`, in f32 elements:
+/// `K_j`, `V_j` and the on-chip accumulators `dK_j`, `dV_j` (Bc × d each),
+/// `Q_i`, `dO_i` (Br × d), `P_ij` (overwritten by `dS_ij`) and the softcap
+/// factor `1 − tanh²` (Br × Bc each), and per query row the base-2 LSE and
+/// `D_i`. Computed by the same code on the host (launch size, fit check)
+/// and the GPU (tile offsets). Saturating arithmetic, as `Fa2Smem`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BwdSmem {
+    /// Row stride of the `d`-wide tiles.
+    pub d_stride: usize,
+    /// Row stride of the `Bc`-wide tiles.
+    pub s_stride: usize,
+    pub k: usize,
+    pub v: usize,
+    pub dk: usize,
+    pub dv: usize,
+    pub q: usize,
+    pub do_: usize,
+    pub p: usize,
+    pub cap: usize,
+    pub lse: usize,
+    pub delta: usize,
+    /// Total f32 elements.
+    pub floats: usize,
+}
+
+impl BwdSmem {
+    #[inline(always)]
+    pub const fn new(br: usize, bc: usize, d: usize) -> Self {
+        use crate::smem_layout::padded_stride;
+        let d_stride = padded_stride(d);
+        let s_stride = padded_stride(bc);
+        let kv_tile = bc.saturating_mul(d_stride);
+        let q_tile = br.saturating_mul(d_stride);
+        let s_tile = br.saturating_mul(s_stride);
+        let k = 0;
+        let v = k + kv_tile;
+        let dk = v.saturating_add(kv_tile);
+        let dv = dk.saturating_add(kv_tile);
+        let q = dv.saturating_add(kv_tile);
+        let do_ = q.saturating_add(q_tile);
+        let p = do_.saturating_add(q_tile);
+        let cap = p.saturating_add(s_tile);
+        let lse = cap.saturating_add(s_tile);
+        let delta = lse.saturating_add(br);
+        let floats = delta.saturating_add(br);
+        Self { d_stride, s_stride, k, v, dk, dv, q, do_, p, cap, lse, delta, floats }
+    }
+
+    /// Bytes of dynamic shared memory.
+    #[inline(always)]
+    pub const fn bytes(&self) -> usize {
+        crate::smem_layout::f32_bytes(self.floats)
+    }
+}
+
+/// Query blocks `Tr = ceil(seqlen_q / br)` of a launch (`seqlen_q` the
+/// maximum for varlen): the semaphores are `Tr · batch · nheads` u32, index
+/// `(b · nheads + h) · Tr + i`.
+#[inline(always)]
+pub const fn semaphore_count(p: &BwdParams) -> usize {
+    let tr = (p.fwd.seqlen_q as usize).div_ceil(if p.br == 0 { 1 } else { p.br as usize });
+    tr.saturating_mul(p.fwd.batch as usize).saturating_mul(p.fwd.nheads as usize)
+}

@@ -33,3 +33,15 @@ pub fn f16_to_f32(x: u16) -> f32 {
 pub fn bf16_to_f32(x: u16) -> f32 {
     f32::from_bits((x as u32) << 16)
 }
+
+/// f32 → f16 bits (`cvt.rn.f16.f32`).
+#[inline(always)]
+pub fn f32_to_f16(x: f32) -> u16 {
+    pack_f16x2(x, 0.0) as u16
+}
+
+/// f32 → bf16 bits (`cvt.rn.bf16.f32` through the packed form, sm_80+).
+#[inline(always)]
+pub fn f32_to_bf16(x: f32) -> u16 {
+    pack_bf16x2(x, 0.0) as u16
+}

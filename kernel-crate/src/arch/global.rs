@@ -119,3 +119,10 @@ pub unsafe fn ld_acquire_u32_gpu(p: *const u32) -> u32 {
     unsafe { core::arch::asm!("ld.acquire.gpu.global.u32 {x}, [{p}];", x = out(reg32) x, p = in(reg64) p, options(nostack)) };
     x
 }
+
+/// `nanosleep.u32`: backs off a spinning thread for about `ns` nanoseconds (sm_70+).
+#[inline(always)]
+pub fn nanosleep(ns: u32) {
+    // SAFETY: no memory operands.
+    unsafe { core::arch::asm!("nanosleep.u32 {n};", n = in(reg32) ns, options(nostack)) };
+}

@@ -468,14 +468,10 @@ bwd_kernels! {
     flash_bwd_tc_bf16_d128_w8_br32_bc128: Bf16, d = 128, w = 8, ds = 1, br = 32, bc = 128, mods = false;
     flash_bwd_tc_f16_d192_w8_br32_bc64: F16, d = 192, w = 8, ds = 2, br = 32, bc = 64, mods = false;
     flash_bwd_tc_bf16_d192_w8_br32_bc64: Bf16, d = 192, w = 8, ds = 2, br = 32, bc = 64, mods = false;
-    flash_bwd_tc_f16_d256_w8_br16_bc64: F16, d = 256, w = 8, ds = 2, br = 16, bc = 64, mods = false;
-    flash_bwd_tc_bf16_d256_w8_br16_bc64: Bf16, d = 256, w = 8, ds = 2, br = 16, bc = 64, mods = false;
     flash_bwd_tcx_f16_d32_w8_br64_bc128: F16, d = 32, w = 8, ds = 1, br = 64, bc = 128, mods = true;
     flash_bwd_tcx_bf16_d32_w8_br64_bc128: Bf16, d = 32, w = 8, ds = 1, br = 64, bc = 128, mods = true;
     flash_bwd_tcx_f16_d64_w8_br32_bc128: F16, d = 64, w = 8, ds = 1, br = 32, bc = 128, mods = true;
     flash_bwd_tcx_bf16_d64_w8_br32_bc128: Bf16, d = 64, w = 8, ds = 1, br = 32, bc = 128, mods = true;
     flash_bwd_tcx_f16_d128_w8_br16_bc128: F16, d = 128, w = 8, ds = 1, br = 16, bc = 128, mods = true;
     flash_bwd_tcx_bf16_d128_w8_br16_bc128: Bf16, d = 128, w = 8, ds = 1, br = 16, bc = 128, mods = true;
-    flash_bwd_tcx_f16_d256_w8_br16_bc64: F16, d = 256, w = 8, ds = 2, br = 16, bc = 64, mods = true;
-    flash_bwd_tcx_bf16_d256_w8_br16_bc64: Bf16, d = 256, w = 8, ds = 2, br = 16, bc = 64, mods = true;
 }

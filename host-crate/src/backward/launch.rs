@@ -1,0 +1,215 @@
+//! Plan + buffers → the launches of a backward call (the only `unsafe`).
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, PushKernelArg};
+use flash_attn_common::{AttnParams, BwdParams};
+
+use super::validate::{check_stats_len, ranges_overlap};
+use super::{BackwardParams, BackwardPlan, BackwardScratch};
+use crate::api::{AttnElem, Extras, Problem, RowStats, Tensor, TensorMut};
+use crate::device::FlashAttention;
+use crate::error::{FlashAttnError, Result};
+use crate::params::LoopOrder;
+use crate::tc::KernelArg;
+use crate::varlen::check_alibi;
+
+/// The buffers of one backward call.
+pub struct Buffers<'a, Q, K, V, O, DO, GQ, GK, GV> {
+    pub q: Tensor<'a, Q>,
+    pub k: Tensor<'a, K>,
+    pub v: Tensor<'a, V>,
+    pub out: Tensor<'a, O>,
+    pub dout: Tensor<'a, DO>,
+    pub stats: &'a RowStats,
+    pub dq: TensorMut<'a, GQ>,
+    pub dk: TensorMut<'a, GK>,
+    pub dv: TensorMut<'a, GV>,
+    pub scratch: Option<&'a mut BackwardScratch>,
+}
+
+impl FlashAttention {
+    /// Checks streams, statistics, scratch and buffer overlaps, fills
+    /// [`BwdParams`] and launches preprocess, main kernel and dQ cast.
+    pub(crate) fn launch_backward<T, Q, K, V, O, DO, GQ, GK, GV>(
+        &self,
+        stream: &Arc<CudaStream>,
+        problem: &Problem,
+        plan: &BackwardPlan,
+        bufs: Buffers<'_, Q, K, V, O, DO, GQ, GK, GV>,
+        params: &BackwardParams,
+        ext: &Extras<'_>,
+    ) -> Result<()>
+    where
+        T: AttnElem,
+        Q: DevicePtr<T>,
+        K: DevicePtr<T>,
+        V: DevicePtr<T>,
+        O: DevicePtr<T>,
+        DO: DevicePtr<T>,
+        GQ: DevicePtrMut<T>,
+        GK: DevicePtrMut<T>,
+        GV: DevicePtrMut<T>,
+    {
+        let Buffers { q, k, v, out, dout, stats, mut dq, mut dk, mut dv, scratch } = bufs;
+        self.check_stream("stream", stream)?;
+        for (name, s) in [("q", q.data.stream()), ("k", k.data.stream()), ("v", v.data.stream()), ("out", out.data.stream()), ("dout", dout.data.stream())] {
+            self.check_stream(name, s)?;
+        }
+        for (name, s) in [("dq", dq.data.stream()), ("dk", dk.data.stream()), ("dv", dv.data.stream())] {
+            self.check_stream(name, s)?;
+        }
+        let dims = problem.dims;
+        if let Some(a) = &ext.alibi_slopes {
+            check_alibi(a.shape, a.slopes.len(), dims.batch, dims.nheads)?;
+            self.check_stream("alibi_slopes", a.slopes.stream())?;
+        }
+        let n = problem.stats_len();
+        let fa1 = params.forward.loop_order == LoopOrder::Fa1;
+        let (stat_a, stat_b): (&CudaSlice<f32>, Option<&CudaSlice<f32>>) = match (stats, fa1) {
+            (RowStats::LogSumExp(lse), false) => {
+                check_stats_len("softmax_lse", lse.len(), n)?;
+                (lse, None)
+            }
+            (RowStats::Fa1 { l, m }, true) => {
+                check_stats_len("l", l.len(), n)?;
+                check_stats_len("m", m.len(), n)?;
+                (l, Some(m))
+            }
+            (given, _) => {
+                let (expected, given) = if fa1 {
+                    ("RowStats::Fa1 { l, m } (the FA1 forward's statistics)", "RowStats::LogSumExp")
+                } else {
+                    ("RowStats::LogSumExp (softmax_lse of the FA2 forward)", if matches!(given, RowStats::Fa1 { .. }) { "RowStats::Fa1" } else { "RowStats::LogSumExp" })
+                };
+                return Err(FlashAttnError::StatsMismatch { loop_order: params.forward.loop_order, expected, given });
+            }
+        };
+        let mut own;
+        let scratch = match scratch {
+            Some(s) => {
+                let need = plan.scratch;
+                for (argument, len, required) in [
+                    ("scratch.delta", s.delta.len(), need.delta),
+                    ("scratch.dq_accum", s.dq_accum.len(), need.dq_accum),
+                    ("scratch.semaphores", s.semaphores.len(), need.semaphores),
+                ] {
+                    if len < required {
+                        return Err(FlashAttnError::StatsTooShort { argument, len, required });
+                    }
+                }
+                s
+            }
+            None => {
+                own = BackwardScratch::new(stream, plan.scratch)?;
+                &mut own
+            }
+        };
+
+        let (q_ptr, _q) = q.data.device_ptr(stream);
+        let (k_ptr, _k) = k.data.device_ptr(stream);
+        let (v_ptr, _v) = v.data.device_ptr(stream);
+        let (o_ptr, _o) = out.data.device_ptr(stream);
+        let (do_ptr, _do) = dout.data.device_ptr(stream);
+        let (lse_ptr, _lse) = stat_a.device_ptr(stream);
+        let m = stat_b.map(|m| m.device_ptr(stream));
+        let (dq_ptr, _dq) = dq.data.device_ptr_mut(stream);
+        let (dk_ptr, _dk) = dk.data.device_ptr_mut(stream);
+        let (dv_ptr, _dv) = dv.data.device_ptr_mut(stream);
+        let (delta_ptr, _delta) = scratch.delta.device_ptr_mut(stream);
+        let (accum_ptr, _accum) = scratch.dq_accum.device_ptr_mut(stream);
+        let (sem_ptr, _sem) = scratch.semaphores.device_ptr_mut(stream);
+        // Gradients must not share memory with each other or with an input.
+        let sz = std::mem::size_of::<T>() as u64;
+        let span = |ptr: u64, l: &crate::api::TensorLayout| (ptr, l.required_len().unwrap_or(0) as u64 * sz);
+        let grads = [("dq", span(dq_ptr, &dq.layout)), ("dk", span(dk_ptr, &dk.layout)), ("dv", span(dv_ptr, &dv.layout))];
+        let inputs = [span(q_ptr, &q.layout), span(k_ptr, &k.layout), span(v_ptr, &v.layout), span(o_ptr, &out.layout), span(do_ptr, &dout.layout)];
+        for (gi, (name, (a, an))) in grads.iter().enumerate() {
+            let others = grads.iter().enumerate().filter(|(i, _)| *i != gi).map(|(_, (_, r))| *r).chain(inputs);
+            for (b, bn) in others {
+                if ranges_overlap(*a, *an, b, bn) {
+                    return Err(FlashAttnError::InvalidArgument {
+                        argument: name,
+                        value: format!("device range {a:#x}+{an}"),
+                        reason: "a gradient buffer may not share memory with another gradient or an input",
+                    });
+                }
+            }
+        }
+        let alibi = ext.alibi_slopes.map(|a| (a.slopes.device_ptr(stream), a.shape.batch_stride(dims.nheads)));
+        let u = |x: usize| x as u64;
+        let fwd = AttnParams {
+            q_ptr,
+            k_ptr,
+            v_ptr,
+            o_ptr,
+            lse_ptr,
+            m_ptr: m.as_ref().map_or(0, |(p, _)| *p),
+            q_stride: q.layout.strides.map(u),
+            k_stride: k.layout.strides.map(u),
+            v_stride: v.layout.strides.map(u),
+            o_stride: out.layout.strides.map(u),
+            batch: dims.batch as u32,
+            nheads: dims.nheads as u32,
+            nheads_k: dims.nheads_k as u32,
+            seqlen_q: dims.seqlen_q as u32,
+            seqlen_k: dims.seqlen_k as u32,
+            headdim: dims.headdim as u32,
+            causal: params.forward.causal as u32,
+            alibi_ptr: alibi.as_ref().map_or(0, |((ptr, _), _)| *ptr),
+            alibi_batch_stride: alibi.as_ref().map_or(0, |(_, s)| *s as u32),
+            ..problem.opts.kernel_params()
+        };
+        let p = BwdParams {
+            fwd,
+            do_ptr,
+            do_stride: dout.layout.strides.map(u),
+            dq_ptr,
+            dq_stride: dq.layout.strides.map(u),
+            dk_ptr,
+            dk_stride: dk.layout.strides.map(u),
+            dv_ptr,
+            dv_stride: dv.layout.strides.map(u),
+            delta_ptr,
+            dq_accum_ptr: accum_ptr,
+            dq_semaphore_ptr: if params.deterministic { sem_ptr } else { 0 },
+            deterministic: params.deterministic as u32,
+            br: plan.br as u32,
+            bc: plan.bc as u32,
+            _pad: 0,
+        };
+        let arg = KernelArg(p);
+        let (f, cfg) = self.prepare(&plan.preprocess)?;
+        // SAFETY: `bwd_preprocess_*(p: BwdParams)` takes this one block by
+        // value; out and dout validated against q's shape at their strides
+        // (T elements); delta ≥ batch·nheads·seqlen_q f32, dq_accum ≥ that ×
+        // headdim, semaphores ≥ semaphore_count (checked above or allocated
+        // from the plan); F32_THREADS threads, no shared memory.
+        unsafe { stream.launch_builder(f).arg(&arg).launch(cfg) }?;
+        match &plan.main {
+            Some(main) => {
+                let (f, cfg) = self.prepare(main)?;
+                // SAFETY: `bwd_fa2_f32` / `bwd_fa1_f32(p: BwdParams)`: q, k,
+                // v, out, dout validated (f32); dk, dv of k's/v's shape,
+                // non-overlapping and disjoint from every other buffer
+                // (checked above); lse or l, m of exactly batch·nheads·
+                // seqlen_q f32; delta, accumulator and semaphores prepared by
+                // the launch above (same stream); ALiBi slopes checked;
+                // F32_THREADS threads and BwdSmem::new(br, bc, d) bytes of
+                // dynamic shared memory (≤ the limit set at load); in
+                // deterministic mode the grid is at most the resident blocks.
+                unsafe { stream.launch_builder(f).arg(&arg).launch(cfg) }?;
+            }
+            // SAFETY: the same validated block; the tensor-core kernel's
+            // contract (delta computed, accumulator and semaphores zeroed)
+            // is met by the preprocess launch above on the same stream.
+            None => unsafe { super::tc::launch_tc_backward(self, stream, &p, T::DTYPE) }?,
+        }
+        let (f, cfg) = self.prepare(&plan.convert)?;
+        // SAFETY: `bwd_dq_convert_*(p: BwdParams)`: reads the accumulator
+        // (complete: the main kernel ran before on this stream) and writes
+        // dq (validated, non-overlapping, disjoint from the other buffers).
+        unsafe { stream.launch_builder(f).arg(&arg).launch(cfg) }?;
+        Ok(())
+    }
+}
