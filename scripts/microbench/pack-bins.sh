@@ -17,9 +17,9 @@ for line in sys.stdin:
         if name.startswith("gpu_") or name.startswith("ndarray_"):
             shutil.copy(m["executable"], os.path.join(".stage-t/bins", name))
 '
-cargo build --release -p flash-attn-tests --bin fa-bench --bin fa-bench-bwd --bin fa-run 2>&1 | tail -1
+cargo build --release -p flash-attn-tests --bin fa-bench --bin fa-bench-bwd --bin fa-run --bin fa-first-call 2>&1 | tail -1
 cargo build --release -p flash-attn --examples 2>&1 | tail -1
-for b in fa-bench fa-bench-bwd fa-run; do cp target/release/$b .stage-t/bins/; done
+for b in fa-bench fa-bench-bwd fa-run fa-first-call; do cp target/release/$b .stage-t/bins/; done
 for e in target/release/examples/*; do
   [[ -x "$e" && -f "$e" && "$e" != *-* && "$e" != *.d ]] && cp "$e" .stage-t/bins/
 done

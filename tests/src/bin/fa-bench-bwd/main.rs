@@ -239,8 +239,8 @@ fn run_cell<T: AttnElem>(fa: &FlashAttention, stream: &Arc<CudaStream>, ctx: &Ar
 fn check_small<T: AttnElem>(fa: &FlashAttention, stream: &Arc<CudaStream>, d: usize, causal: bool, deterministic: bool, rng: &mut Rng) -> Res<[f64; 3]> {
     let (b, sq, sk, h, hk) = (2, 157, 160, 4, 2);
     let (lq, lk) = (TensorLayout::contiguous([b, sq, h, d]), TensorLayout::contiguous([b, sk, hk, d]));
-    let gen = |n: usize, rng: &mut Rng| -> Vec<T> { (0..n).map(|_| T::from_f32(rng.sym(1.0) as f32)).collect() };
-    let (hq, hk_, hv, hdo) = (gen(b * sq * h * d, rng), gen(b * sk * hk * d, rng), gen(b * sk * hk * d, rng), gen(b * sq * h * d, rng));
+    let rand_vec = |n: usize, rng: &mut Rng| -> Vec<T> { (0..n).map(|_| T::from_f32(rng.sym(1.0) as f32)).collect() };
+    let (hq, hk_, hv, hdo) = (rand_vec(b * sq * h * d, rng), rand_vec(b * sk * hk * d, rng), rand_vec(b * sk * hk * d, rng), rand_vec(b * sq * h * d, rng));
     let (q, k, v, dout) = (stream.clone_htod(&hq)?, stream.clone_htod(&hk_)?, stream.clone_htod(&hv)?, stream.clone_htod(&hdo)?);
     let fwd = ForwardParams { causal, ..Default::default() };
     let f = fa.forward::<T, _, _, _>(stream, Tensor::new(&q, lq), Tensor::new(&k, lk), Tensor::new(&v, lk), &fwd)?;
