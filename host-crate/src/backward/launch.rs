@@ -51,7 +51,7 @@ impl FlashAttention {
         GK: DevicePtrMut<T>,
         GV: DevicePtrMut<T>,
     {
-        let Buffers { q, k, v, out, dout, stats, mut dq, mut dk, mut dv, scratch } = bufs;
+        let Buffers { q, k, v, out, dout, stats, dq, dk, dv, scratch } = bufs;
         self.check_stream("stream", stream)?;
         for (name, s) in [("q", q.data.stream()), ("k", k.data.stream()), ("v", v.data.stream()), ("out", out.data.stream()), ("dout", dout.data.stream())] {
             self.check_stream(name, s)?;
