@@ -240,6 +240,37 @@ pub struct Problem {
 }
 
 impl Problem {
+    /// The kernel parameter block of this problem over q, k, v, o at
+    /// `ptrs` with element strides `strides` (same order), causal or not,
+    /// and ALiBi slopes `(pointer, batch stride)`; the row statistics,
+    /// scratch, varlen and block-size fields at their defaults, for the
+    /// caller to set. One place for the forward and backward launches.
+    pub(crate) fn attn_params(&self, ptrs: [u64; 4], strides: [[usize; 3]; 4], causal: bool, alibi: Option<(u64, usize)>) -> AttnParams {
+        let dims = &self.dims;
+        let u = |x: usize| x as u64;
+        AttnParams {
+            q_ptr: ptrs[0],
+            k_ptr: ptrs[1],
+            v_ptr: ptrs[2],
+            o_ptr: ptrs[3],
+            q_stride: strides[0].map(u),
+            k_stride: strides[1].map(u),
+            v_stride: strides[2].map(u),
+            o_stride: strides[3].map(u),
+            // Validated: each ≤ MAX_DIM = 2³¹ − 1 (MAX_HEADDIM for headdim).
+            batch: dims.batch as u32,
+            nheads: dims.nheads as u32,
+            nheads_k: dims.nheads_k as u32,
+            seqlen_q: dims.seqlen_q as u32,
+            seqlen_k: dims.seqlen_k as u32,
+            headdim: dims.headdim as u32,
+            causal: causal as u32,
+            alibi_ptr: alibi.map_or(0, |(ptr, _)| ptr),
+            alibi_batch_stride: alibi.map_or(0, |(_, s)| s as u32),
+            ..self.opts.kernel_params()
+        }
+    }
+
     /// Elements of each row-statistics buffer: `batch·nheads·seqlen_q`.
     pub fn stats_len(&self) -> usize {
         // Cannot overflow: q's layout (which has these axes) was validated.
@@ -581,28 +612,12 @@ impl FlashAttention {
         let (v_ptr, _v_guard) = v.data.device_ptr(stream);
         let (o_ptr, _o_guard) = o.data.device_ptr_mut(stream);
         let alibi = ext.alibi_slopes.map(|a| (a.slopes.device_ptr(stream), a.shape.batch_stride(dims.nheads)));
-        let u = |x: usize| x as u64;
-        let mut p = AttnParams {
-            q_ptr,
-            k_ptr,
-            v_ptr,
-            o_ptr,
-            q_stride: q.layout.strides.map(u),
-            k_stride: k.layout.strides.map(u),
-            v_stride: v.layout.strides.map(u),
-            o_stride: o.layout.strides.map(u),
-            // Validated: each ≤ MAX_DIM = 2³¹ − 1 (MAX_HEADDIM for headdim).
-            batch: dims.batch as u32,
-            nheads: dims.nheads as u32,
-            nheads_k: dims.nheads_k as u32,
-            seqlen_q: dims.seqlen_q as u32,
-            seqlen_k: dims.seqlen_k as u32,
-            headdim: dims.headdim as u32,
-            causal: params.causal as u32,
-            alibi_ptr: alibi.as_ref().map_or(0, |((ptr, _), _)| *ptr),
-            alibi_batch_stride: alibi.as_ref().map_or(0, |(_, s)| *s as u32),
-            ..problem.opts.kernel_params()
-        };
+        let mut p = problem.attn_params(
+            [q_ptr, k_ptr, v_ptr, o_ptr],
+            [q.layout.strides, k.layout.strides, v.layout.strides, o.layout.strides],
+            params.causal,
+            alibi.as_ref().map(|((ptr, _), s)| (*ptr, *s)),
+        );
         if let Some(vl) = varlen {
             vl.fill(&mut p);
         }

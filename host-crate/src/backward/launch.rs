@@ -139,26 +139,14 @@ impl FlashAttention {
         let alibi = ext.alibi_slopes.map(|a| (a.slopes.device_ptr(stream), a.shape.batch_stride(dims.nheads)));
         let u = |x: usize| x as u64;
         let fwd = AttnParams {
-            q_ptr,
-            k_ptr,
-            v_ptr,
-            o_ptr,
             lse_ptr,
             m_ptr: m.as_ref().map_or(0, |(p, _)| *p),
-            q_stride: q.layout.strides.map(u),
-            k_stride: k.layout.strides.map(u),
-            v_stride: v.layout.strides.map(u),
-            o_stride: out.layout.strides.map(u),
-            batch: dims.batch as u32,
-            nheads: dims.nheads as u32,
-            nheads_k: dims.nheads_k as u32,
-            seqlen_q: dims.seqlen_q as u32,
-            seqlen_k: dims.seqlen_k as u32,
-            headdim: dims.headdim as u32,
-            causal: params.forward.causal as u32,
-            alibi_ptr: alibi.as_ref().map_or(0, |((ptr, _), _)| *ptr),
-            alibi_batch_stride: alibi.as_ref().map_or(0, |(_, s)| *s as u32),
-            ..problem.opts.kernel_params()
+            ..problem.attn_params(
+                [q_ptr, k_ptr, v_ptr, o_ptr],
+                [q.layout.strides, k.layout.strides, v.layout.strides, out.layout.strides],
+                params.forward.causal,
+                alibi.as_ref().map(|((ptr, _), s)| (*ptr, *s)),
+            )
         };
         let p = BwdParams {
             fwd,

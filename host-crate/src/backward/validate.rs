@@ -63,9 +63,7 @@ pub fn validate_backward(s: &BackwardShapes<'_>, params: &ForwardParams) -> Resu
 /// Row statistics of the forward call: exactly `batch·nheads·seqlen_q`
 /// f32 (a buffer of another length comes from another call's shape).
 pub fn check_stats_len(argument: &'static str, len: usize, required: usize) -> Result<()> {
-    if len < required {
-        return Err(FlashAttnError::StatsTooShort { argument, len, required });
-    }
+    crate::api::check_stats(argument, len, required)?;
     if len != required {
         return Err(FlashAttnError::ShapeMismatch {
             argument,
