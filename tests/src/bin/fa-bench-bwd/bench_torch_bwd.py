@@ -49,7 +49,14 @@ def main():
                         t.requires_grad_(True)
                     sets.append((q, k, v, do))
                 if mode == "bwd":
-                    outs = [F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale) for q, k, v, _ in sets]
+                    # The graph must come from the backend under test: SDPA
+                    # records its backward when the forward runs, so the
+                    # forward runs inside the same sdpa_kernel context that
+                    # `measure` puts around the timed backward.
+                    from torch.nn.attention import sdpa_kernel
+
+                    with sdpa_kernel([backends[name]]):
+                        outs = [F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale) for q, k, v, _ in sets]
 
                     def run(i):
                         q, k, v, do = sets[i % nsets]

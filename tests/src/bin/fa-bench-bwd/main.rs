@@ -155,7 +155,7 @@ fn run_cell<T: AttnElem>(fa: &FlashAttention, stream: &Arc<CudaStream>, ctx: &Ar
     let sizes = fa.backward_scratch_sizes::<T>(&layout, &layout, &params)?;
     let mut scratch = BackwardScratch::new(stream, sizes)?;
     let ext = Extras::default();
-    let mut bwd = |i: usize, dq: &mut CudaSlice<T>, dk: &mut CudaSlice<T>, dv: &mut CudaSlice<T>, scratch: &mut BackwardScratch| -> Res<()> {
+    let bwd = |i: usize, dq: &mut CudaSlice<T>, dk: &mut CudaSlice<T>, dv: &mut CudaSlice<T>, scratch: &mut BackwardScratch| -> Res<()> {
         let s = &sets[i % sets.len()];
         fa.backward_into::<T, _, _, _, _, _, _, _, _>(
             stream,
