@@ -42,7 +42,7 @@ use flash_attn_common::{Real, RowState};
 use ndarray::{Array3, Array4, ArrayView2, ArrayView3, ArrayView4, ArrayViewMut3, s};
 
 use super::features::{HostAlibi, Opts, check_block, check_dense, dim4, same};
-use super::varlen::{check_dims3, check_query_side, same3};
+use super::varlen::{check_kv3, check_query_side};
 use super::{axpy, dot, softmax_safe};
 use crate::error::Result;
 use crate::params::ForwardParams;
@@ -498,10 +498,7 @@ pub fn varlen_attention_backward<F: Real>(
     alibi: Option<HostAlibi<'_>>,
 ) -> Result<VarlenGrads<F>> {
     let (qd, kd, vd, dd) = (q.dim(), k.dim(), v.dim(), dout.dim());
-    check_dims3("k", kd)?;
-    same3("v", "total", vd.0, kd.0)?;
-    same3("v", "nheads", vd.1, kd.1)?;
-    same3("v", "headdim", vd.2, kd.2)?;
+    check_kv3(kd, vd)?;
     let rule = "dout must have the shape of q, (total_q, nheads, headdim)";
     same("dout", "total", dd.0, qd.0, rule)?;
     same("dout", "nheads", dd.1, qd.1, rule)?;

@@ -52,6 +52,15 @@ pub(crate) fn same3(argument: &'static str, axis: &'static str, actual: usize, e
     super::features::same(argument, axis, actual, expected, "q is (total_q, nheads, headdim), k and v (total_k, nheads_k, headdim)")
 }
 
+/// k and v of a varlen call: `(total_k, nheads_k, headdim)` each, the
+/// same shape, positive heads and headdim.
+pub(crate) fn check_kv3(k: (usize, usize, usize), v: (usize, usize, usize)) -> Result<()> {
+    check_dims3("k", k)?;
+    same3("v", "total", v.0, k.0)?;
+    same3("v", "nheads", v.1, k.1)?;
+    same3("v", "headdim", v.2, k.2)
+}
+
 /// The query side of a varlen call: q's heads/headdim, `nheads_k`/headdim of
 /// the keys, GQA and ALiBi for `batch` sequences.
 pub(crate) fn check_query_side(
@@ -116,10 +125,7 @@ pub fn attention_varlen<F: Real>(
     alibi: Option<HostAlibi<'_>>,
 ) -> Result<VarlenOutput<F>> {
     let (qd, kd, vd) = (q.dim(), k.dim(), v.dim());
-    check_dims3("k", kd)?;
-    same3("v", "total", vd.0, kd.0)?;
-    same3("v", "nheads", vd.1, kd.1)?;
-    same3("v", "headdim", vd.2, kd.2)?;
+    check_kv3(kd, vd)?;
     let spans = check_varlen(cu_seqlens_q, cu_seqlens_k, seqused_k, qd.0, kd.0, max_seqlen_q, max_seqlen_k)?;
     check_query_side(qd, kd.1, kd.2, spans.len(), alibi.as_ref())?;
     let opts = Opts::resolve(params, qd.2, max_seqlen_k)?;
