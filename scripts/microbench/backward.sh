@@ -19,7 +19,7 @@ for e in ndarray_prefill device_api varlen; do
   timeout 120 /tmp/h/$e > /tmp/e.txt 2>&1; echo "=== example $e rc=$? $(tail -1 /tmp/e.txt)" | tee -a $OUT/tests.txt
 done
 if [ "${1:-}" = quick ]; then
-  timeout 400 /tmp/h/fa-bench-bwd --quick --sets 2 --dtypes bf16 --dims 64,128 --seqlens 4096 --out $OUT/bwd.md 2> $OUT/bwd.log
+  timeout 400 /tmp/h/fa-bench-bwd --quick --sets 2 --dtypes bf16,f16 --dims 64,128 --seqlens 4096,16384 --out $OUT/bwd.md 2> $OUT/bwd.log
 else
   timeout 500 /tmp/h/fa-bench-bwd --out $OUT/bwd.md 2> $OUT/bwd.log
 fi
