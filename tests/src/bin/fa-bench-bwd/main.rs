@@ -350,6 +350,7 @@ fn main() {
     }
     let peer = |c: &Cell, mode: &str, imp: &str| peers.get(&(format!("{} {mode} {imp}", c.key()), String::new())).cloned().unwrap_or_else(|| Meas::na("not run"));
     let mut md = String::new();
+    md += &format!("{checks}\n{bad} of the checks failed\n\n");
     md += &format!("# Backward pass on {} ({torch_line}){}\n\n", g.fa.device_name(), if o.deterministic { ", deterministic" } else { "" });
     md += "TFLOP/s: backward 10·B·H·N²·d, forward+backward 14·B·H·N²·d, halved when causal; median of CUDA-event-timed runs, inputs rotated.\n\n";
     md += "| dtype | d | causal | N | B×H | ours bwd ms | ours TFLOP/s | flash TFLOP/s | cuDNN TFLOP/s | ours/flash | ours/cuDNN | ours fwd+bwd ms | flash fwd+bwd ms | cuDNN fwd+bwd ms | check |\n";
