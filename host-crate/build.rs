@@ -1,224 +1,217 @@
-//! Builds `kernel-crate` to PTX with rustc's own `nvptx64-nvidia-cuda` target,
-//! once per target family, and leaves the PTX in `OUT_DIR` for `include_str!`.
+//! Provides the kernels' PTX (one module per target family, [`kernels::ARCHS`])
+//! in `OUT_DIR` for `include_str!` (`src/ptx.rs`), from one of two places:
 //!
-//! Needs nothing but the pinned nightly and its `rust-src` component
-//! (`-Zbuild-std=core`): no nvcc, no CUDA toolkit, no LLVM beyond rustc's.
+//! * **the prebuilt PTX shipped in the package** (`ptx/flash_attn_*.ptx.xz`,
+//!   decompressed here in about a second with the pure-Rust `lzma-rs`), when
+//!   `ptx/manifest.txt` records the very sources at hand: the hash of every
+//!   input of the kernel build ([`inputs`]: the kernel and shared crates'
+//!   sources and manifests, the pinned nightly, `build/kernels.rs`) equals
+//!   the manifest's `inputs`. No nightly, no rustup needed: any toolchain
+//!   (stable 1.85+) builds the crate in seconds.
+//! * **a build from source** otherwise (a developer changed a kernel): the
+//!   kernel crate compiled by rustc's `nvptx64-nvidia-cuda` target
+//!   ([`kernels::build`]) with the pinned nightly of the kernel crate's
+//!   `rust-toolchain.toml`, run through rustup whatever toolchain runs this
+//!   build ([`toolchain::find`]; a missing nightly or `rust-src` names the
+//!   command that installs it). No nvcc, no CUDA toolkit.
+//!
+//! `FLASH_ATTN_BUILD_PTX=1` forces the build from source; `=0` forbids it
+//! (an error when the shipped PTX does not match the sources).
+//!
+//! After changing a kernel, `cargo xtask ship-ptx` rebuilds the PTX from
+//! source and rewrites `ptx/` (the compressed files and the manifest);
+//! `cargo xtask test` fails while the shipped PTX is not exactly what the
+//! sources build.
+//!
+//! The kernel sources come from the `flash-attn-kernels` and
+//! `flash-attn-common` dependencies, whose build scripts export their folders
+//! (`links` metadata: `DEP_FLASH_ATTN_KERNELS_ROOT`, `…_TOOLCHAIN`,
+//! `DEP_FLASH_ATTN_COMMON_ROOT`): `kernel-crate/` in the repository, or the
+//! registry copies of the published crates.
+
+// `Manifest::render` is for `cargo xtask ship-ptx`, which shares the file.
+#[allow(dead_code)]
+#[path = "build/inputs.rs"]
+mod inputs;
+#[path = "build/kernels.rs"]
+mod kernels;
+#[path = "build/sha256.rs"]
+mod sha256;
+// `channel_of` is for `cargo xtask`, which shares the file.
+#[allow(dead_code)]
+#[path = "build/toolchain.rs"]
+mod toolchain;
 
 use std::env;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 
-/// (arch, PTX ISA feature). sm_80 is the portable build (Ampere and later,
-/// PTX ISA 7.1 = CUDA 11.1 drivers); sm_90 is the Hopper build (ISA 8.0);
-/// sm_90a adds the Hopper-native kernels (`kernel-crate/src/hopper`, compiled
-/// only with `--cfg fa_sm90a`: wgmma and setmaxnreg exist on sm_90a alone).
-/// Never emit an ISA newer than the oldest driver we support JIT-compiles.
-const ARCHS: &[(&str, &str)] = &[("sm_80", "+ptx71"), ("sm_90", "+ptx80"), ("sm_90a", "+ptx80")];
-
-/// Entry-name prefixes of the warp-specialized Hopper kernels and the
-/// directives their entries get: `setmaxnreg` is ignored (ptxas C7508)
-/// unless the kernel has a register cap at entry, which `.maxntid` with
-/// `.minnctapersm 1` gives (rustc has no launch-bounds attribute).
-/// Threads: 128 per warpgroup, the producer and 2 consumers, or 3 consumers
-/// for the kernels named `*_w3*`.
-const HOPPER_ENTRY_PREFIX: &str = ".entry flash_fwd_hopper_";
-const HOPPER_ENTRY_DIRECTIVES: &str = ".maxntid 384, 1, 1\n.minnctapersm 1";
-const HOPPER_ENTRY_DIRECTIVES_W3: &str = ".maxntid 512, 1, 1\n.minnctapersm 1";
+use inputs::{Manifest, Roots};
 
 fn main() {
-    let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
-    let kernel_dir = manifest.parent().unwrap().join("kernel-crate");
+    if let Err(e) = run() {
+        eprintln!("\nerror: {e}");
+        std::process::exit(1);
+    }
+}
+
+/// `FLASH_ATTN_BUILD_PTX`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Policy {
+    /// Unset: the shipped PTX when it matches the sources, else from source.
+    Auto,
+    /// `1`: always from source.
+    Source,
+    /// `0`: only the shipped PTX.
+    Shipped,
+}
+
+fn run() -> Result<(), String> {
+    let manifest_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
     let out_dir = PathBuf::from(env::var("OUT_DIR").unwrap());
-    for p in ["src", "common/src", "Cargo.toml", "common/Cargo.toml"] {
-        println!("cargo:rerun-if-changed={}", kernel_dir.join(p).display());
-    }
-
-    let (cargo, rustc) = kernel_toolchain();
-    check_rust_src(&rustc);
-
-    let children: Vec<_> = ARCHS
-        .iter()
-        .map(|&(arch, ptx)| {
-            let target_dir = out_dir.join(format!("kernels-{arch}"));
-            let mut cmd = Command::new(&cargo);
-            clean_env(&mut cmd);
-            // `fa_ptx74`: instructions of PTX ISA ≥ 7.4 (the L2 prefetch
-            // hints of `cp.async`), absent from the ISA 7.1 portable build.
-            let extra: &[&str] = match arch {
-                "sm_90a" => &["--cfg", "fa_sm90a", "--cfg", "fa_ptx74"],
-                "sm_90" => &["--cfg", "fa_ptx74"],
-                _ => &[],
-            };
-            cmd.current_dir(&kernel_dir)
-                .env("RUSTC", &rustc)
-                .env("RUSTUP_TOOLCHAIN", KERNEL_TOOLCHAIN)
-                .env(
-                    "CARGO_ENCODED_RUSTFLAGS",
-                    [
-                        &format!("-Ctarget-cpu={arch}"),
-                        &format!("-Ctarget-feature={ptx}"),
-                        "-Clinker=/bin/true",
-                        // The tensor-core kernels keep their fragments in
-                        // register arrays indexed by loop counters: every such
-                        // loop must be fully unrolled, or the arrays go to local
-                        // memory (a stack frame in `ptxas -v`). LLVM's default
-                        // threshold stops short on the d = 128 nests.
-                        "-Cllvm-args=-unroll-threshold=5000",
-                        "-Awarnings",
-                    ]
-                    .iter()
-                    .chain(extra)
-                    .copied()
-                    .collect::<Vec<&str>>()
-                    .join("\x1f"),
-                )
-                .args(["rustc", "--quiet", "--release", "--target", "nvptx64-nvidia-cuda", "-Zbuild-std=core"])
-                .arg("--target-dir")
-                .arg(&target_dir)
-                .args(["--", "--emit=asm"])
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped());
-            let child =
-                cmd.spawn().unwrap_or_else(|e| panic!("cannot run `{}` to build the kernels: {e}", cargo.display()));
-            (arch, target_dir, child)
-        })
-        .collect();
-
-    for (arch, target_dir, child) in children {
-        let out = child.wait_with_output().expect("waiting for the kernel build");
-        if !out.status.success() {
-            panic!(
-                "building kernel-crate for nvptx64-nvidia-cuda ({arch}) failed:\n{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        let asm = target_dir.join("nvptx64-nvidia-cuda/release/deps/flash_attn_kernels.s");
-        let dst = out_dir.join(format!("flash_attn_{arch}.ptx"));
-        let ptx = std::fs::read_to_string(&asm).unwrap_or_else(|e| panic!("read {}: {e}", asm.display()));
-        let ptx = if arch == "sm_90a" { add_hopper_entry_directives(&ptx) } else { ptx };
-        std::fs::write(&dst, ptx).unwrap_or_else(|e| panic!("write {}: {e}", dst.display()));
-    }
-}
-
-/// Inserts [`HOPPER_ENTRY_DIRECTIVES`] after the parameter list of every
-/// entry named `flash_fwd_hopper_*` (between its closing `)` and `{`).
-fn add_hopper_entry_directives(ptx: &str) -> String {
-    let mut out = String::with_capacity(ptx.len() + 4096);
-    let mut in_hopper_params = false;
-    let mut w3 = false;
-    let mut edited = 0;
-    for line in ptx.lines() {
-        if line.contains(HOPPER_ENTRY_PREFIX) {
-            in_hopper_params = true;
-            w3 = line.contains("_w3");
-        }
-        // Tensor-map parameters (128 bytes, `#[repr(align(16))]` in Rust:
-        // rustc rejects a by-value kernel parameter aligned to more than 16)
-        // get the 64-byte alignment TMA needs, as nvcc declares a
-        // `__grid_constant__ CUtensorMap`. Their offsets (0, 128, 256) are
-        // multiples of 64 either way, so the layout is unchanged.
-        if line.contains("hopper") && line.contains(".param .align 16 .b8 ") && line.trim_end_matches(',').ends_with("[128]") {
-            out.push_str(&line.replacen(".align 16", ".align 64", 1));
-            out.push('\n');
-            continue;
-        }
-        out.push_str(line);
-        out.push('\n');
-        if in_hopper_params && line.trim() == ")" {
-            out.push_str(if w3 { HOPPER_ENTRY_DIRECTIVES_W3 } else { HOPPER_ENTRY_DIRECTIVES });
-            out.push('\n');
-            in_hopper_params = false;
-            edited += 1;
-        }
-    }
-    assert!(edited > 0, "sm_90a PTX: no flash_fwd_hopper_* entry found to add .maxntid to");
-    out
-}
-
-/// The toolchain the kernels are built with, whatever toolchain builds the
-/// crate that depends on us (stable, another nightly): the pinned nightly
-/// of the repository's `rust-toolchain.toml`. Kept here too, because a
-/// packaged copy of this crate has no `rust-toolchain.toml` beside it;
-/// `cargo xtask test` checks that the two agree.
-const KERNEL_TOOLCHAIN: &str = "nightly-2026-05-20";
-
-/// `(cargo, rustc)` of [`KERNEL_TOOLCHAIN`], found through rustup; without
-/// rustup, the outer build's own cargo/rustc if they are that nightly
-/// (e.g. a distribution's build of it). Panics with the one command that
-/// installs what is missing.
-fn kernel_toolchain() -> (PathBuf, PathBuf) {
-    let install = format!("rustup toolchain install {KERNEL_TOOLCHAIN} --profile minimal --component rust-src");
-    let which = |tool: &str| -> Option<PathBuf> {
-        let out = Command::new("rustup")
-            .args(["which", "--toolchain", KERNEL_TOOLCHAIN, tool])
-            .env_remove("RUSTUP_TOOLCHAIN")
-            .stdin(Stdio::null())
-            .output()
-            .ok()?;
-        out.status.success().then(|| PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+    let dep = |key: &str| {
+        env::var(format!("DEP_{key}"))
+            .map_err(|_| format!("DEP_{key} is not set: the flash-attn-kernels/flash-attn-common build scripts did not run"))
     };
-    let rustup_present = Command::new("rustup").arg("--version").stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok();
-    if rustup_present {
-        match (which("cargo"), which("rustc")) {
-            (Some(cargo), Some(rustc)) if cargo.exists() && rustc.exists() => return (cargo, rustc),
-            _ => panic!(
-                "\n\nflash-attn compiles its GPU kernels with the Rust toolchain {KERNEL_TOOLCHAIN} (whatever \
-                 toolchain builds your crate), and rustup does not have it.\nRun:\n\n    {install}\n\n"
-            ),
-        }
-    }
-    // No rustup: the outer toolchain, if it is the pinned nightly.
-    let rustc = PathBuf::from(env::var("RUSTC").unwrap_or_else(|_| "rustc".into()));
-    let cargo = PathBuf::from(env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
-    let version = Command::new(&rustc).arg("-V").output().ok().map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
-    match version {
-        Some(v) if v.contains("nightly") => {
-            // Its version line names a commit date, not the nightly's name:
-            // say which compiler built the kernels, as it may not be ours.
-            println!("cargo:warning=flash-attn: rustup not found; building the kernels with `{}` (pinned: {KERNEL_TOOLCHAIN})", v.trim());
-            (cargo, rustc)
-        }
-        v => panic!(
-            "\n\nflash-attn compiles its GPU kernels with the Rust toolchain {KERNEL_TOOLCHAIN}, found through \
-             rustup, and rustup is not installed (the outer rustc is {}).\nInstall rustup (https://rustup.rs), then run:\n\n    {install}\n\n",
-            v.as_deref().map(str::trim).unwrap_or("unknown")
-        ),
-    }
-}
-
-/// `-Zbuild-std=core` compiles core from the toolchain's `rust-src`; say
-/// exactly how to get it when it is missing.
-fn check_rust_src(rustc: &Path) {
-    let sysroot = Command::new(rustc)
-        .args(["--print", "sysroot"])
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()));
-    let Some(sysroot) = sysroot else {
-        panic!("cannot run `{} --print sysroot`", rustc.display());
+    let roots = Roots {
+        kernels: PathBuf::from(dep("FLASH_ATTN_KERNELS_ROOT")?),
+        common: PathBuf::from(dep("FLASH_ATTN_COMMON_ROOT")?),
+        kernels_rs: manifest_dir.join("build/kernels.rs"),
     };
-    let core = sysroot.join("lib/rustlib/src/rust/library/core/Cargo.toml");
-    if !Path::new(&core).exists() {
-        panic!(
-            "\n\nflash-attn builds its GPU kernels with `-Zbuild-std=core`, which needs the `rust-src` \
-             component of {KERNEL_TOOLCHAIN}, and it is missing ({} not found).\nRun:\n\n    \
-             rustup component add rust-src --toolchain {KERNEL_TOOLCHAIN}\n\n",
-            core.display()
+    let channel = dep("FLASH_ATTN_KERNELS_TOOLCHAIN")?;
+    let ship_dir = manifest_dir.join("ptx");
+
+    for p in [
+        roots.kernels.join("src"),
+        roots.kernels.join("Cargo.toml"),
+        roots.kernels.join("build.rs"),
+        roots.kernels.join("rust-toolchain.toml"),
+        roots.common.join("src"),
+        roots.common.join("Cargo.toml"),
+        roots.common.join("build.rs"),
+        ship_dir.clone(),
+    ] {
+        println!("cargo:rerun-if-changed={}", p.display());
+    }
+    println!("cargo:rerun-if-env-changed=FLASH_ATTN_BUILD_PTX");
+    let policy = match env::var("FLASH_ATTN_BUILD_PTX").as_deref() {
+        Err(_) | Ok("") => Policy::Auto,
+        Ok("1") => Policy::Source,
+        Ok("0") => Policy::Shipped,
+        Ok(v) => return Err(format!("FLASH_ATTN_BUILD_PTX={v}: use 1 (build the PTX from source) or 0 (only the shipped PTX)")),
+    };
+
+    let current = inputs::list(&roots)?;
+    let hash = inputs::combined(&current);
+    let shipped = std::fs::read_to_string(ship_dir.join("manifest.txt")).ok().map(|t| Manifest::parse(&t)).transpose()?;
+    let fresh = shipped.as_ref().is_some_and(|m| m.inputs == hash);
+
+    if policy != Policy::Source && fresh {
+        return unpack_shipped(&ship_dir, shipped.as_ref().unwrap(), &out_dir);
+    }
+    let why = match &shipped {
+        None => "there is no shipped PTX (ptx/manifest.txt)".to_string(),
+        Some(m) if !fresh => format!("the shipped PTX was built from other sources ({})", m.changed(&current).join(", ")),
+        Some(_) => "FLASH_ATTN_BUILD_PTX=1".to_string(),
+    };
+    if policy == Policy::Shipped {
+        return Err(format!(
+            "FLASH_ATTN_BUILD_PTX=0 forbids building the kernels from source, but {why}.\n\
+             Run `cargo xtask ship-ptx` in the repository to rebuild the shipped PTX, or unset FLASH_ATTN_BUILD_PTX."
+        ));
+    }
+    if policy == Policy::Auto {
+        println!(
+            "cargo:warning=building the GPU kernels from source with {channel}: {why}. \
+             `cargo xtask ship-ptx` updates the shipped PTX (host-crate/ptx/)."
         );
     }
+    let tc = toolchain::find(&channel)?;
+    let kernel_dir = source_tree(&roots, &out_dir)?;
+    for (arch, ptx) in kernels::build(&kernel_dir, &tc, &out_dir)? {
+        write_if_changed(&out_dir.join(format!("flash_attn_{arch}.ptx")), ptx.as_bytes())?;
+    }
+    Ok(())
 }
 
-/// The nested cargo must not inherit the outer build's flags, target or
-/// wrappers (they are for the host target).
-fn clean_env(cmd: &mut Command) {
-    for (k, _) in env::vars_os() {
-        let Some(k) = k.to_str() else { continue };
-        let keep = matches!(k, "CARGO_HOME" | "CARGO_MAKEFLAGS" | "CARGO_NET_OFFLINE" | "CARGO_REGISTRIES_CRATES_IO_PROTOCOL");
-        if !keep && (k.starts_with("CARGO_") || k.starts_with("__CARGO") || k.starts_with("RUSTC") || k == "RUSTFLAGS" || k == "RUSTDOCFLAGS")
-        {
-            cmd.env_remove(k);
-        }
+/// Decompresses the shipped PTX into `out_dir`, checking each file's length
+/// and SHA-256 against the manifest.
+fn unpack_shipped(ship_dir: &Path, m: &Manifest, out_dir: &Path) -> Result<(), String> {
+    let archs: Vec<&str> = m.ptx.iter().map(|p| p.arch.as_str()).collect();
+    let want: Vec<&str> = kernels::ARCHS.iter().map(|a| a.0).collect();
+    if archs != want {
+        return Err(format!("ptx/manifest.txt lists the targets {archs:?}, the build wants {want:?}"));
     }
+    for p in &m.ptx {
+        let path = ship_dir.join(p.file_name());
+        let file = std::fs::File::open(&path).map_err(|e| format!("open {}: {e}", path.display()))?;
+        let mut ptx = Vec::with_capacity(p.len);
+        lzma_rs::xz_decompress(&mut std::io::BufReader::new(file), &mut ptx)
+            .map_err(|e| format!("decompress {}: {e:?}", path.display()))?;
+        if ptx.len() != p.len || sha256::hex(&ptx) != p.sha256 {
+            return Err(format!(
+                "{} does not decompress to the PTX ptx/manifest.txt records ({} bytes, sha256 {}); \
+                 rebuild it with `cargo xtask ship-ptx`, or build from source with FLASH_ATTN_BUILD_PTX=1",
+                path.display(),
+                p.len,
+                p.sha256
+            ));
+        }
+        write_if_changed(&out_dir.join(format!("flash_attn_{}.ptx", p.arch)), &ptx)?;
+    }
+    Ok(())
+}
+
+/// The folder to build the kernel crate in: `kernel-crate/` itself in the
+/// repository (or a git checkout); for registry copies (`Cargo.toml.orig`
+/// present) the repository's layout rebuilt under `OUT_DIR/kernel-src`
+/// (`flash-attn-common` at `common/`, the original manifests, a `[workspace]`
+/// of its own), so that the same files build the same PTX.
+fn source_tree(roots: &Roots, out_dir: &Path) -> Result<PathBuf, String> {
+    if !roots.kernels.join("Cargo.toml.orig").is_file() {
+        return Ok(roots.kernels.clone());
+    }
+    let dst = out_dir.join("kernel-src");
+    for (root, to, extra) in [
+        (&roots.kernels, dst.clone(), &["build.rs", "rust-toolchain.toml"][..]),
+        (&roots.common, dst.join("common"), &["build.rs"][..]),
+    ] {
+        copy_tree(&root.join("src"), &to.join("src"))?;
+        for name in extra {
+            copy_file(&root.join(name), &to.join(name))?;
+        }
+        let mut toml = std::fs::read(root.join("Cargo.toml.orig")).map_err(|e| format!("read {}/Cargo.toml.orig: {e}", root.display()))?;
+        if to == dst {
+            toml.extend_from_slice(b"\n[workspace]\n");
+        }
+        write_if_changed(&to.join("Cargo.toml"), &toml)?;
+    }
+    Ok(dst)
+}
+
+fn copy_tree(from: &Path, to: &Path) -> Result<(), String> {
+    let entries = std::fs::read_dir(from).map_err(|e| format!("read {}: {e}", from.display()))?;
+    for e in entries {
+        let p = e.map_err(|e| e.to_string())?.path();
+        let dst = to.join(p.file_name().unwrap());
+        if p.is_dir() { copy_tree(&p, &dst)? } else { copy_file(&p, &dst)? }
+    }
+    Ok(())
+}
+
+fn copy_file(from: &Path, to: &Path) -> Result<(), String> {
+    let bytes = std::fs::read(from).map_err(|e| format!("read {}: {e}", from.display()))?;
+    write_if_changed(to, &bytes)
+}
+
+/// Writes `bytes` unless the file already holds them: an unchanged file
+/// keeps its mtime, so nothing that `include_str!`s it (or the nested
+/// cargo's fingerprints) sees a change.
+fn write_if_changed(path: &Path, bytes: &[u8]) -> Result<(), String> {
+    if std::fs::read(path).is_ok_and(|old| old == bytes) {
+        return Ok(());
+    }
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
+    }
+    std::fs::write(path, bytes).map_err(|e| format!("write {}: {e}", path.display()))
 }

@@ -1,5 +1,8 @@
-//! FlashAttention device code. Built only for `nvptx64-nvidia-cuda` (by
-//! `host-crate/build.rs`), never for the host.
+//! FlashAttention device code, compiled for `nvptx64-nvidia-cuda` by
+//! `host-crate/build.rs` (`host-crate/build/kernels.rs`). On any other target
+//! the crate is empty: flash-attn depends on it only for its sources (this
+//! package's folder reaches flash-attn's build script through `links`
+//! metadata, see `build.rs`).
 //!
 //! * `arch/`: one file per hardware primitive; all inline PTX lives there.
 //! * `softmax_rows`: row-wise online softmax (one pass for max and sum).
@@ -11,22 +14,36 @@
 //! Every exported entry point is `extern "ptx-kernel"` and takes one
 //! `#[repr(C)]` parameter block from `flash_attn_common` (`params`,
 //! `decode_params`, `page_order`).
-#![no_std]
-#![feature(abi_ptx, stdarch_nvptx, asm_experimental_arch, core_intrinsics, gpu_intrinsics, gpu_launch_sized_workgroup_mem)]
-#![allow(internal_features)]
+#![cfg_attr(target_arch = "nvptx64", no_std)]
+#![cfg_attr(
+    target_arch = "nvptx64",
+    feature(abi_ptx, stdarch_nvptx, asm_experimental_arch, core_intrinsics, gpu_intrinsics, gpu_launch_sized_workgroup_mem)
+)]
+#![cfg_attr(target_arch = "nvptx64", allow(internal_features))]
 
+#[cfg(target_arch = "nvptx64")]
 pub mod arch;
+#[cfg(target_arch = "nvptx64")]
 pub mod bwd;
+#[cfg(target_arch = "nvptx64")]
 pub mod decode;
+#[cfg(target_arch = "nvptx64")]
 pub mod fa1;
+#[cfg(target_arch = "nvptx64")]
 pub mod fa2;
-#[cfg(fa_sm90a)]
+#[cfg(all(target_arch = "nvptx64", fa_sm90a))]
 pub mod hopper;
+#[cfg(target_arch = "nvptx64")]
 pub mod page_order;
+#[cfg(target_arch = "nvptx64")]
 pub mod score;
+#[cfg(target_arch = "nvptx64")]
 pub mod softmax_rows;
+#[cfg(target_arch = "nvptx64")]
 pub mod standard;
+#[cfg(target_arch = "nvptx64")]
 pub mod tc;
+#[cfg(target_arch = "nvptx64")]
 pub mod tile;
 
 #[cfg(target_arch = "nvptx64")]

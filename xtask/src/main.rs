@@ -7,6 +7,9 @@
 //!   ([`ptx`]); ends with a one-line summary.
 //! * `cargo xtask ptx`: build the library, print the PTX paths and the `ptxas
 //!   -v` report of every kernel.
+//! * `cargo xtask ship-ptx`: rebuild the PTX from source and rewrite the
+//!   prebuilt PTX the package ships (`host-crate/ptx/`, [`ship`]); run it
+//!   after changing a kernel (`cargo xtask test` fails until then).
 //! * `cargo xtask stage [DIR]`: a self-contained folder for a GPU machine
 //!   (test binaries, `fa-run`, the `fa-bench*` benchmarks, `run.sh`) ([`stage`]).
 //! * `cargo xtask bench [ARGS]`, `bench-decode [OUT] [ARGS]`: the prefill
@@ -34,7 +37,9 @@ mod bench_infer;
 mod candle;
 mod cargo;
 mod ptx;
+mod ptx_build;
 mod run;
+mod ship;
 mod stage;
 mod test;
 
@@ -46,6 +51,11 @@ type Command = fn(&[String]) -> Result<(), String>;
 const COMMANDS: &[(&str, &str, Command)] = &[
     ("test", "rust-src check, `cargo test --workspace [ARGS]`, then ptxas checks of every PTX", test::main),
     ("ptx", "build the library; print each PTX path and the `ptxas -v` report per kernel", ptx::main),
+    (
+        "ship-ptx",
+        "rebuild the PTX from source (pinned nightly) and rewrite the prebuilt PTX shipped in host-crate/ptx/",
+        ship::main,
+    ),
     ("run", "the main job: standard, FA1, FA2 on the GPU (GPT-2 shape, N=8192) vs the CPU reference; plan + HBM model", run::main),
     ("stage", "release test binaries, fa-run, the fa-bench* benchmarks and a run.sh in one folder for a GPU box (default bundle/)", stage::main),
     (
@@ -69,7 +79,7 @@ const COMMANDS: &[(&str, &str, Command)] = &[
 fn usage() -> String {
     let mut s = String::from("usage: cargo xtask <command> [args]\n\ncommands:\n");
     for (name, help, _) in COMMANDS {
-        s += &format!("  {name:<6} {help}\n");
+        s += &format!("  {name:<8} {help}\n");
     }
     s + "\n`cargo xtask <command> --help` for a command's options.\n"
 }

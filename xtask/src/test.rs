@@ -3,16 +3,21 @@
 //! 1. make sure `rust-src` is installed (the kernels need `-Zbuild-std=core`);
 //! 2. `cargo test --workspace ARGS`, `ARGS` passed through
 //!    (e.g. `cargo xtask test -- --nocapture`, `cargo xtask test cpu_plan`);
-//! 3. when `ptxas` is found, assemble every embedded PTX for its arch and fail
+//! 3. the shipped PTX (`host-crate/ptx/`) against the sources: fail when it
+//!    was built from other sources (run `cargo xtask ship-ptx`), else build
+//!    the kernels from source (`target/kernels-ptx`) and fail unless every
+//!    PTX is byte for byte the shipped one ([`shipped_ptx_check`]);
+//! 4. when `ptxas` is found, assemble every embedded PTX for its arch and fail
 //!    on spills, stack frames or missing instructions ([`crate::ptx`]);
 //!    otherwise say `skipped: ptxas not found`;
-//! 4. one summary line.
+//! 5. one summary line.
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::Stdio;
 use std::time::Instant;
 
-use crate::{cargo, ptx};
+use crate::ptx_build::{self, inputs, sha256};
+use crate::{cargo, ptx, ship};
 
 /// Totals of the `test result:` lines of `cargo test`.
 #[derive(Default, Debug, PartialEq)]
@@ -75,6 +80,15 @@ pub fn main(args: &[String]) -> Result<(), String> {
         return Err(format!("`{shown}` failed ({st})"));
     }
 
+    // The shipped PTX against a build from source.
+    let shipped_line = match shipped_ptx_check() {
+        Ok(line) => line,
+        Err(e) => {
+            println!("\nxtask test: FAILED: {e} (tests: {tests}) [{:.0} s]", t0.elapsed().as_secs_f64());
+            return Err(e);
+        }
+    };
+
     // PTX checks.
     let ptx_line = match ptx::find_ptxas() {
         None => "PTX checks skipped: ptxas not found".to_string(),
@@ -106,8 +120,54 @@ pub fn main(args: &[String]) -> Result<(), String> {
             )
         }
     };
-    println!("\nxtask test: OK: {tests}; {ptx_line} [{:.0} s]", t0.elapsed().as_secs_f64());
+    println!("\nxtask test: OK: {tests}; {shipped_line}; {ptx_line} [{:.0} s]", t0.elapsed().as_secs_f64());
     Ok(())
+}
+
+/// Whether `host-crate/ptx/` holds exactly what the sources build: its
+/// manifest's input hash equals the sources' (else it is stale: no build
+/// needed to say so), and a build from source gives PTX of the recorded
+/// length and SHA-256, equal byte for byte to the decompressed shipped files.
+pub fn shipped_ptx_check() -> Result<String, String> {
+    let dir = ptx_build::ship_dir();
+    let path = dir.join("manifest.txt");
+    let text = std::fs::read_to_string(&path).map_err(|e| format!("read {}: {e} (run `cargo xtask ship-ptx`)", path.display()))?;
+    let m = inputs::Manifest::parse(&text)?;
+    let current = inputs::list(&ptx_build::roots())?;
+    if m.inputs != inputs::combined(&current) {
+        return Err(format!(
+            "the shipped PTX (host-crate/ptx/) was built from other sources ({}): run `cargo xtask ship-ptx` and commit host-crate/ptx/",
+            m.changed(&current).join(", ")
+        ));
+    }
+    let (_, built) = ptx_build::build_from_source()?;
+    let archs: Vec<&str> = built.iter().map(|b| b.0).collect();
+    let shipped: Vec<&str> = m.ptx.iter().map(|p| p.arch.as_str()).collect();
+    if archs != shipped {
+        return Err(format!("the shipped PTX has the targets {shipped:?}, the build {archs:?}: run `cargo xtask ship-ptx`"));
+    }
+    let mut differ = Vec::new();
+    for ((arch, text), p) in built.iter().zip(&m.ptx) {
+        if text.len() != p.len || sha256::hex(text.as_bytes()) != p.sha256 {
+            differ.push(format!("{arch}: built {} bytes, sha256 {}; shipped {} bytes, {}", text.len(), sha256::hex(text.as_bytes()), p.len, p.sha256));
+            continue;
+        }
+        let xz = std::fs::read(dir.join(p.file_name())).map_err(|e| format!("read {}: {e}", p.file_name()))?;
+        match ship::xz_decompress(&xz) {
+            Ok(bytes) if bytes != text.as_bytes() => differ.push(format!("{arch}: {} does not decompress to the built PTX", p.file_name())),
+            Ok(_) => {}
+            // Without xz the build script's own check (length and SHA-256 of
+            // what it decompresses) stands in.
+            Err(e) => println!("xtask: {e}: comparing {arch} by SHA-256 only"),
+        }
+    }
+    if !differ.is_empty() {
+        return Err(format!(
+            "the shipped PTX is not what its sources build (same inputs, other bytes: a different toolchain or a non-reproducible build?):\n  {}",
+            differ.join("\n  ")
+        ));
+    }
+    Ok(format!("shipped PTX ({}) identical to a build from source", archs.join(", ")))
 }
 
 #[cfg(test)]
