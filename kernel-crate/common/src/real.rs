@@ -111,6 +111,8 @@ pub fn tanh_exp2<F: Real>(x: F) -> F {
     }
 }
 
+// Used by the impls below: host f32/f64 (`std`) and device f32.
+#[cfg(any(feature = "std", target_arch = "nvptx64"))]
 macro_rules! real_consts {
     ($t:ty) => {
         const ZERO: Self = 0.0;
