@@ -389,7 +389,7 @@ pub(crate) unsafe fn launch(
 /// grid and shared memory of its plan.
 ///
 /// # Safety
-/// As [`launch`]; `fa` holds the sm_90a build.
+/// As `launch`; `fa` holds the sm_90a build.
 pub unsafe fn launch_params(fa: &FlashAttention, stream: &Arc<CudaStream>, k: &HopperKernel, p: &AttnParams) -> Result<()> {
     let blocks = k
         .grid_blocks(p.batch as usize, p.nheads as usize, p.seqlen_q as usize)

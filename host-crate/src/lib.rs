@@ -4,7 +4,7 @@
 //! by rustc's `nvptx64-nvidia-cuda` target; see `kernel-crate/`), with
 //! a host API over cudarc device buffers and over `ndarray` arrays.
 //!
-//! * [`reference`]: the CPU reference (standard attention, safe and online
+//! * [`reference`](mod@reference): the CPU reference (standard attention, safe and online
 //!   softmax, the FA1 and FA2 loop orders), generic over f32 and f64.
 //! * [`plan`]: the FA1 tiling plan and the HBM-traffic model.
 //! * [`FlashAttention`] ([`device`], [`api`]): the device-level API over

@@ -5,7 +5,7 @@
 //!
 //! * f32: the readable kernels of `kernel-crate/src/bwd/` in the loop order
 //!   of `params.forward.loop_order` (FA2: the LSE; FA1: `l`, `m`).
-//! * f16/bf16: the tensor-core backward ([`tc`]); the dtype-generic
+//! * f16/bf16: the tensor-core backward (`tc`); the dtype-generic
 //!   preprocess and dQ-convert kernels around it.
 //!
 //! Scratch ([`BackwardScratch`]): `D` (`delta`), the f32 dQ accumulator

@@ -1,6 +1,6 @@
 //! The PTX built by `build.rs` from `kernel-crate`, embedded in the library,
 //! split per kernel entry ([`split`]) and loaded kernel by kernel on first
-//! use ([`load`]).
+//! use (`load`).
 
 pub(crate) mod load;
 pub mod split;

@@ -6,7 +6,7 @@
 //! module — the header (`.version`, `.target`, `.address_size`), the
 //! module-scope variables and `.func` declarations/definitions it uses,
 //! transitively, then the entry — compiles in a fraction of a second, so
-//! kernels are loaded one by one on first use ([`crate::ptx::load`]).
+//! kernels are loaded one by one on first use (`ptx::load`).
 //!
 //! The split runs at run time, once per build and process (a single pass
 //! over the text, then per-entry work on first use): the build script stays

@@ -78,7 +78,7 @@ const TANH_TAYLOR: [f64; 7] = [
 /// (`ex2.approx`) and the host (any [`Real`]) run the same formula:
 ///
 /// * `|x| < 0.5` ([`TANH_POLY_MAX`]): the odd Taylor polynomial
-///   `x + x·z·P(z)`, `z = x²`, degree 15 ([`TANH_TAYLOR`]), Horner in `z`.
+///   `x + x·z·P(z)`, `z = x²`, degree 15 (`TANH_TAYLOR`), Horner in `z`.
 ///   Relative error ≈ 1 ulp, down to the tiniest `x` (`tanh x → x`): the
 ///   exp form below would return `1 − (1 − 2x + …)`, whose cancellation
 ///   loses all relative precision as `x → 0` (f32 softcap measured 3–11×
