@@ -34,10 +34,14 @@
 //!   [`split_kv_forward`]), KV cache with in-place append and
 //!   `cache_batch_idx` ([`kvcache_attention`]), paged KV ([`PagedKv`],
 //!   [`paged_kvcache_attention`], [`attention_varlen_paged`]).
+//! * [`fp8`]: e4m3 rounding as the GPU does it (round to nearest even,
+//!   saturating) and the scale conventions of FP8 attention: FP8 results
+//!   are checked against f64 attention over the dequantized inputs.
 
 pub mod backward;
 pub mod decode;
 pub mod features;
+pub mod fp8;
 pub mod varlen;
 
 pub use decode::{
@@ -78,6 +82,10 @@ pub enum RefError {
     /// `softmax_scale` is NaN or infinite.
     #[error("`softmax_scale` must be finite, got {value}")]
     BadScale { value: f64 },
+    /// FP8 scales neither one value nor one per (batch, head), or not
+    /// finite and positive ([`fp8`]).
+    #[error("fp8 `scales`: {reason}")]
+    BadFp8Scales { reason: String },
 }
 
 /// Output of [`standard_attention`] and [`fa2_forward`].
