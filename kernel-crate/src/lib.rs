@@ -7,10 +7,11 @@
 //!   reference GPU path): shared-memory tiles, Algorithm 1, FA2, Algorithm 0.
 //! * `tc/`: tensor-core FA2 and FA1 kernels for f16/bf16.
 //! * `page_order`: block tables sorted by address on the device.
+//! * `ring`: the merge of context-parallel partials (`ring_merge_*`).
 //!
 //! Every exported entry point is `extern "ptx-kernel"` and takes one
 //! `#[repr(C)]` parameter block from `flash_attn_common` (`params`,
-//! `decode_params`, `page_order`).
+//! `decode_params`, `page_order`, `ring`).
 #![no_std]
 #![feature(abi_ptx, stdarch_nvptx, asm_experimental_arch, core_intrinsics, gpu_intrinsics, gpu_launch_sized_workgroup_mem)]
 #![allow(internal_features)]
@@ -23,6 +24,7 @@ pub mod fa2;
 #[cfg(fa_sm90a)]
 pub mod hopper;
 pub mod page_order;
+pub mod ring;
 pub mod score;
 pub mod softmax_rows;
 pub mod standard;
