@@ -46,7 +46,7 @@ impl FlashAttention {
             DType::F16 => "ring_merge_f16",
             _ => return Err(FlashAttnError::Unsupported { argument: "o", dtype: "f32", what: "the ring merge (f16 and bf16 only)" }),
         };
-        if p.headdim % 4 != 0 {
+        if !p.headdim.is_multiple_of(4) {
             return Err(FlashAttnError::InvalidArgument {
                 argument: "headdim",
                 value: p.headdim.to_string(),
@@ -136,6 +136,10 @@ impl FlashAttention {
         too_short("out", out.len(), shape.o_len())?;
         let (o_acc_ptr, _g1) = o_acc.device_ptr(stream);
         let (out_ptr, _g2) = out.device_ptr_mut(stream);
+        // The kernel stores pairs of 16-bit elements as 32-bit words at even columns.
+        if !out_ptr.is_multiple_of(4) {
+            return Err(FlashAttnError::Misaligned { argument: "out", requirement: "a 4-byte aligned pointer", value: out_ptr });
+        }
         self.ring_merge_launch::<T>(
             stream,
             RingMergeParams {

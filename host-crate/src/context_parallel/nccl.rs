@@ -136,7 +136,7 @@ impl<T: AttnElem + NcclType> RingRank<T> {
             return Err(FlashAttnError::ZeroSizedDim { argument: "shape", axis: ["batch", "seqlen", "nheads", "headdim"][a], shape: dims });
         }
         check_gqa(shape.nheads, shape.nheads_k)?;
-        if sharding == Sharding::Zigzag && shape.seqlen_local % 2 != 0 {
+        if sharding == Sharding::Zigzag && !shape.seqlen_local.is_multiple_of(2) {
             return Err(FlashAttnError::InvalidArgument {
                 argument: "seqlen_local",
                 value: shape.seqlen_local.to_string(),
@@ -192,7 +192,7 @@ impl<T: AttnElem + NcclType> RingRank<T> {
         let n = self.ranks();
         let (next, prev) = (((self.rank() + 1) % n) as i32, ((self.rank() + n - 1) % n) as i32);
         let [b0, b1] = &mut self.kv;
-        let (held, recv) = if step % 2 == 0 { (&*b1, b0) } else { (&*b0, b1) };
+        let (held, recv) = if step.is_multiple_of(2) { (&*b1, b0) } else { (&*b0, b1) };
         let (k, v) = if step == 0 { (k, v) } else { (&held[0], &held[1]) };
         self.comm.send(k, next)?;
         self.comm.send(v, next)?;
@@ -214,19 +214,16 @@ impl<T: AttnElem + NcclType> RingRank<T> {
         let lk = TensorLayout::new([b, nk, hk, d], [s * hk * d, hk * d, d]);
         let (qv, kv, vv) = (q.slice(qr.start * h * d..), k.slice(kr.start * hk * d..), v.slice(kr.start * hk * d..));
         let lo = TensorLayout::contiguous([b, nq, h, d]);
-        let mut o_part = self.o_part.slice_mut(..b * nq * h * d);
-        let lse_part = self.lse_part.slice_mut(..b * h * nq);
         let params = ForwardParams { causal: block.mask == Mask::Causal, softmax_scale: self.params.softmax_scale, ..Default::default() };
         self.fa.forward_into(
             &self.compute,
             Tensor::new(&qv, lq),
             Tensor::new(&kv, lk),
             Tensor::new(&vv, lk),
-            TensorMut::new(&mut o_part, lo),
-            StatsMut::LogSumExp(lse_part),
+            TensorMut::new(&mut self.o_part.slice_mut(..b * nq * h * d), lo),
+            StatsMut::LogSumExp(self.lse_part.slice_mut(..b * h * nq)),
             &params,
         )?;
-        drop(o_part);
         let (o_part, lse_part) = (self.o_part.slice(..b * nq * h * d), self.lse_part.slice(..b * h * nq));
         self.fa.ring_merge::<T>(&self.compute, self.shape.acc(), (&mut self.o_acc, &mut self.lse_acc), (&o_part, &lse_part), (qr.start, nq), step == 0)
     }

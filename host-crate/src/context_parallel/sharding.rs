@@ -67,7 +67,7 @@ impl ShardPlan {
             return Err(FlashAttnError::InvalidArgument { argument: "seqlen", value: "no document".into(), reason: "there is no sequence to shard" });
         }
         let chunks = sharding.num_chunks(ranks);
-        if let Some(&len) = docs.iter().find(|&&len| len % chunks != 0) {
+        if let Some(&len) = docs.iter().find(|&&len| !len.is_multiple_of(chunks)) {
             return Err(FlashAttnError::InvalidArgument {
                 argument: "seqlen",
                 value: format!("{len} with {ranks} ranks, {sharding:?}"),

@@ -26,7 +26,7 @@ use flash_attn_common::Real;
 use ndarray::{Array3, Array4, ArrayD, ArrayView3, ArrayView4, ArrayViewMut4, Axis, Ix3, Ix4, Slice, Zip, concatenate, s};
 
 use super::merge::merge_partial;
-use super::schedule::{Mask, RingBlock, kv_owner, ring_block};
+use super::schedule::{Mask, RingBlock, ring_block};
 use super::sharding::{ShardPlan, Sharding, docs_of_cu_seqlens};
 use crate::error::{FlashAttnError, Result};
 use crate::params::ForwardParams;
@@ -48,12 +48,12 @@ pub enum Strategy {
 
 impl Strategy {
     /// The rule: Ulysses where both head counts divide evenly among the
-    /// ranks (its traffic per rank, `4·N_local·d·(nheads + nheads_k)/ranks`
-    /// elements, does not grow with the ring's `ranks − 1` hops), the ring
-    /// otherwise (it has no head constraint and hides its transfers behind
+    /// ranks (each rank's Q, K, V and O cross the links once per
+    /// all-to-all, where the ring moves every K/V shard `ranks − 1` times),
+    /// the ring otherwise (no head constraint, transfers hidden behind
     /// compute).
     pub fn choose(nheads: usize, nheads_k: usize, ranks: usize) -> Strategy {
-        if ranks > 1 && nheads % ranks == 0 && nheads_k % ranks == 0 { Strategy::Ulysses } else { Strategy::Ring }
+        if ranks > 1 && nheads.is_multiple_of(ranks) && nheads_k.is_multiple_of(ranks) { Strategy::Ulysses } else { Strategy::Ring }
     }
 }
 
@@ -226,7 +226,7 @@ impl Setup {
         same("k", "seqlen", ks[1], qs[1], "context parallelism shards one sequence: q, k and v share it")?;
         if cp.strategy == Strategy::Ulysses {
             for (argument, heads) in [("q", qs[2]), ("k", ks[2])] {
-                if heads % cp.ranks != 0 {
+                if !heads.is_multiple_of(cp.ranks) {
                     return Err(FlashAttnError::InvalidArgument {
                         argument,
                         value: format!("{heads} heads over {} ranks", cp.ranks),
@@ -504,7 +504,6 @@ fn ring_backward_rank<F: Real>(setup: &Setup, rank: &Rank<F>, [q, k, v, o, dout]
         if !last {
             comm.send(comm.next(), vec![to_dyn4(k.clone()), to_dyn4(v.clone())])?;
         }
-        debug_assert_eq!(kv_owner(ranks, comm.rank, step), (comm.rank + ranks - step) % ranks);
         if let Some(block) = ring_block(setup.cp.sharding, setup.causal, ranks, comm.rank, step) {
             for (qr, kr) in block_rows(setup, &block) {
                 let qs = s![.., qr.clone(), .., ..];
