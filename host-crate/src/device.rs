@@ -107,6 +107,7 @@ impl FlashAttention {
             .chain(crate::backward::plan::BWD_KERNELS)
             .chain(crate::decode::DECODE_KERNELS)
             .chain(crate::page_order::PAGE_ORDER_KERNELS)
+            .chain(crate::context_parallel::gpu_merge::RING_KERNELS)
             .copied()
             .chain(tc_names)
             .chain(hopper_names);

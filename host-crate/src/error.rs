@@ -109,9 +109,21 @@ pub enum FlashAttnError {
     #[error("CPU reference: {0}")]
     Reference(#[from] crate::reference::RefError),
 
+    /// An NCCL call of the context-parallel ring failed (feature `nccl`).
+    #[cfg(feature = "nccl")]
+    #[error("NCCL: {0:?}")]
+    Nccl(cudarc::nccl::result::NcclError),
+
     /// Building an `ndarray` result failed (not expected: shapes are validated first).
     #[error("ndarray: {0}")]
     Ndarray(#[from] ndarray::ShapeError),
+}
+
+#[cfg(feature = "nccl")]
+impl From<cudarc::nccl::result::NcclError> for FlashAttnError {
+    fn from(e: cudarc::nccl::result::NcclError) -> Self {
+        FlashAttnError::Nccl(e)
+    }
 }
 
 /// `Result` with [`FlashAttnError`].

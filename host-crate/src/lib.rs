@@ -16,8 +16,11 @@
 //! * [`page_order`]: block tables sorted by address where key order is free
 //!   (a paged cache streamed as its pages lie in memory).
 //! * [`tc`]: the tensor-core (f16/bf16) kernel table and launch.
+//! * [`context_parallel`]: one sequence over several GPUs (ring, zigzag,
+//!   Ulysses), with its CPU simulation.
 pub mod api;
 pub mod backward;
+pub mod context_parallel;
 pub mod decode;
 pub mod decode_kernels;
 pub mod device;

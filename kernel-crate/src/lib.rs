@@ -10,10 +10,11 @@
 //!   reference GPU path): shared-memory tiles, Algorithm 1, FA2, Algorithm 0.
 //! * `tc/`: tensor-core FA2 and FA1 kernels for f16/bf16.
 //! * `page_order`: block tables sorted by address on the device.
+//! * `ring`: the merge of context-parallel partials (`ring_merge_*`).
 //!
 //! Every exported entry point is `extern "ptx-kernel"` and takes one
 //! `#[repr(C)]` parameter block from `flash_attn_common` (`params`,
-//! `decode_params`, `page_order`).
+//! `decode_params`, `page_order`, `ring`).
 #![cfg_attr(target_arch = "nvptx64", no_std)]
 #![cfg_attr(
     target_arch = "nvptx64",
@@ -35,6 +36,8 @@ pub mod fa2;
 pub mod hopper;
 #[cfg(target_arch = "nvptx64")]
 pub mod page_order;
+#[cfg(target_arch = "nvptx64")]
+pub mod ring;
 #[cfg(target_arch = "nvptx64")]
 pub mod score;
 #[cfg(target_arch = "nvptx64")]

@@ -19,6 +19,8 @@
 //! * `cargo xtask run [ARGS]`: the main job: standard, FA1 and FA2 on the GPU
 //!   (f32 and bf16 tensor cores) against the CPU reference, or without a GPU the CPU reference on the
 //!   GPT-2 shape with the tiling plan and the HBM-traffic model ([`run`]).
+//! * `cargo xtask bench-cp [--stage DIR] [ARGS]`: context-parallel attention
+//!   over NCCL on 1, 2, 4 GPUs ([`bench_cp`]).
 //! * `cargo xtask candle [--cuda | --stage DIR]`: the candle adapter in
 //!   `candle-crate/` (its own workspace): CPU tests, or the CUDA build with
 //!   the toolkit from PyPI and the Llama check ([`candle`]).
@@ -33,6 +35,7 @@
 //! Result<(), String>` and one line in [`COMMANDS`].
 
 mod bench;
+mod bench_cp;
 mod bench_infer;
 mod candle;
 mod cargo;
@@ -72,6 +75,11 @@ const COMMANDS: &[(&str, &str, Command)] = &[
         "bench-decode",
         "issue 9's decode grid (batch, cache length, MHA/GQA, contiguous/paged) vs PyTorch: table, JSON, GB/s plot",
         bench::decode,
+    ),
+    (
+        "bench-cp",
+        "issue 33's context-parallel ring over NCCL: 128k/256k tokens on 1/2/4 GPUs, time, TFLOP/s per GPU, scaling (--stage DIR)",
+        bench_cp::main,
     ),
     ("candle", "candle adapter: CPU tests (no CUDA toolkit); --cuda: PyPI toolkit, GPU build, Llama check; --stage DIR", candle::main),
 ];

@@ -14,6 +14,7 @@
 //! * [`tc`]: shared-memory footprint of the tensor-core kernels.
 //! * [`tc_bwd`]: the tensor-core backward's configurations and block ranges.
 //! * [`page_order`]: which block-table slots may be read in address order.
+//! * [`ring`]: the exact merge of partial (O, LSE) of context-parallel attention.
 #![cfg_attr(not(feature = "std"), no_std)]
 #![cfg_attr(target_arch = "nvptx64", feature(asm_experimental_arch))]
 
@@ -25,6 +26,7 @@ pub mod page_order;
 pub mod params;
 pub mod plan;
 pub mod real;
+pub mod ring;
 pub mod smem_layout;
 pub mod softmax;
 pub mod tc;

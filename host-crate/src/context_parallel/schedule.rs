@@ -1,0 +1,85 @@
+//! The ring schedule: at step `s` rank `r` holds the K/V shard of rank
+//! `(r − s) mod N` (shards travel to the next rank, `r + 1`, after each
+//! step), and attends its local queries to it with one [`RingBlock`] per
+//! document, or skips the step.
+//!
+//! Blocks by sharding, for `causal` (non-causal: every step is the whole
+//! local Q against the whole held K/V, unmasked):
+//!
+//! | K/V owner | contiguous | zigzag (chunks `r`, `2N−1−r`) |
+//! |---|---|---|
+//! | `r` (step 0) | whole × whole, causal | whole × whole, causal |
+//! | `< r` | whole × whole, full | whole Q × first half of K/V, full |
+//! | `> r` | skipped | second half of Q × whole K/V, full |
+//!
+//! Zigzag's off-diagonal blocks are all half a shard squared: every rank
+//! does the same work at every step. The diagonal block is causal over the
+//! local concatenation of the two chunks, which is exact: the late chunk's
+//! queries see all of the early chunk, the early chunk's queries none of the
+//! late one.
+
+use std::ops::Range;
+
+use super::sharding::Sharding;
+
+/// A part of one document's local shard (of `len` tokens: its one chunk, or
+/// its two zigzag chunks).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Span {
+    Whole,
+    /// The first `len / 2` tokens (zigzag's early chunk).
+    FirstHalf,
+    /// The last `len / 2` tokens (zigzag's late chunk).
+    SecondHalf,
+}
+
+impl Span {
+    /// The local rows of a document's shard of `len` tokens.
+    pub fn range(self, len: usize) -> Range<usize> {
+        match self {
+            Span::Whole => 0..len,
+            Span::FirstHalf => 0..len / 2,
+            Span::SecondHalf => len / 2..len,
+        }
+    }
+}
+
+/// The mask of a ring block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Mask {
+    /// Every key visible.
+    Full,
+    /// Causal over the block (square: `q` and `k` spans of equal length).
+    Causal,
+}
+
+/// One attention call of a ring step, per document: queries `q` of the
+/// local shard against keys `k` of the held shard, with `mask`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RingBlock {
+    pub q: Span,
+    pub k: Span,
+    pub mask: Mask,
+}
+
+/// The rank whose K/V shard rank `rank` holds at step `step`.
+pub fn kv_owner(ranks: usize, rank: usize, step: usize) -> usize {
+    (rank + ranks - step % ranks) % ranks
+}
+
+/// The block rank `rank` computes at step `step` (see the module docs), or
+/// `None` when the held shard is wholly masked.
+pub fn ring_block(sharding: Sharding, causal: bool, ranks: usize, rank: usize, step: usize) -> Option<RingBlock> {
+    let owner = kv_owner(ranks, rank, step);
+    let full = |q, k| Some(RingBlock { q, k, mask: Mask::Full });
+    if !causal {
+        return full(Span::Whole, Span::Whole);
+    }
+    match (owner.cmp(&rank), sharding) {
+        (std::cmp::Ordering::Equal, _) => Some(RingBlock { q: Span::Whole, k: Span::Whole, mask: Mask::Causal }),
+        (std::cmp::Ordering::Less, Sharding::Contiguous) => full(Span::Whole, Span::Whole),
+        (std::cmp::Ordering::Greater, Sharding::Contiguous) => None,
+        (std::cmp::Ordering::Less, Sharding::Zigzag) => full(Span::Whole, Span::FirstHalf),
+        (std::cmp::Ordering::Greater, Sharding::Zigzag) => full(Span::SecondHalf, Span::Whole),
+    }
+}
