@@ -44,6 +44,8 @@ fn check_grad(argument: &'static str, g: (&TensorLayout, usize), want: [usize; 4
 /// The checked problem of a backward call.
 pub fn validate_backward(s: &BackwardShapes<'_>, params: &ForwardParams) -> Result<Problem> {
     check_loop_order(params, false)?;
+    // out first: the forward's rules would name it `o`.
+    same_shape("out", s.out.0, s.q.0.shape, "out has the shape of q")?;
     let problem = validate(s.q, s.k, s.v, s.out, params)?;
     check_grads(s)?;
     Ok(problem)
@@ -64,6 +66,7 @@ pub fn validate_backward_varlen(
     for (name, l) in [("dout", s.dout.0), ("dq", s.dq.0), ("dk", s.dk.0), ("dv", s.dv.0)] {
         packed(name, l)?;
     }
+    same_shape("out", s.out.0, s.q.0.shape, "out has the shape of q")?;
     let problem = validate_varlen(s.q, s.k, s.v, s.out, lens, max_seqlen, params)?;
     check_grads(s)?;
     Ok(problem)
@@ -85,7 +88,6 @@ fn check_loop_order(params: &ForwardParams, varlen: bool) -> Result<()> {
 /// buffers, not overlapping themselves.
 fn check_grads(s: &BackwardShapes<'_>) -> Result<()> {
     let qs = s.q.0.shape;
-    same_shape("out", s.out.0, qs, "out has the shape of q")?;
     same_shape("dout", s.dout.0, qs, "dout has the shape of q (and out)")?;
     check_layout("dout", s.dout.0, s.dout.1)?;
     check_grad("dq", s.dq, qs, "dq has the shape of q")?;
