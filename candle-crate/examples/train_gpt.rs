@@ -258,7 +258,8 @@ fn main() -> Result<()> {
         None => None,
     };
     let (worst, first, last) = run(&device, steps)?;
-    if !(last < first) || !worst.is_finite() {
+    let learned = last < first; // false for NaN too
+    if !learned || !worst.is_finite() {
         return Err(candle_core::Error::Msg("training did not lower the loss".into()));
     }
     Ok(())
