@@ -361,3 +361,70 @@ fn store_row<T: Elem>(dst: &mut CpuStorage, l: &Layout, tl: &TensorLayout, a: &A
     }
     Ok(())
 }
+
+/// The backward pass on the CPU (`crate::backward`): the reference's
+/// `fa2_backward` (dense) or `varlen_attention_backward` (packed, each
+/// sequence alone) in f64 for f64 tensors, f32 otherwise; the gradients in
+/// q's dtype, contiguous.
+pub(crate) fn backward(c: &Checked, idx: Option<&VarlenIdx<'_>>, alibi: Option<&Tensor>, t: crate::backward::Six<'_>) -> Result<[Tensor; 3]> {
+    let batch = idx.map_or(c.q.batch(), |i| i.batch);
+    let alibi = host_alibi(alibi, batch, c.q.nheads())?;
+    let varlen = match idx {
+        Some(i) => Some((host_i32("seqlens_q", i.seqlens_q)?, host_i32("seqlens_k", i.seqlens_k)?, i.max_seqlen)),
+        None => None,
+    };
+    let alibi = alibi.as_ref().map(Slopes::host);
+    match t[0].dtype() {
+        DType::F64 => grads::<f64>(c, varlen.as_ref(), alibi, t),
+        _ => grads::<f32>(c, varlen.as_ref(), alibi, t),
+    }
+}
+
+type HostVarlen = (Vec<i32>, Vec<i32>, (usize, usize));
+
+fn grads<F: Real + WithDType>(c: &Checked, varlen: Option<&HostVarlen>, alibi: Option<HostAlibi<'_>>, t: crate::backward::Six<'_>) -> Result<[Tensor; 3]> {
+    let host = |x: &Tensor| -> Result<ndarray::ArrayD<F>> {
+        let v = x.to_dtype(F::DTYPE)?.flatten_all()?.to_vec1::<F>()?;
+        ndarray::ArrayD::from_shape_vec(x.dims(), v).map_err(|e| err(format_args!("{e}")))
+    };
+    let four = |x: &Tensor| host(x)?.into_dimensionality::<ndarray::Ix4>().map_err(|e| err(format_args!("{e}")));
+    let three = |x: &Tensor| host(x)?.into_dimensionality::<ndarray::Ix3>().map_err(|e| err(format_args!("{e}")));
+    let [q, k, v, out, dout, lse] = t;
+    let (dq, dk, dv): (Vec<F>, Vec<F>, Vec<F>) = match varlen {
+        None => {
+            let g = reference::fa2_backward::<F>(
+                four(q)?.view(),
+                four(k)?.view(),
+                four(v)?.view(),
+                four(out)?.view(),
+                four(dout)?.view(),
+                three(lse)?.view(),
+                &c.params,
+                alibi,
+                BLOCK.0,
+                BLOCK.1,
+            )
+            .map_err(core_err)?;
+            (g.dq.into_iter().collect(), g.dk.into_iter().collect(), g.dv.into_iter().collect())
+        }
+        Some((cu_q, cu_k, (max_q, max_k))) => {
+            let g = reference::varlen_attention_backward::<F>(
+                three(q)?.view(),
+                three(k)?.view(),
+                three(v)?.view(),
+                three(dout)?.view(),
+                cu_q,
+                cu_k,
+                None,
+                *max_q,
+                *max_k,
+                &c.params,
+                alibi,
+            )
+            .map_err(core_err)?;
+            (g.dq.into_iter().collect(), g.dk.into_iter().collect(), g.dv.into_iter().collect())
+        }
+    };
+    let back = |g: Vec<F>, like: &Tensor| Tensor::from_vec(g, like.shape(), &candle_core::Device::Cpu)?.to_dtype(like.dtype());
+    Ok([back(dq, q)?, back(dk, k)?, back(dv, v)?])
+}

@@ -437,3 +437,75 @@ pub(crate) fn order_block_table(
         fa.order_block_table(&stream, table, max_blocks, page, &lens, call).map_err(core_err)
     })
 }
+
+/// The backward pass on the GPU (`crate::backward`): the core's `backward`
+/// (dense) or `backward_varlen` (packed; prefix sums read in place) on
+/// candle's stream; q, k, v at their strides, out and dout contiguous, the
+/// logsumexp copied into the core's row statistics (one small device copy).
+pub(crate) fn backward(
+    c: &Checked,
+    idx: Option<&VarlenIdx<'_>>,
+    alibi: Option<&candle_core::Tensor>,
+    t: crate::backward::Six<'_>,
+) -> Result<[candle_core::Tensor; 3]> {
+    let names = ["q", "k", "v", "out", "dout", "softmax_lse"];
+    let held: Vec<Held<'_>> = names.iter().zip(t).map(|(n, x)| Held::new(n, x)).collect();
+    let idx_held = idx.map(|i| (Held::new("seqlens_q", i.seqlens_q), Held::new("seqlens_k", i.seqlens_k), i.max_seqlen));
+    let bufs = held.iter().map(Held::cuda).collect::<Result<Vec<_>>>()?;
+    let batch = idx.map_or(c.q.batch(), |i| i.batch);
+    let alibi = alibi_storage(alibi, batch, c.q.nheads())?;
+    let grads = by_dtype!(bufs[0].0.dtype(), run_bwd::<T>(c, &bufs, idx_held.as_ref(), alibi.as_ref()))?;
+    let shapes = [t[0].shape().clone(), t[1].shape().clone(), t[2].shape().clone()];
+    let [dq, dk, dv] = grads;
+    let [sq, sk, sv] = shapes;
+    Ok([
+        crate::backward::tensor(candle_core::Storage::Cuda(dq), sq),
+        crate::backward::tensor(candle_core::Storage::Cuda(dk), sk),
+        crate::backward::tensor(candle_core::Storage::Cuda(dv), sv),
+    ])
+}
+
+type HeldVarlen<'t> = (Held<'t>, Held<'t>, (usize, usize));
+
+fn run_bwd<T: AttnElem + CudaDType>(
+    c: &Checked,
+    bufs: &[(&CudaStorage, &Layout)],
+    idx: Option<&HeldVarlen<'_>>,
+    alibi: Option<&Alibi<'_>>,
+) -> Result<[CudaStorage; 3]> {
+    let [(q, q_l), (k, k_l), (v, v_l), (out, out_l), (dout, dout_l), (lse, lse_l)] = bufs else {
+        return Err(err("the backward pass takes q, k, v, out, dout and the logsumexp"));
+    };
+    let dev = q.device();
+    same_device(dev, &[("k", k), ("v", v), ("out", out), ("dout", dout), ("softmax_lse", lse)])?;
+    let stream = dev.cuda_stream();
+    let fa = kernels(&stream)?;
+    let (qv, kv, vv) = (view::<T>(q, q_l)?, view::<T>(k, k_l)?, view::<T>(v, v_l)?);
+    let (ov, dov) = (view::<T>(out, out_l)?, view::<T>(dout, dout_l)?);
+    let [b, s, h, d] = c.q.shape;
+    // out and dout were made contiguous (`crate::backward::grads`).
+    let o_layout = if idx.is_some() { TensorLayout::varlen(s, h, d) } else { TensorLayout::contiguous(c.q.shape) };
+    let n = b * h * s;
+    let lse_v = view::<f32>(lse, lse_l)?;
+    if lse_v.len() < n {
+        return Err(err(format_args!("`softmax_lse`: {} values, expected {n}", lse_v.len())));
+    }
+    let stats = RowStats::LogSumExp(stream.clone_dtod(&lse_v.slice(..n)).map_err(err)?);
+    let alibi = alibi_view(alibi)?;
+    let ext = extras(&alibi);
+    let params = flash_attn::BackwardParams { forward: c.params.clone(), deterministic: false };
+    let (q_t, k_t, v_t) = (Tensor::new(&qv, c.q), Tensor::new(&kv, c.k), Tensor::new(&vv, c.v));
+    let (o_t, do_t) = (Tensor::new(&ov, o_layout), Tensor::new(&dov, o_layout));
+    let g = match idx {
+        None => fa.backward::<T, _, _, _, _, _>(&stream, q_t, k_t, v_t, o_t, do_t, &stats, &params, &ext),
+        Some((sq, sk, (max_seqlen_q, max_seqlen_k))) => {
+            let (sq, sk) = (sq.cuda()?, sk.cuda()?);
+            same_device(dev, &[("seqlens_q", sq.0), ("seqlens_k", sk.0)])?;
+            let (cq, ck) = (i32_view("seqlens_q", sq.0, sq.1)?, i32_view("seqlens_k", sk.0, sk.1)?);
+            let varlen = Varlen { cu_seqlens_q: &cq, cu_seqlens_k: &ck, max_seqlen_q: *max_seqlen_q, max_seqlen_k: *max_seqlen_k, seqused_k: None };
+            fa.backward_varlen::<T, _, _, _, _, _>(&stream, q_t, k_t, v_t, o_t, do_t, &stats, &varlen, &params, &ext)
+        }
+    }
+    .map_err(core_err)?;
+    Ok([wrap(g.dq, dev), wrap(g.dk, dev), wrap(g.dv, dev)])
+}

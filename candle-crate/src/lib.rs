@@ -24,6 +24,10 @@
 //!   flash-attn's CPU reference: f32, f64, f16, bf16 (candle-flash-attn has
 //!   no CPU path). Layout `(batch, seqlen, nheads, headdim)`, any batch,
 //!   sequence and head strides, head dim contiguous.
+//! * Training: `loss.backward()` through every function here but the
+//!   paged and KV-cache ones runs the core's backward pass (`CustomOp3::bwd`:
+//!   the kernels on CUDA, the CPU reference on the CPU), from the forward's
+//!   logsumexp kept with the op.
 //! * Bad input is a candle error naming the argument (rank, dtype, strides,
 //!   device, shapes, head dim); nothing panics.
 //! * GQA/MQA (k/v with fewer heads), sliding windows, softcap, ALiBi and
@@ -40,6 +44,7 @@
 //!   `order_block_table` on the CPU, its device sort on candle's stream),
 //!   so that paged calls stream their pages in address order.
 
+mod backward;
 mod check;
 mod cpu;
 #[cfg(feature = "cuda")]
@@ -75,7 +80,7 @@ fn check_devices(tensors: &[(&str, &Tensor)]) -> Result<()> {
 
 fn apply(q: &Tensor, k: &Tensor, v: &Tensor, op: FlashAttn) -> Result<Tensor> {
     check_devices(&[("q", q), ("k", k), ("v", v)])?;
-    q.apply_op3(k, v, op)
+    q.apply_op3(k, v, backward::Recording::new(op))
 }
 
 pub(crate) fn causal_window(causal: bool) -> (Option<usize>, Option<usize>) {
@@ -158,7 +163,8 @@ impl FlashAttn {
     /// Runs the op and also returns the logsumexp of each row of
     /// `softmax_scale · QKᵀ`: f32 `(batch, num_heads_q, seq_len_q)`, natural
     /// log, −inf for a row that sees no key (what split-KV merging and
-    /// backward passes need). No backward op is recorded.
+    /// backward passes need). No backward op is recorded (use [`flash_attn`]
+    /// and its siblings to train).
     pub fn forward_with_lse(&self, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
         check_devices(&[("q", q), ("k", k), ("v", v)])?;
         op::forward_with_lse(self, q, k, v)

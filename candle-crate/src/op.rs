@@ -36,7 +36,7 @@ impl FlashAttn {
         }
     }
 
-    fn check(&self, q_l: &Layout, k_l: &Layout, v_l: &Layout) -> Result<Checked> {
+    pub(crate) fn check(&self, q_l: &Layout, k_l: &Layout, v_l: &Layout) -> Result<Checked> {
         check::check(q_l, k_l, v_l, &self.options())
     }
 
@@ -77,7 +77,7 @@ impl FlashAttn {
 impl FlashAttn {
     /// The CPU path: output, logsumexp, output shape.
     #[allow(clippy::too_many_arguments)]
-    fn run_cpu(
+    pub(crate) fn run_cpu(
         &self,
         q: &CpuStorage,
         q_l: &Layout,
@@ -95,7 +95,7 @@ impl FlashAttn {
     /// The CUDA path: output, logsumexp, output shape.
     #[cfg(feature = "cuda")]
     #[allow(clippy::too_many_arguments)]
-    fn run_cuda(
+    pub(crate) fn run_cuda(
         &self,
         q: &candle_core::CudaStorage,
         q_l: &Layout,
@@ -141,6 +141,22 @@ impl CustomOp3 for FlashAttn {
     ) -> Result<(candle_core::CudaStorage, Shape)> {
         let (o, _lse, shape) = self.run_cuda(q, q_l, k, k_l, v, v_l)?;
         Ok((o, shape))
+    }
+
+    /// dq, dk, dv (`crate::backward`); the logsumexp is recomputed (the
+    /// public functions apply a recording op that keeps it instead).
+    fn bwd(&self, q: &Tensor, k: &Tensor, v: &Tensor, out: &Tensor, dout: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let (_, lse) = self.forward_with_lse(q, k, v)?;
+        self.backward(q, k, v, out, dout, &lse)
+    }
+}
+
+impl FlashAttn {
+    /// The gradients of this op's call on q, k, v given its output, the
+    /// output's gradient and its logsumexp `(batch, nheads, seqlen_q)`.
+    pub(crate) fn backward(&self, q: &Tensor, k: &Tensor, v: &Tensor, out: &Tensor, dout: &Tensor, lse: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let c = self.check(q.layout(), k.layout(), v.layout())?;
+        crate::backward::grads(&c, None, self.alibi_slopes.as_ref(), [q, k, v, out, dout, lse])
     }
 }
 

@@ -12,7 +12,9 @@
 //! (split-KV included) on the GPU, `reference::attention_varlen_paged` on
 //! the CPU.
 
-use candle_core::{CpuStorage, CustomOp3, DType, Layout, Result, Shape, Tensor};
+use std::sync::Mutex;
+
+use candle_core::{CpuStorage, CustomOp3, DType, Layout, Result, Shape, Storage, Tensor};
 use flash_attn::TensorLayout;
 
 use crate::check::{self, Checked, err};
@@ -33,6 +35,8 @@ struct FlashAttnVarLen {
     seqlens_k: Tensor,
     alibi_slopes: Option<Tensor>,
     paged: Option<Paged>,
+    /// The forward's logsumexp `(nheads, total_q)`, for the backward pass.
+    lse: Mutex<Option<Tensor>>,
 }
 
 /// A checked varlen call's index tensors, as both backends take them: the
@@ -125,6 +129,12 @@ impl FlashAttnVarLen {
         let [_, t, h, d] = c.q.shape;
         (t, h, d).into()
     }
+
+    /// Keeps the forward's logsumexp `(nheads, total_q)` for [`Self::bwd`].
+    fn keep(&self, c: &Checked, lse: Storage) {
+        let [_, t, h, _] = c.q.shape;
+        *self.lse.lock().unwrap_or_else(|e| e.into_inner()) = Some(crate::backward::tensor(lse, (h, t)));
+    }
 }
 
 /// A paged call's `page_block_size` (the pages' axis 1) and block table
@@ -162,7 +172,8 @@ impl CustomOp3 for FlashAttnVarLen {
     ) -> Result<(CpuStorage, Shape)> {
         cpu::check_dtypes(q, k, v)?;
         let (c, idx) = self.check(q_l, k_l, v_l)?;
-        let (o, _lse) = cpu::forward_varlen(&c, &idx, self.alibi_slopes.as_ref(), q, q_l, k, k_l, v, v_l)?;
+        let (o, lse) = cpu::forward_varlen(&c, &idx, self.alibi_slopes.as_ref(), q, q_l, k, k_l, v, v_l)?;
+        self.keep(&c, Storage::Cpu(lse));
         Ok((o, Self::out_shape(&c)))
     }
 
@@ -178,8 +189,21 @@ impl CustomOp3 for FlashAttnVarLen {
     ) -> Result<(candle_core::CudaStorage, Shape)> {
         crate::cuda::check_dtypes(q, k, v)?;
         let (c, idx) = self.check(q_l, k_l, v_l)?;
-        let (o, _lse) = crate::cuda::forward_varlen(&c, &idx, self.alibi_slopes.as_ref(), q, q_l, k, k_l, v, v_l)?;
+        let (o, lse) = crate::cuda::forward_varlen(&c, &idx, self.alibi_slopes.as_ref(), q, q_l, k, k_l, v, v_l)?;
+        self.keep(&c, Storage::Cuda(lse));
         Ok((o, Self::out_shape(&c)))
+    }
+
+    /// dq, dk, dv through the core's varlen backward (`crate::backward`);
+    /// not for paged k/v (their gradient would scatter into pages).
+    fn bwd(&self, q: &Tensor, k: &Tensor, v: &Tensor, out: &Tensor, dout: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        if self.paged.is_some() {
+            return Err(err("the backward pass of a paged varlen call is not supported (use packed k and v to train)"));
+        }
+        let lse = self.lse.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let lse = lse.ok_or_else(|| err("flash-attn-varlen: no logsumexp recorded by the forward pass"))?;
+        let (c, idx) = self.check(q.layout(), k.layout(), v.layout())?;
+        crate::backward::grads(&c, Some(&idx), self.alibi_slopes.as_ref(), [q, k, v, out, dout, &lse])
     }
 }
 
@@ -205,6 +229,7 @@ fn apply_varlen(
         seqlens_q: seqlens_q.clone(),
         seqlens_k: seqlens_k.clone(),
         alibi_slopes: alibi_slopes.cloned(),
+        lse: Mutex::new(None),
     };
     q.apply_op3(k, v, op)
 }
@@ -297,6 +322,7 @@ pub fn flash_attn_varlen_paged_windowed(
         seqlens_k: seqlens_k.clone(),
         alibi_slopes: None,
         paged: Some(Paged { block_table: block_table.clone(), page_block_size }),
+        lse: Mutex::new(None),
     };
     q.apply_op3(k, v, op)
 }

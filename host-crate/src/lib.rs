@@ -28,6 +28,7 @@ pub mod dispatch;
 pub mod error;
 pub mod hopper;
 pub mod ndarray_api;
+pub mod ndarray_backward;
 pub mod ndarray_kvcache;
 pub mod page_order;
 pub mod params;
@@ -49,6 +50,10 @@ pub use device::FlashAttention;
 pub use dispatch::DType;
 pub use error::{FlashAttnError, Result};
 pub use hopper::KernelFamily;
+pub use ndarray_backward::{
+    HostVarlen, flash_attn_backward, flash_attn_backward_cpu_ext, flash_attn_backward_ext, flash_attn_backward_on_ext,
+    flash_attn_varlen_backward,
+};
 pub use ndarray_kvcache::{HostKvCache, flash_attn_varlen_paged_func, flash_attn_with_kvcache};
 pub use page_order::{KvCacheCall, order_block_table};
 pub use ndarray_api::{

@@ -99,7 +99,7 @@ impl VarlenLaunch<'_> {
     }
 }
 
-fn packed(argument: &'static str, l: &TensorLayout) -> Result<()> {
+pub(crate) fn packed(argument: &'static str, l: &TensorLayout) -> Result<()> {
     if l.batch() != 1 {
         return Err(FlashAttnError::InvalidArgument {
             argument,
@@ -190,6 +190,31 @@ pub fn validate_varlen(
 }
 
 impl FlashAttention {
+    /// The device pointers of `varlen`'s arrays on `stream` (each checked to
+    /// belong to this context), for a launch over `total_q` query rows and
+    /// `total_k` key rows.
+    pub(crate) fn varlen_launch<'s>(
+        &self,
+        stream: &'s Arc<CudaStream>,
+        varlen: &'s Varlen<'s>,
+        total_q: usize,
+        total_k: usize,
+    ) -> Result<VarlenLaunch<'s>> {
+        for (name, s) in [("cu_seqlens_q", varlen.cu_seqlens_q.stream()), ("cu_seqlens_k", varlen.cu_seqlens_k.stream())] {
+            self.check_stream(name, s)?;
+        }
+        if let Some(s) = varlen.seqused_k {
+            self.check_stream("seqused_k", s.stream())?;
+        }
+        Ok(VarlenLaunch {
+            cu_q: varlen.cu_seqlens_q.device_ptr(stream),
+            cu_k: varlen.cu_seqlens_k.device_ptr(stream),
+            seqused_k: varlen.seqused_k.map(|s| s.device_ptr(stream)),
+            total_q,
+            total_k,
+        })
+    }
+
     /// Varlen attention forward into fresh outputs: O `(total_q, nheads, d)`
     /// and the unpadded LSE `(nheads, total_q)`. FA2 loop order (f32 kernel,
     /// or tensor cores for f16/bf16). GQA, window, softcap and ALiBi
@@ -262,19 +287,7 @@ impl FlashAttention {
             (varlen.max_seqlen_q, varlen.max_seqlen_k),
             params,
         )?;
-        for (name, s) in [("cu_seqlens_q", varlen.cu_seqlens_q.stream()), ("cu_seqlens_k", varlen.cu_seqlens_k.stream())] {
-            self.check_stream(name, s)?;
-        }
-        if let Some(s) = varlen.seqused_k {
-            self.check_stream("seqused_k", s.stream())?;
-        }
-        let launch = VarlenLaunch {
-            cu_q: varlen.cu_seqlens_q.device_ptr(stream),
-            cu_k: varlen.cu_seqlens_k.device_ptr(stream),
-            seqused_k: varlen.seqused_k.map(|s| s.device_ptr(stream)),
-            total_q: q.layout.seqlen(),
-            total_k: k.layout.seqlen(),
-        };
+        let launch = self.varlen_launch(stream, varlen, q.layout.seqlen(), k.layout.seqlen())?;
         self.launch_problem(stream, &problem, q, k, v, o, stats, params, ext, Some(&launch))
     }
 }

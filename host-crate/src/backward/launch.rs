@@ -13,9 +13,10 @@ use crate::error::{FlashAttnError, Result};
 use crate::params::LoopOrder;
 use crate::tc::KernelArg;
 use crate::varlen::check_alibi;
+use crate::varlen_api::VarlenLaunch;
 
 /// The buffers of one backward call.
-pub struct Buffers<'a, Q, K, V, O, DO, GQ, GK, GV> {
+pub(crate) struct Buffers<'a, Q, K, V, O, DO, GQ, GK, GV> {
     pub q: Tensor<'a, Q>,
     pub k: Tensor<'a, K>,
     pub v: Tensor<'a, V>,
@@ -26,6 +27,8 @@ pub struct Buffers<'a, Q, K, V, O, DO, GQ, GK, GV> {
     pub dk: TensorMut<'a, GK>,
     pub dv: TensorMut<'a, GV>,
     pub scratch: Option<&'a mut BackwardScratch>,
+    /// The device prefix sums of a varlen call.
+    pub varlen: Option<&'a VarlenLaunch<'a>>,
 }
 
 impl FlashAttention {
@@ -51,7 +54,7 @@ impl FlashAttention {
         GK: DevicePtrMut<T>,
         GV: DevicePtrMut<T>,
     {
-        let Buffers { q, k, v, out, dout, stats, dq, dk, dv, scratch } = bufs;
+        let Buffers { q, k, v, out, dout, stats, dq, dk, dv, scratch, varlen } = bufs;
         self.check_stream("stream", stream)?;
         for (name, s) in [("q", q.data.stream()), ("k", k.data.stream()), ("v", v.data.stream()), ("out", out.data.stream()), ("dout", dout.data.stream())] {
             self.check_stream(name, s)?;
@@ -64,7 +67,8 @@ impl FlashAttention {
             check_alibi(a.shape, a.slopes.len(), dims.batch, dims.nheads)?;
             self.check_stream("alibi_slopes", a.slopes.stream())?;
         }
-        let n = problem.stats_len();
+        // Row statistics: (batch, nheads, seqlen_q), or (nheads, total_q) for varlen.
+        let n = varlen.map_or(problem.stats_len(), |vl| dims.nheads * vl.total_q);
         let fa1 = params.forward.loop_order == LoopOrder::Fa1;
         let (stat_a, stat_b): (&CudaSlice<f32>, Option<&CudaSlice<f32>>) = match (stats, fa1) {
             (RowStats::LogSumExp(lse), false) => {
@@ -138,7 +142,7 @@ impl FlashAttention {
         }
         let alibi = ext.alibi_slopes.map(|a| (a.slopes.device_ptr(stream), a.shape.batch_stride(dims.nheads)));
         let u = |x: usize| x as u64;
-        let fwd = AttnParams {
+        let mut fwd = AttnParams {
             lse_ptr,
             m_ptr: m.as_ref().map_or(0, |(p, _)| *p),
             ..problem.attn_params(
@@ -148,16 +152,25 @@ impl FlashAttention {
                 alibi.as_ref().map(|((ptr, _), s)| (*ptr, *s)),
             )
         };
+        let mut strides = [dout.layout.strides, dq.layout.strides, dk.layout.strides, dv.layout.strides].map(|s| s.map(u));
+        if let Some(vl) = varlen {
+            // Packed tensors: rows are indexed through cu_seqlens, never by batch.
+            vl.fill(&mut fwd);
+            for s in &mut strides {
+                s[0] = 0;
+            }
+        }
+        let [do_stride, dq_stride, dk_stride, dv_stride] = strides;
         let p = BwdParams {
             fwd,
             do_ptr,
-            do_stride: dout.layout.strides.map(u),
+            do_stride,
             dq_ptr,
-            dq_stride: dq.layout.strides.map(u),
+            dq_stride,
             dk_ptr,
-            dk_stride: dk.layout.strides.map(u),
+            dk_stride,
             dv_ptr,
-            dv_stride: dv.layout.strides.map(u),
+            dv_stride,
             delta_ptr,
             dq_accum_ptr: accum_ptr,
             dq_semaphore_ptr: if params.deterministic { sem_ptr } else { 0 },

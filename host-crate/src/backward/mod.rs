@@ -8,6 +8,9 @@
 //! * f16/bf16: the tensor-core backward (`tc`); the dtype-generic
 //!   preprocess and dQ-convert kernels around it.
 //!
+//! * varlen ([`FlashAttention::backward_varlen`]): packed batches through
+//!   `cu_seqlens`, FA2 order, both kernel families.
+//!
 //! Scratch ([`BackwardScratch`]): `D` (`delta`), the f32 dQ accumulator
 //! and the deterministic mode's semaphores, allocated by the call or handed
 //! in (CUDA-graph capture: no allocation inside the call).
@@ -25,9 +28,10 @@ use crate::api::{AttnElem, Extras, RowStats, Tensor, TensorLayout, TensorMut};
 use crate::device::FlashAttention;
 use crate::error::Result;
 use crate::params::ForwardParams;
+use crate::varlen_api::Varlen;
 
 pub use plan::{BackwardPlan, ScratchSizes};
-pub use validate::{BackwardShapes, validate_backward};
+pub use validate::{BackwardShapes, validate_backward, validate_backward_varlen};
 
 /// Parameters of a backward call: the forward's, plus `deterministic`
 /// (dQ additions in a fixed order: the same bits on every run).
@@ -69,6 +73,36 @@ impl BackwardScratch {
     }
 }
 
+/// The shapes of a call with contiguous out, dout and gradients over q, k
+/// layouts (what the scratch-size queries validate).
+fn contiguous_shapes<'a>(q: &'a TensorLayout, k: &'a TensorLayout, o: &'a TensorLayout) -> BackwardShapes<'a> {
+    let n = |l: &TensorLayout| l.required_len().unwrap_or(usize::MAX);
+    BackwardShapes { q: (q, n(q)), k: (k, n(k)), v: (k, n(k)), out: (o, n(o)), dout: (o, n(o)), dq: (o, n(o)), dk: (k, n(k)), dv: (k, n(k)) }
+}
+
+/// Layouts and lengths of the buffers of one call, for validation.
+macro_rules! shapes_of {
+    ($q:expr, $k:expr, $v:expr, $out:expr, $dout:expr, $dq:expr, $dk:expr, $dv:expr) => {
+        BackwardShapes {
+            q: (&$q.layout, $q.data.len()),
+            k: (&$k.layout, $k.data.len()),
+            v: (&$v.layout, $v.data.len()),
+            out: (&$out.layout, $out.data.len()),
+            dout: (&$dout.layout, $dout.data.len()),
+            dq: (&$dq.layout, $dq.data.len()),
+            dk: (&$dk.layout, $dk.data.len()),
+            dv: (&$dv.layout, $dv.data.len()),
+        }
+    };
+}
+
+/// Fresh contiguous gradient buffers shaped like q, k, v (zeroed: rows a
+/// varlen call does not cover stay 0).
+fn alloc_grads<T: AttnElem>(stream: &Arc<CudaStream>, layouts: [TensorLayout; 3]) -> Result<[CudaSlice<T>; 3]> {
+    let len = |l: &TensorLayout| l.required_len().unwrap_or(0).max(1);
+    Ok([stream.alloc_zeros::<T>(len(&layouts[0]))?, stream.alloc_zeros::<T>(len(&layouts[1]))?, stream.alloc_zeros::<T>(len(&layouts[2]))?])
+}
+
 impl FlashAttention {
     /// The scratch a backward call with these layouts and parameters needs
     /// (for [`FlashAttention::backward_into`] with caller scratch).
@@ -79,10 +113,27 @@ impl FlashAttention {
         params: &BackwardParams,
     ) -> Result<ScratchSizes> {
         let o = TensorLayout::contiguous(q.shape);
-        let n = |l: &TensorLayout| l.required_len().unwrap_or(usize::MAX);
-        let shapes = BackwardShapes { q: (q, n(q)), k: (k, n(k)), v: (k, n(k)), out: (&o, n(&o)), dout: (&o, n(&o)), dq: (&o, n(&o)), dk: (k, n(k)), dv: (k, n(k)) };
-        let problem = validate_backward(&shapes, &params.forward)?;
-        Ok(self.plan_backward::<T>(&problem, params)?.scratch)
+        let problem = validate_backward(&contiguous_shapes(q, k, &o), &params.forward)?;
+        Ok(self.plan_backward::<T>(&problem, params, None)?.scratch)
+    }
+
+    /// The scratch a varlen backward call needs (for
+    /// [`FlashAttention::backward_varlen_into`] with caller scratch): q, k
+    /// packed layouts ([`TensorLayout::varlen`]), `batch` sequences, the
+    /// maxima `(max_seqlen_q, max_seqlen_k)` of its [`Varlen`].
+    pub fn backward_varlen_scratch_sizes<T: AttnElem>(
+        &self,
+        q: &TensorLayout,
+        k: &TensorLayout,
+        batch: usize,
+        max_seqlen: (usize, usize),
+        params: &BackwardParams,
+    ) -> Result<ScratchSizes> {
+        let [_, total_q, nheads, d] = q.shape;
+        let o = TensorLayout::varlen(total_q, nheads, d);
+        let lens = (batch.saturating_add(1), batch.saturating_add(1), None);
+        let problem = validate_backward_varlen(&contiguous_shapes(q, k, &o), lens, max_seqlen, &params.forward)?;
+        Ok(self.plan_backward::<T>(&problem, params, Some(total_q))?.scratch)
     }
 
     /// Gradients of attention into freshly allocated, contiguous buffers
@@ -111,10 +162,7 @@ impl FlashAttention {
         DO: DevicePtr<T>,
     {
         let layouts = [q.layout, k.layout, v.layout].map(|l| TensorLayout::contiguous(l.shape));
-        let len = |l: &TensorLayout| l.required_len().unwrap_or(0).max(1);
-        let mut dq = stream.alloc_zeros::<T>(len(&layouts[0]))?;
-        let mut dk = stream.alloc_zeros::<T>(len(&layouts[1]))?;
-        let mut dv = stream.alloc_zeros::<T>(len(&layouts[2]))?;
+        let [mut dq, mut dk, mut dv] = alloc_grads::<T>(stream, layouts)?;
         self.backward_into(
             stream,
             q,
@@ -165,19 +213,106 @@ impl FlashAttention {
         GK: DevicePtrMut<T>,
         GV: DevicePtrMut<T>,
     {
-        let shapes = BackwardShapes {
-            q: (&q.layout, q.data.len()),
-            k: (&k.layout, k.data.len()),
-            v: (&v.layout, v.data.len()),
-            out: (&out.layout, out.data.len()),
-            dout: (&dout.layout, dout.data.len()),
-            dq: (&dq.layout, dq.data.len()),
-            dk: (&dk.layout, dk.data.len()),
-            dv: (&dv.layout, dv.data.len()),
-        };
-        let problem = validate_backward(&shapes, &params.forward)?;
-        let plan = self.plan_backward::<T>(&problem, params)?;
-        let bufs = launch::Buffers { q, k, v, out, dout, stats, dq, dk, dv, scratch };
+        let problem = validate_backward(&shapes_of!(q, k, v, out, dout, dq, dk, dv), &params.forward)?;
+        let plan = self.plan_backward::<T>(&problem, params, None)?;
+        let bufs = launch::Buffers { q, k, v, out, dout, stats, dq, dk, dv, scratch, varlen: None };
+        self.launch_backward(stream, &problem, &plan, bufs, params, ext)
+    }
+
+    /// Varlen gradients (`flash_attn_varlen_func`'s backward) into fresh
+    /// packed buffers: dq `(total_q, nheads, d)`, dk, dv `(total_k,
+    /// nheads_k, d)`, contiguous, zero in rows no sequence covers. q, k, v,
+    /// `out`, `dout` packed as for [`FlashAttention::forward_varlen`];
+    /// `stats` the forward's [`RowStats::LogSumExp`] (`softmax_lse`,
+    /// `(nheads, total_q)`); FA2 loop order. Only enqueues work.
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward_varlen<T, Q, K, V, O, DO>(
+        &self,
+        stream: &Arc<CudaStream>,
+        q: Tensor<'_, Q>,
+        k: Tensor<'_, K>,
+        v: Tensor<'_, V>,
+        out: Tensor<'_, O>,
+        dout: Tensor<'_, DO>,
+        stats: &RowStats,
+        varlen: &Varlen<'_>,
+        params: &BackwardParams,
+        ext: &Extras<'_>,
+    ) -> Result<Gradients<T>>
+    where
+        T: AttnElem,
+        Q: DevicePtr<T>,
+        K: DevicePtr<T>,
+        V: DevicePtr<T>,
+        O: DevicePtr<T>,
+        DO: DevicePtr<T>,
+    {
+        let layouts = [q.layout, k.layout, v.layout].map(|l| TensorLayout::varlen(l.shape[1], l.shape[2], l.shape[3]));
+        // Validate before allocating.
+        let contiguous = contiguous_shapes(&q.layout, &k.layout, &layouts[0]);
+        let shapes = BackwardShapes { q: (&q.layout, q.data.len()), k: (&k.layout, k.data.len()), v: (&v.layout, v.data.len()), ..contiguous };
+        let lens = (varlen.cu_seqlens_q.len(), varlen.cu_seqlens_k.len(), varlen.seqused_k.map(|s| s.len()));
+        validate_backward_varlen(&shapes, lens, (varlen.max_seqlen_q, varlen.max_seqlen_k), &params.forward)?;
+        let [mut dq, mut dk, mut dv] = alloc_grads::<T>(stream, layouts)?;
+        self.backward_varlen_into(
+            stream,
+            q,
+            k,
+            v,
+            out,
+            dout,
+            stats,
+            TensorMut::new(&mut dq, layouts[0]),
+            TensorMut::new(&mut dk, layouts[1]),
+            TensorMut::new(&mut dv, layouts[2]),
+            None,
+            varlen,
+            params,
+            ext,
+        )?;
+        Ok(Gradients { dq, dk, dv, layouts })
+    }
+
+    /// [`FlashAttention::backward_varlen`] into caller buffers (packed,
+    /// any strides within a row; rows no sequence covers are not written),
+    /// with the caller's scratch if given
+    /// ([`FlashAttention::backward_varlen_scratch_sizes`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward_varlen_into<T, Q, K, V, O, DO, GQ, GK, GV>(
+        &self,
+        stream: &Arc<CudaStream>,
+        q: Tensor<'_, Q>,
+        k: Tensor<'_, K>,
+        v: Tensor<'_, V>,
+        out: Tensor<'_, O>,
+        dout: Tensor<'_, DO>,
+        stats: &RowStats,
+        dq: TensorMut<'_, GQ>,
+        dk: TensorMut<'_, GK>,
+        dv: TensorMut<'_, GV>,
+        scratch: Option<&mut BackwardScratch>,
+        varlen: &Varlen<'_>,
+        params: &BackwardParams,
+        ext: &Extras<'_>,
+    ) -> Result<()>
+    where
+        T: AttnElem,
+        Q: DevicePtr<T>,
+        K: DevicePtr<T>,
+        V: DevicePtr<T>,
+        O: DevicePtr<T>,
+        DO: DevicePtr<T>,
+        GQ: DevicePtrMut<T>,
+        GK: DevicePtrMut<T>,
+        GV: DevicePtrMut<T>,
+    {
+        let lens = (varlen.cu_seqlens_q.len(), varlen.cu_seqlens_k.len(), varlen.seqused_k.map(|s| s.len()));
+        let max_seqlen = (varlen.max_seqlen_q, varlen.max_seqlen_k);
+        let problem = validate_backward_varlen(&shapes_of!(q, k, v, out, dout, dq, dk, dv), lens, max_seqlen, &params.forward)?;
+        let (total_q, total_k) = (q.layout.seqlen(), k.layout.seqlen());
+        let plan = self.plan_backward::<T>(&problem, params, Some(total_q))?;
+        let launch = self.varlen_launch(stream, varlen, total_q, total_k)?;
+        let bufs = launch::Buffers { q, k, v, out, dout, stats, dq, dk, dv, scratch, varlen: Some(&launch) };
         self.launch_backward(stream, &problem, &plan, bufs, params, ext)
     }
 }

@@ -61,12 +61,14 @@ fn dtype_suffix(d: DType) -> usize {
 }
 
 impl FlashAttention {
-    /// The plan of a validated backward problem on this device.
-    pub fn plan_backward<T: AttnElem>(&self, problem: &Problem, params: &BackwardParams) -> Result<BackwardPlan> {
+    /// The plan of a validated backward problem on this device;
+    /// `varlen_total_q`: the packed query rows of a varlen call (its row
+    /// buffers are `(nheads, total_q)`), `None` for a dense call.
+    pub fn plan_backward<T: AttnElem>(&self, problem: &Problem, params: &BackwardParams, varlen_total_q: Option<usize>) -> Result<BackwardPlan> {
         let dims = problem.dims;
         let d = dims.headdim;
         let fwd = &params.forward;
-        let rows = problem.stats_len();
+        let rows = varlen_total_q.map_or(problem.stats_len(), |t| dims.nheads * t);
         let small = |kernel: &'static str| Launch {
             kernel,
             grid: (rows.div_ceil(F32_WARPS as usize)).clamp(1, 1 << 16) as u32,

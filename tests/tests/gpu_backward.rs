@@ -1,0 +1,223 @@
+//! The backward pass on the GPU through the ndarray API
+//! (`flash_attn_backward_on_ext`, `flash_attn_varlen_backward`), against the
+//! f64 definition (`reference::attention_backward`) on the inputs as the
+//! kernels see them (rounded to the dtype):
+//!
+//! * f32: FlashAttention-2's rule (tests/test_flash_attn.py),
+//!   `max|g − g_ref| ≤ 2 · max|g_pt − g_ref| + 1e-5` for dq, dk, dv, with
+//!   `pt` the same math in f32 on the CPU (`reference::attention_backward::<f32>`).
+//! * f16/bf16: `max|g − g_ref| ≤ tol · (1 + max|g_ref|)` with tol 1e-2
+//!   (f16) and 4e-2 (bf16): P and dS are rounded to the dtype before the
+//!   tensor-core products, as in FlashAttention-2; a CPU "pt" in 16-bit
+//!   precision (rounding every intermediate) is not emulated here, so the
+//!   bound is the dtype's, not FA2's ratio. The largest ratio seen per
+//!   dtype is printed. Varlen in f32: 1e-4 of the same scale.
+//! * The sweep: dtype × MHA/GQA/MQA × causal × window × softcap × ALiBi
+//!   (all 48 combinations at d = 64 and sq ≠ sk), × every head dim the
+//!   backward takes (8..=256 step 8: 16-bit above 128 runs the f32 kernels,
+//!   as the ndarray API converts) with the features and (sq, sk) pairs
+//!   (1-row sequences, sq ≠ sk both ways) cycled;
+//! * varlen = each sequence alone (the reference's per-sequence definition);
+//! * deterministic mode: the same bits over 10 runs (f32 and bf16, several
+//!   key blocks, GQA).
+//!
+//! Without a GPU every test prints why and passes; `FA_REQUIRE_GPU=1` makes
+//! that a failure.
+
+use flash_attn::backward::BackwardParams;
+use flash_attn::reference::{self, HostAlibi};
+use flash_attn::{
+    AlibiShape, AttnElem, DType, ForwardParams, HostVarlen, flash_attn_backward_on_ext, flash_attn_func_on_ext,
+    flash_attn_varlen_backward, flash_attn_varlen_func,
+};
+use flash_attn_tests::{Gpu, Rng, gpu};
+use half::{bf16, f16};
+use ndarray::{Array, Array4, Axis, Dimension, s};
+
+/// One problem: shape `(b, sq, sk, h, hk, d)` and features.
+#[derive(Clone, Copy, Debug)]
+struct Case {
+    shape: (usize, usize, usize, usize, usize, usize),
+    causal: bool,
+    window: bool,
+    softcap: bool,
+    alibi: bool,
+}
+
+impl Case {
+    fn params(&self) -> ForwardParams {
+        let (wl, wr) = if self.window { (Some(5), Some(if self.causal { 0 } else { 3 })) } else { (None, None) };
+        ForwardParams { causal: self.causal, window_left: wl, window_right: wr, softcap: self.softcap.then_some(3.0), ..Default::default() }
+    }
+}
+
+fn max_abs(a: &Array4<f64>) -> f64 {
+    a.iter().fold(0.0f64, |m, &x| m.max(x.abs()))
+}
+
+fn max_diff<D: Dimension>(a: &Array<f64, D>, b: &Array<f64, D>) -> f64 {
+    a.iter().zip(b).fold(0.0f64, |m, (&x, &y)| if x.is_nan() { f64::INFINITY } else { m.max((x - y).abs()) })
+}
+
+/// The check of one gradient; returns `err / (1 + max|ref|)`.
+fn check<T: AttnElem>(what: &str, got: &Array4<f64>, want: &Array4<f64>, pt: Option<&Array4<f64>>) -> f64 {
+    let err = max_diff(got, want);
+    let scale = 1.0 + max_abs(want);
+    match (T::DTYPE, pt) {
+        (DType::F32, Some(pt)) => {
+            let bound = 2.0 * max_diff(pt, want) + 1e-5;
+            assert!(err <= bound, "{what}: max |g − ref| = {err:e} > 2·max |pt − ref| + 1e-5 = {bound:e}");
+        }
+        (dt, _) => {
+            let tol = match dt {
+                DType::F16 => 1e-2,
+                DType::BF16 => 4e-2,
+                DType::F32 => 1e-4,
+            };
+            assert!(err <= tol * scale, "{what}: max |g − ref| = {err:e} > {tol:e} · {scale}");
+        }
+    }
+    err / scale
+}
+
+fn up<T: AttnElem>(a: &Array4<T>) -> Array4<f64> {
+    a.mapv(|x| f64::from(x.to_f32()))
+}
+
+/// Runs one case in `T` on the GPU (forward then backward) and checks it.
+fn run_case<T: AttnElem>(g: &Gpu, rng: &mut Rng, c: &Case) -> f64 {
+    let (b, sq, sk, h, hk, d) = c.shape;
+    let t = |rng: &mut Rng, s| rng.tensor(s, 1.0).mapv(|x| T::from_f32(x as f32));
+    let (q, k, v, dout) = (t(rng, (b, sq, h, d)), t(rng, (b, sk, hk, d)), t(rng, (b, sk, hk, d)), t(rng, (b, sq, h, d)));
+    let slopes: Vec<f32> = (0..h).map(|i| 0.05 + 0.03 * i as f32).collect();
+    let al = || c.alibi.then(|| HostAlibi { slopes: &slopes, shape: AlibiShape::PerHead });
+    let p = c.params();
+    let (out, lse) = flash_attn_func_on_ext(&g.fa, &g.stream, q.view(), k.view(), v.view(), &p, al()).unwrap();
+    let bp = BackwardParams { forward: p.clone(), deterministic: false };
+    let gr = flash_attn_backward_on_ext(&g.fa, &g.stream, q.view(), k.view(), v.view(), out.view(), dout.view(), lse.view(), &bp, al())
+        .unwrap_or_else(|e| panic!("{c:?} {:?}: {e}", T::DTYPE));
+    let (q64, k64, v64, do64) = (up(&q), up(&k), up(&v), up(&dout));
+    let r = reference::attention_backward::<f64>(q64.view(), k64.view(), v64.view(), do64.view(), &p, al()).unwrap();
+    let pt = (T::DTYPE == DType::F32).then(|| {
+        let f = |a: &Array4<f64>| a.mapv(|x| x as f32);
+        let g = reference::attention_backward::<f32>(f(&q64).view(), f(&k64).view(), f(&v64).view(), f(&do64).view(), &p, al()).unwrap();
+        [g.dq, g.dk, g.dv].map(|x| x.mapv(f64::from))
+    });
+    let what = format!("{:?} {c:?}", T::DTYPE);
+    let mut worst = 0.0f64;
+    for (i, (name, got, want)) in [("dq", &gr.dq, &r.dq), ("dk", &gr.dk, &r.dk), ("dv", &gr.dv, &r.dv)].into_iter().enumerate() {
+        worst = worst.max(check::<T>(&format!("{what} {name}"), &up(got), want, pt.as_ref().map(|p| &p[i])));
+    }
+    worst
+}
+
+const HEADS: [(usize, usize); 3] = [(4, 4), (4, 2), (4, 1)];
+const PAIRS: [(usize, usize); 6] = [(1, 1), (1, 37), (37, 1), (63, 129), (128, 65), (70, 70)];
+
+fn cases(d: usize, i: usize) -> Case {
+    let (h, hk) = HEADS[i % 3];
+    let (sq, sk) = PAIRS[i % PAIRS.len()];
+    Case { shape: (2, sq, sk, h, hk, d), causal: i & 1 == 1, window: i & 2 == 2, softcap: i & 4 == 4, alibi: i & 8 == 8 }
+}
+
+fn sweep<T: AttnElem>(test: &str) {
+    let Some(g) = gpu(test) else { return };
+    let mut rng = Rng::fresh(test);
+    let mut worst = 0.0f64;
+    // Every feature combination at d = 64, sq ≠ sk.
+    for i in 0..48 {
+        let (h, hk) = HEADS[i % 3];
+        let j = i / 3;
+        let c = Case { shape: (2, 45, 77, h, hk, 64), causal: j & 1 == 1, window: j & 2 == 2, softcap: j & 4 == 4, alibi: j & 8 == 8 };
+        worst = worst.max(run_case::<T>(g, &mut rng, &c));
+    }
+    // Every head dim, the features and shapes cycled.
+    for (i, d) in (8..=256).step_by(8).enumerate() {
+        worst = worst.max(run_case::<T>(g, &mut rng, &cases(d, i * 7 + 1)));
+    }
+    println!("{test}: largest max|g − ref| / (1 + max|ref|) = {worst:.3e}");
+}
+
+#[test]
+fn f32_gradients_follow_fa2s_rule() {
+    sweep::<f32>("f32_gradients_follow_fa2s_rule");
+}
+
+#[test]
+fn f16_gradients() {
+    sweep::<f16>("f16_gradients");
+}
+
+#[test]
+fn bf16_gradients() {
+    sweep::<bf16>("bf16_gradients");
+}
+
+/// Varlen: each sequence's gradients = the reference's per-sequence
+/// definition (empty and 1-row sequences included), f32 and bf16.
+#[test]
+fn varlen_is_each_sequence_alone() {
+    let Some(_) = gpu("varlen_is_each_sequence_alone") else { return };
+    let mut rng = Rng::fresh("varlen_is_each_sequence_alone");
+    varlen_case::<f32>(&mut rng);
+    varlen_case::<bf16>(&mut rng);
+}
+
+fn varlen_case<T: AttnElem>(rng: &mut Rng) {
+    let (lq, lk) = ([1usize, 40, 0, 77, 5], [9usize, 33, 4, 130, 1]);
+    let cum = |l: &[usize]| std::iter::once(0).chain(l.iter().scan(0i32, |a, &x| {
+        *a += x as i32;
+        Some(*a)
+    })).collect::<Vec<i32>>();
+    let (cq, ck) = (cum(&lq), cum(&lk));
+    let (tq, tk, h, hk, d) = (*cq.last().unwrap() as usize, *ck.last().unwrap() as usize, 4, 2, 64);
+    let t = |rng: &mut Rng, n, hh| rng.tensor((1, n, hh, d), 1.0).index_axis_move(Axis(0), 0).mapv(|x| T::from_f32(x as f32));
+    let (q, k, v, dout) = (t(rng, tq, h), t(rng, tk, hk), t(rng, tk, hk), t(rng, tq, h));
+    for causal in [false, true] {
+        let p = ForwardParams { causal, softcap: Some(4.0), ..Default::default() };
+        let max = (77, 130);
+        let (out, lse) = flash_attn_varlen_func(q.view(), k.view(), v.view(), &cq, &ck, None, max, &p, None).unwrap();
+        let vl = HostVarlen { cu_seqlens_q: &cq, cu_seqlens_k: &ck, seqused_k: None, max_seqlen: max };
+        let bp = BackwardParams { forward: p.clone(), deterministic: false };
+        let g = flash_attn_varlen_backward(q.view(), k.view(), v.view(), out.view(), dout.view(), lse.view(), &vl, &bp, None).unwrap();
+        let u = |a: &ndarray::Array3<T>| a.mapv(|x| f64::from(x.to_f32()));
+        let r = reference::varlen_attention_backward::<f64>(u(&q).view(), u(&k).view(), u(&v).view(), u(&dout).view(), &cq, &ck, None, max.0, max.1, &p, None).unwrap();
+        for (b, (&nq, &nk)) in lq.iter().zip(&lk).enumerate() {
+            let (rq, rk) = (cq[b] as usize..cq[b] as usize + nq, ck[b] as usize..ck[b] as usize + nk);
+            let one = |a: &ndarray::Array3<f64>, r: std::ops::Range<usize>| a.slice(s![r, .., ..]).to_owned().insert_axis(Axis(0));
+            let what = format!("varlen {:?} causal {causal} sequence {b}", T::DTYPE);
+            for (name, got, want, r) in [("dq", &g.dq, &r.dq, rq.clone()), ("dk", &g.dk, &r.dk, rk.clone()), ("dv", &g.dv, &r.dv, rk)] {
+                check::<T>(&format!("{what} {name}"), &one(&u(got), r.clone()), &one(want, r), None);
+            }
+        }
+    }
+}
+
+/// Deterministic mode: 10 runs, the same bits (dq through ordered
+/// accumulation; dk, dv have no atomics).
+#[test]
+fn deterministic_mode_is_bit_identical() {
+    let Some(g) = gpu("deterministic_mode_is_bit_identical") else { return };
+    let mut rng = Rng::fresh("deterministic_mode_is_bit_identical");
+    repeat_bits::<f32>(g, &mut rng);
+    repeat_bits::<bf16>(g, &mut rng);
+}
+
+fn repeat_bits<T: AttnElem>(g: &Gpu, rng: &mut Rng) {
+    let (b, sq, sk, h, hk, d) = (2, 257, 300, 8, 2, 64);
+    let t = |rng: &mut Rng, s| rng.tensor(s, 1.0).mapv(|x| T::from_f32(x as f32));
+    let (q, k, v, dout) = (t(rng, (b, sq, h, d)), t(rng, (b, sk, hk, d)), t(rng, (b, sk, hk, d)), t(rng, (b, sq, h, d)));
+    let p = ForwardParams { causal: true, ..Default::default() };
+    let (out, lse) = flash_attn_func_on_ext(&g.fa, &g.stream, q.view(), k.view(), v.view(), &p, None).unwrap();
+    let bp = BackwardParams { forward: p, deterministic: true };
+    let bits = |a: &Array4<T>| a.iter().map(|x| x.to_f32().to_bits()).collect::<Vec<u32>>();
+    let mut first = None;
+    for run in 0..10 {
+        let gr = flash_attn_backward_on_ext(&g.fa, &g.stream, q.view(), k.view(), v.view(), out.view(), dout.view(), lse.view(), &bp, None).unwrap();
+        let now = [bits(&gr.dq), bits(&gr.dk), bits(&gr.dv)];
+        match &first {
+            None => first = Some(now),
+            Some(f) => assert!(f == &now, "{:?}: run {run} differs from run 0", T::DTYPE),
+        }
+    }
+}
