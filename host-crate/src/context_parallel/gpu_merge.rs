@@ -1,6 +1,6 @@
 //! The partial merge on the GPU: `ring_merge_{f16,bf16}` (kernel-crate's
 //! `ring.rs`), launched on the caller's stream. Needs no NCCL: the ring
-//! ([`super::nccl`]) calls it after each step's local attention.
+//! (`super::nccl`, feature `nccl`) calls it after each step's local attention.
 
 use std::sync::Arc;
 
