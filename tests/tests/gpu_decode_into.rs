@@ -176,6 +176,17 @@ impl PagedDecode {
 }
 
 /// O `(B, 1, H, D)` at `layout` in `buf`, and the LSE `(B, H, 1)`, to the host.
+/// The graph tests switch cudarc's event tracking off for the whole context
+/// while they allocate (a captured graph cannot wait on events recorded
+/// outside it), and the tests of a binary share one context: run them one at
+/// a time (concurrent, a capture met another test's events:
+/// CUDA_ERROR_STREAM_CAPTURE_ISOLATION).
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn download(g: &Gpu, buf: &CudaSlice<bf16>, layout: TensorLayout, lse: &CudaSlice<f32>) -> (Array4<bf16>, Array3<f32>) {
     let all = g.stream.clone_dtoh(buf).unwrap();
     let [sb, sn, sh] = layout.strides;
@@ -199,6 +210,7 @@ fn bits(a: &Array4<bf16>) -> Vec<u16> {
 /// read-only call's short O the same error.
 #[test]
 fn gpu_kvcache_into() {
+    let _serial = serial();
     let Some(g) = gpu("gpu_kvcache_into") else { return };
     let mut rng = Rng::fresh("gpu_kvcache_into");
     let s = &g.stream;
@@ -409,6 +421,7 @@ fn graph_loop(g: &Gpu, rng: &mut Rng, two_step: bool) {
 /// [`graph_loop`] with the append fused into the KV-cache call.
 #[test]
 fn gpu_decode_cuda_graph() {
+    let _serial = serial();
     let Some(g) = gpu("gpu_decode_cuda_graph") else { return };
     graph_loop(g, &mut Rng::fresh("gpu_decode_cuda_graph"), false);
 }
@@ -417,6 +430,7 @@ fn gpu_decode_cuda_graph() {
 /// `forward_kvcache_ref_into`, all three captured.
 #[test]
 fn gpu_decode_cuda_graph_two_step() {
+    let _serial = serial();
     let Some(g) = gpu("gpu_decode_cuda_graph_two_step") else { return };
     graph_loop(g, &mut Rng::fresh("gpu_decode_cuda_graph_two_step"), true);
 }
@@ -432,6 +446,7 @@ fn gpu_decode_cuda_graph_two_step() {
 /// 83 crosses 80) without ordering again.
 #[test]
 fn gpu_decode_ordered_table() {
+    let _serial = serial();
     let Some(g) = gpu("gpu_decode_ordered_table") else { return };
     let mut rng = Rng::fresh("gpu_decode_ordered_table");
     let s = &g.stream;
@@ -468,6 +483,7 @@ fn gpu_decode_ordered_table() {
 /// untouched.
 #[test]
 fn gpu_order_block_table() {
+    let _serial = serial();
     let Some(g) = gpu("gpu_order_block_table") else { return };
     let mut rng = Rng::fresh("gpu_order_block_table");
     let s = &g.stream;
