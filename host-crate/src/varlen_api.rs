@@ -38,6 +38,14 @@ pub struct Varlen<'a> {
     pub seqused_k: Option<&'a dyn DevicePtr<i32>>,
 }
 
+impl Varlen<'_> {
+    /// The element counts of `cu_seqlens_q`, `cu_seqlens_k` and `seqused_k`,
+    /// as the validation's length checks take them.
+    pub(crate) fn array_lens(&self) -> (usize, usize, Option<usize>) {
+        (self.cu_seqlens_q.len(), self.cu_seqlens_k.len(), self.seqused_k.map(|s| s.len()))
+    }
+}
+
 impl std::fmt::Debug for Varlen<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Varlen")
@@ -159,7 +167,7 @@ fn check_lens(lens: (usize, usize, Option<usize>), max_seqlen: (usize, usize)) -
 /// [`check_lens`] of a device varlen description.
 pub(crate) fn check_varlen_lens(v: &Varlen<'_>) -> Result<usize> {
     check_lens(
-        (v.cu_seqlens_q.len(), v.cu_seqlens_k.len(), v.seqused_k.map(|s| s.len())),
+        v.array_lens(),
         (v.max_seqlen_q, v.max_seqlen_k),
     )
 }
@@ -245,7 +253,7 @@ impl FlashAttention {
             (&k.layout, k.data.len()),
             (&v.layout, v.data.len()),
             (&o_layout, o_len),
-            (varlen.cu_seqlens_q.len(), varlen.cu_seqlens_k.len(), varlen.seqused_k.map(|s| s.len())),
+            varlen.array_lens(),
             (varlen.max_seqlen_q, varlen.max_seqlen_k),
             params,
         )?;
@@ -283,7 +291,7 @@ impl FlashAttention {
             (&k.layout, k.data.len()),
             (&v.layout, v.data.len()),
             (&o.layout, o.data.len()),
-            (varlen.cu_seqlens_q.len(), varlen.cu_seqlens_k.len(), varlen.seqused_k.map(|s| s.len())),
+            varlen.array_lens(),
             (varlen.max_seqlen_q, varlen.max_seqlen_k),
             params,
         )?;

@@ -251,7 +251,7 @@ impl FlashAttention {
         // Validate before allocating.
         let contiguous = contiguous_shapes(&q.layout, &k.layout, &layouts[0]);
         let shapes = BackwardShapes { q: (&q.layout, q.data.len()), k: (&k.layout, k.data.len()), v: (&v.layout, v.data.len()), ..contiguous };
-        let lens = (varlen.cu_seqlens_q.len(), varlen.cu_seqlens_k.len(), varlen.seqused_k.map(|s| s.len()));
+        let lens = varlen.array_lens();
         validate_backward_varlen(&shapes, lens, (varlen.max_seqlen_q, varlen.max_seqlen_k), &params.forward)?;
         let [mut dq, mut dk, mut dv] = alloc_grads::<T>(stream, layouts)?;
         self.backward_varlen_into(
@@ -306,7 +306,7 @@ impl FlashAttention {
         GK: DevicePtrMut<T>,
         GV: DevicePtrMut<T>,
     {
-        let lens = (varlen.cu_seqlens_q.len(), varlen.cu_seqlens_k.len(), varlen.seqused_k.map(|s| s.len()));
+        let lens = varlen.array_lens();
         let max_seqlen = (varlen.max_seqlen_q, varlen.max_seqlen_k);
         let problem = validate_backward_varlen(&shapes_of!(q, k, v, out, dout, dq, dk, dv), lens, max_seqlen, &params.forward)?;
         let (total_q, total_k) = (q.layout.seqlen(), k.layout.seqlen());
