@@ -7,7 +7,7 @@
 //!   input of the kernel build ([`inputs`]: the kernel and shared crates'
 //!   sources and manifests, the pinned nightly, `build/kernels.rs`) equals
 //!   the manifest's `inputs`. No nightly, no rustup needed: any toolchain
-//!   (stable 1.85+) builds the crate in seconds.
+//!   (stable 1.87+) builds the crate in seconds.
 //! * **a build from source** otherwise (a developer changed a kernel): the
 //!   kernel crate compiled by rustc's `nvptx64-nvidia-cuda` target
 //!   ([`kernels::build`]) with the pinned nightly of the kernel crate's
