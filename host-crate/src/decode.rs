@@ -48,6 +48,12 @@ use crate::varlen_api::{Varlen, VarlenOutput, check_varlen_lens};
 
 /// The kernels of this module (loaded with the others).
 pub const DECODE_KERNELS: &[&str] = &["combine_splits_f16", "combine_splits_bf16", "kv_append_u16", "kv_append_u16_c"];
+/// The quantizing appends into an FP8 cache (the sm_90 builds).
+pub const DECODE_FP8_KERNELS: &[&str] = &["kv_append_e4m3_f16", "kv_append_e4m3_bf16"];
+
+#[path = "decode_fp8.rs"]
+mod fp8;
+pub use fp8::KvCacheFp8;
 /// Largest `num_splits` (FlashAttention-2's bound).
 pub const MAX_SPLITS: usize = 128;
 /// Warps per block of the combine kernel (`kernel-crate/src/decode.rs`).
@@ -434,6 +440,34 @@ fn check_new<T>(name: &'static str, new: &Tensor<'_, dyn DevicePtr<T> + '_>, bat
     Ok(s_new)
 }
 
+/// Validates the new keys and values of a call, which come together;
+/// returns them (or `None`).
+fn check_new_pair<'a, T>(k_new: Option<NewRows<'a, T>>, v_new: Option<NewRows<'a, T>>, batch: usize, geom: &CacheGeom, d: usize) -> Result<Option<(NewRows<'a, T>, NewRows<'a, T>)>> {
+    match (k_new, v_new) {
+        (None, None) => Ok(None),
+        (Some(kn), Some(vn)) => {
+            if kn.layout.shape != vn.layout.shape {
+                return Err(invalid("v_new", format!("shape {:?}", vn.layout.shape), "must have k_new's shape"));
+            }
+            check_new("k_new", &kn, batch, geom, d)?;
+            check_new("v_new", &vn, batch, geom, d)?;
+            Ok(Some((kn, vn)))
+        }
+        _ => Err(invalid("v_new", "missing or extra".into(), "k_new and v_new come together")),
+    }
+}
+
+/// q's and a caller's O's 16-byte alignment, checked before an append
+/// touches the cache (the attention launch checks every pointer after it).
+fn check_q_o_alignment<T, Q: DevicePtr<T> + ?Sized>(stream: &Arc<CudaStream>, q: &Q, out: Option<&mut CallerOut<'_, T>>, params: &AttnParams) -> Result<()> {
+    let (q_ptr, _gq) = q.device_ptr(stream);
+    let o_ptr = match out {
+        Some(c) => c.o.device_ptr_mut(stream).0,
+        None => 0,
+    };
+    crate::api::check_tc_alignment(&AttnParams { q_ptr, o_ptr, ..*params })
+}
+
 /// The validated attention launch of a KV-cache call (nothing enqueued yet).
 struct AttendPlan {
     main: Launch,
@@ -561,20 +595,9 @@ impl FlashAttention {
             cache_batch_idx.map(|c| c.len()),
             block_table.as_ref(),
         )?;
-        let new = match (k_new, v_new) {
-            (None, None) => None,
-            (Some(kn), Some(vn)) => {
-                if kn.layout.shape != vn.layout.shape {
-                    return Err(invalid("v_new", format!("shape {:?}", vn.layout.shape), "must have k_new's shape"));
-                }
-                check_new("k_new", &kn, batch, &geom, d)?;
-                check_new("v_new", &vn, batch, &geom, d)?;
-                Some((kn, vn))
-            }
-            _ => return Err(invalid("v_new", "missing or extra".into(), "k_new and v_new come together")),
-        };
+        let new = check_new_pair(k_new, v_new, batch, &geom, d)?;
         let s_new = new.as_ref().map_or(0, |(kn, _)| kn.layout.shape[1]);
-        let plan = self.plan_attend::<T>(&q.layout, q.data.len(), None, &geom, &layout, s_new, cache_seqlens.len(), params, ext, &opts, out.as_ref().map(CallerOut::spec))?;
+        let plan = self.plan_attend::<T>(&q.layout, q.data.len(), None, &geom, &layout, s_new, cache_seqlens.len(), params, ext, &opts, out.as_ref().map(CallerOut::spec), false)?;
         self.check_streams(stream, &[("q", q.data.stream()), ("k_cache", k_cache.stream()), ("v_cache", v_cache.stream())], out.as_ref())?;
         // A flash-decoding kernel built for it appends the new rows itself as
         // it reads them (decode step 21); the others run after an append
@@ -586,15 +609,8 @@ impl FlashAttention {
             // q and o move in 16-byte chunks: checked before the append
             // touches the cache (attend_launch checks every pointer after
             // it; the library's own O is aligned).
-            {
-                let (q_ptr, _gq) = q.data.device_ptr(stream);
-                let o_ptr = match &mut out {
-                    Some(c) => c.o.device_ptr_mut(stream).0,
-                    None => 0,
-                };
-                crate::api::check_tc_alignment(&AttnParams { q_ptr, o_ptr, ..plan.params })?;
-            }
-            self.append_launch::<T>(stream, (&mut *k_cache, kn), Some((&mut *v_cache, vn)), &layout, cache_seqlens, cache_batch_idx, block_table.as_ref(), &geom)?;
+            check_q_o_alignment(stream, q.data, out.as_mut(), &plan.params)?;
+            self.append_launch::<T, T>(stream, (&mut *k_cache, kn), Some((&mut *v_cache, vn)), &layout, cache_seqlens, cache_batch_idx, block_table.as_ref(), &geom, None)?;
         }
         let (kp, _gk) = k_cache.device_ptr_mut(stream);
         let (vp, _gv) = v_cache.device_ptr_mut(stream);
@@ -680,7 +696,7 @@ impl FlashAttention {
         if cache.seqlen_new > geom.capacity {
             return Err(invalid("seqlen_new", cache.seqlen_new.to_string(), "more appended keys than the cache holds (capacity)"));
         }
-        let plan = self.plan_attend::<T>(&q.layout, q.data.len(), None, &geom, &cache.layout, cache.seqlen_new, cache.cache_seqlens.len(), params, ext, &opts, out.as_ref().map(CallerOut::spec))?;
+        let plan = self.plan_attend::<T>(&q.layout, q.data.len(), None, &geom, &cache.layout, cache.seqlen_new, cache.cache_seqlens.len(), params, ext, &opts, out.as_ref().map(CallerOut::spec), false)?;
         self.check_streams(stream, &[("q", q.data.stream()), ("k_cache", cache.k_cache.stream()), ("v_cache", cache.v_cache.stream())], out.as_ref())?;
         let (kp, _gk) = cache.k_cache.device_ptr(stream);
         let (vp, _gv) = cache.v_cache.device_ptr(stream);
@@ -738,7 +754,7 @@ impl FlashAttention {
             None,
             Some(&cache.block_table),
         )?;
-        let plan = self.plan_attend::<T>(&q.layout, q.data.len(), Some(varlen), &geom, &cache.layout, 0, batch, params, ext, &opts, None)?;
+        let plan = self.plan_attend::<T>(&q.layout, q.data.len(), Some(varlen), &geom, &cache.layout, 0, batch, params, ext, &opts, None, false)?;
         for (name, s) in [
             ("q", q.data.stream()),
             ("k_pages", cache.k_pages.stream()),
@@ -790,23 +806,24 @@ impl FlashAttention {
         for (name, s) in [("cache", cache.stream()), ("new", new.data.stream()), ("stream", stream)] {
             self.check_stream(name, s)?;
         }
-        self.append_launch(stream, (cache, &new), None, &layout, cache_seqlens, cache_batch_idx, block_table.as_ref(), &geom)
+        self.append_launch::<T, T>(stream, (cache, &new), None, &layout, cache_seqlens, cache_batch_idx, block_table.as_ref(), &geom, None)
     }
 
     /// Enqueues `kv_append_u16` (arguments validated) for one cache tensor
     /// and its new rows, or two (K and V: same shapes, caches of the same
     /// `layout`) in the same launch.
     #[allow(clippy::too_many_arguments)]
-    fn append_launch<T: AttnElem>(
+    fn append_launch<T: AttnElem, C>(
         &self,
         stream: &Arc<CudaStream>,
-        (cache, new): (&mut dyn DevicePtrMut<T>, &NewRows<'_, T>),
-        second: Option<(&mut dyn DevicePtrMut<T>, &NewRows<'_, T>)>,
+        (cache, new): (&mut dyn DevicePtrMut<C>, &NewRows<'_, T>),
+        second: Option<(&mut dyn DevicePtrMut<C>, &NewRows<'_, T>)>,
         layout: &TensorLayout,
         cache_seqlens: &dyn DevicePtr<i32>,
         cache_batch_idx: Option<&dyn DevicePtr<i32>>,
         block_table: Option<&BlockTable<'_>>,
         geom: &CacheGeom,
+        quant: Option<fp8::Quant>,
     ) -> Result<()> {
         let [batch, s_new, nheads_k, d] = new.layout.shape;
         let u = |x: usize| x as u64;
@@ -841,7 +858,7 @@ impl FlashAttention {
             block_table_stride: bt.as_ref().map_or(0, |(_, m)| *m as u32),
             page_size: if geom.paged { geom.rows_per as u32 } else { 0 },
             num_pages: if geom.paged { geom.n_rows as u32 } else { 0 },
-            ..AttnParams::default()
+            ..quant.map_or_else(AttnParams::default, |q| q.params())
         };
         // Every tensor moves in 16-byte chunks: the tensor-core alignment rule.
         crate::api::check_tc_alignment(&AttnParams { k_ptr: dst, k_stride: p.o_stride, v_ptr: dst, v_stride: p.o_stride, ..p })?;
@@ -852,8 +869,14 @@ impl FlashAttention {
         let cfg = LaunchConfig { grid_dim: (chunks.div_ceil(256).clamp(1, 1 << 16) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
         // The compact 184-byte block when it carries the call (no
         // cache_batch_idx, strides under 2³²): decode step 17.
-        let compact = DecodeParams::from_attn(&p, 0, 0).map(crate::tc::KernelArg);
-        let kernel = if compact.is_some() { "kv_append_u16_c" } else { "kv_append_u16" };
+        // (An FP8 cache's quantizing append takes the full block.)
+        let compact = DecodeParams::from_attn(&p, 0, 0).filter(|_| quant.is_none()).map(crate::tc::KernelArg);
+        let kernel = match quant {
+            Some(_) if T::DTYPE == DType::BF16 => "kv_append_e4m3_bf16",
+            Some(_) => "kv_append_e4m3_f16",
+            None if compact.is_some() => "kv_append_u16_c",
+            None => "kv_append_u16",
+        };
         let (f, _) = self.prepare(&Launch { kernel, grid: 1, threads: 256, smem_bytes: 0 })?;
         let full = crate::tc::KernelArg(p);
         let mut launch = stream.launch_builder(f);
@@ -869,6 +892,9 @@ impl FlashAttention {
         // cache_seqlens holds batch i32. `kv_append_u16_c(c:
         // DecodeParams)` runs the same append on `c.to_attn(0, 0)` == `p`
         // (from_attn refuses what the block cannot carry).
+        // `kv_append_e4m3_*(p: AttnParams)`: the same with one-byte cache
+        // elements (strides and pointers 16-byte multiples: fp8::check_cache)
+        // and the validated scale arrays of `quant`.
         unsafe { launch.launch(cfg) }?;
         Ok(())
     }
@@ -904,6 +930,7 @@ impl FlashAttention {
         ext: &Extras<'_>,
         opts: &DecodeOptions<'_>,
         out: Option<OutSpec>,
+        fp8: bool,
     ) -> Result<AttendPlan> {
         let dtype = T::DTYPE;
         if dtype == DType::F32 {
@@ -998,6 +1025,8 @@ impl FlashAttention {
         let page = geom.paged.then_some(geom.rows_per);
         let dec = if rq <= DecKernel::BR { DecKernel::default_fitting(dtype == DType::BF16, kernel.d, page, self.limits().max_smem_per_block) } else { None };
         let (dec, compact) = match opts.kernel {
+            // An FP8 cache: its own kernel, no compact entry.
+            _ if fp8 => (Some(fp8::kernel_for(dtype, kernel.d, rq, opts.kernel, self.limits().max_smem_per_block)?), None),
             // The compact entry where it pays (`DecKernel::compact_by_default`).
             // A call with new keys and values runs the default's build with
             // the append fused in where there is one (`_pga` over small

@@ -5,7 +5,7 @@
 //! a GQA group, or a few speculative tokens; calls with more rows take the
 //! `fa2d` tile kernels.
 
-use flash_attn_common::tc::{DEC_BR, dec_smem_bytes};
+use flash_attn_common::tc::{DEC_BR, dec_f8_smem_bytes, dec_smem_bytes};
 
 /// One compiled flash-decoding configuration.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,6 +44,11 @@ pub struct DecKernel {
     /// copies (decode step 22). The 3-stage 8-warp `_pg` build is the default
     /// over such pages where it fits.
     pub small_pages: bool,
+    /// Reads an FP8 (e4m3) cache ([`DEC_F8_KERNELS`]): K/V codes staged in
+    /// shared memory and converted there to the call's 16-bit type, the
+    /// scales applied to the scores and to O (`F8` in
+    /// `kernel-crate/src/tc/flash_decode.rs`).
+    pub fp8: bool,
 }
 
 macro_rules! dec_table {
@@ -52,7 +57,7 @@ macro_rules! dec_table {
         /// `dec_kernels!` list of `kernel-crate/src/tc/mod.rs`), the default
         /// of each (dtype, head dim) first.
         pub const DEC_KERNELS: &[DecKernel] = &[$(
-            DecKernel { name: stringify!($name), bf16: $bf, d: $d, warps: $w, bc: $bc, stages: $s, compact: dec_table!(@c $($compact)?), tickets: $tk, append: $ap, small_pages: $pb },
+            DecKernel { name: stringify!($name), bf16: $bf, d: $d, warps: $w, bc: $bc, stages: $s, compact: dec_table!(@c $($compact)?), tickets: $tk, append: $ap, small_pages: $pb, fp8: false },
         )*];
     };
     (@c $c:ident) => { Some(stringify!($c)) };
@@ -101,6 +106,42 @@ dec_table! {
     flash_fwd_tc_dec_bf16_d256_w4_bc64_s2 / flash_fwd_tc_dec_bf16_d256_w4_bc64_s2_c true 256 4 64 2 false false false;
 }
 
+macro_rules! dec_f8_table {
+    ($( $name:ident $bf:literal $d:literal $w:literal $bc:literal $s:literal; )*) => {
+        /// The flash-decoding kernels over an FP8 (e4m3) KV cache (mirrors
+        /// the `dec_f8_kernels!` list of `kernel-crate/src/tc/mod.rs`; in the
+        /// sm_90 builds only), the default of each (dtype, head dim) first:
+        /// the static split schedule, no fused append, no compact entry, four
+        /// stages of one-byte codes. At d = 128, 4 warps × Bc 64 (two blocks
+        /// per SM) streamed 2.42 TB/s of codes where 8 warps × Bc 128 (one)
+        /// streamed 2.16 (H200, bf16 q, 131k keys; docs/perf-notes.md).
+        pub const DEC_F8_KERNELS: &[DecKernel] = &[$(
+            DecKernel { name: stringify!($name), bf16: $bf, d: $d, warps: $w, bc: $bc, stages: $s, compact: None, tickets: false, append: false, small_pages: false, fp8: true },
+        )*];
+    };
+}
+
+dec_f8_table! {
+    flash_fwd_tc_dec_f16_e4m3_d32_w4_bc64_s4 false 32 4 64 4;
+    flash_fwd_tc_dec_bf16_e4m3_d32_w4_bc64_s4 true 32 4 64 4;
+    flash_fwd_tc_dec_f16_e4m3_d64_w4_bc64_s4 false 64 4 64 4;
+    flash_fwd_tc_dec_bf16_e4m3_d64_w4_bc64_s4 true 64 4 64 4;
+    flash_fwd_tc_dec_f16_e4m3_d96_w4_bc64_s4 false 96 4 64 4;
+    flash_fwd_tc_dec_bf16_e4m3_d96_w4_bc64_s4 true 96 4 64 4;
+    flash_fwd_tc_dec_f16_e4m3_d128_w4_bc64_s4 false 128 4 64 4;
+    flash_fwd_tc_dec_bf16_e4m3_d128_w4_bc64_s4 true 128 4 64 4;
+    flash_fwd_tc_dec_f16_e4m3_d128_w8_bc128_s4 false 128 8 128 4;
+    flash_fwd_tc_dec_bf16_e4m3_d128_w8_bc128_s4 true 128 8 128 4;
+    flash_fwd_tc_dec_f16_e4m3_d160_w4_bc64_s4 false 160 4 64 4;
+    flash_fwd_tc_dec_bf16_e4m3_d160_w4_bc64_s4 true 160 4 64 4;
+    flash_fwd_tc_dec_f16_e4m3_d192_w4_bc64_s4 false 192 4 64 4;
+    flash_fwd_tc_dec_bf16_e4m3_d192_w4_bc64_s4 true 192 4 64 4;
+    flash_fwd_tc_dec_f16_e4m3_d224_w4_bc64_s4 false 224 4 64 4;
+    flash_fwd_tc_dec_bf16_e4m3_d224_w4_bc64_s4 true 224 4 64 4;
+    flash_fwd_tc_dec_f16_e4m3_d256_w4_bc64_s4 false 256 4 64 4;
+    flash_fwd_tc_dec_bf16_e4m3_d256_w4_bc64_s4 true 256 4 64 4;
+}
+
 impl DecKernel {
     /// Query rows per block.
     pub const BR: usize = DEC_BR;
@@ -114,7 +155,14 @@ impl DecKernel {
     }
 
     pub const fn smem_bytes(&self) -> usize {
-        dec_smem_bytes(self.d, self.warps, self.bc, self.stages)
+        if self.fp8 { dec_f8_smem_bytes(self.d, self.warps, self.bc, self.stages) } else { dec_smem_bytes(self.d, self.warps, self.bc, self.stages) }
+    }
+
+    /// The FP8-cache kernel for a dtype and compiled head dim whose shared
+    /// memory fits `max_smem_bytes` (the first of [`DEC_F8_KERNELS`]), or
+    /// the one named `name`.
+    pub fn fp8_fitting(bf16: bool, d: usize, name: Option<&str>, max_smem_bytes: usize) -> Option<&'static DecKernel> {
+        DEC_F8_KERNELS.iter().find(|k| k.bf16 == bf16 && k.d == d && k.smem_bytes() <= max_smem_bytes && name.is_none_or(|n| n == k.name))
     }
 
     /// Whether a call without an explicit kernel runs this kernel's compact

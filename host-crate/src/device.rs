@@ -99,6 +99,12 @@ impl FlashAttention {
         let dec_names = crate::decode_kernels::DEC_KERNELS.iter().flat_map(|k| std::iter::once(k.name).chain(k.compact));
         let tc_names = crate::tc::TC_KERNELS.iter().map(|k| k.name).chain(dec_names);
         let hopper_names: &[&'static str] = if build.arch == "sm_90a" { crate::hopper::PROBE_KERNELS } else { &[] };
+        // The FP8 KV-cache kernels: the sm_90 builds (e4m3 conversions need sm_89+, PTX ISA 7.8).
+        let fp8_names = crate::decode_kernels::DEC_F8_KERNELS
+            .iter()
+            .map(|k| k.name)
+            .chain(crate::decode::DECODE_FP8_KERNELS.iter().copied())
+            .filter(|_| build_has_fp8(build));
         let hopper_names = hopper_names.iter().copied().chain(
             crate::hopper::HOPPER_KERNELS.iter().map(|k| k.name).filter(|_| build.arch == "sm_90a"),
         );
@@ -110,12 +116,19 @@ impl FlashAttention {
             .chain(crate::context_parallel::gpu_merge::RING_KERNELS)
             .copied()
             .chain(tc_names)
-            .chain(hopper_names);
+            .chain(hopper_names)
+            .chain(fp8_names);
         if let Some(missing) = names.find(|n| !kernels.contains(n)) {
             return Err(FlashAttnError::Ptx { build: build.arch, reason: format!("kernel `{missing}` is not in the PTX") });
         }
         let kernels = Arc::new(kernels);
         Ok(Self { ctx: ctx.clone(), build, cc: (major, minor), device_name, limits, num_sms, peak_mem_bandwidth, kernels, occupancy: Mutex::new(HashMap::new()), split_counters: Mutex::new(HashMap::new()) })
+    }
+
+    /// Whether the FP8 (e4m3) KV-cache kernels are loaded: the sm_90 builds
+    /// (Hopper and newer); Ampere and Ada run the sm_80 build without them.
+    pub fn has_fp8_kv_cache(&self) -> bool {
+        build_has_fp8(self.build)
     }
 
     /// The context the kernels are loaded in.
@@ -275,4 +288,9 @@ pub fn default_flash_attention() -> std::result::Result<Arc<FlashAttention>, Str
                 .unwrap_or_else(|_| Err("the CUDA driver bindings panicked while loading the kernels".into()))
         })
         .clone()
+}
+
+/// Whether a PTX build carries the FP8 KV-cache kernels (the ISA 8.0 builds).
+fn build_has_fp8(build: PtxBuild) -> bool {
+    build.arch != "sm_80"
 }

@@ -25,6 +25,10 @@ pub enum FlashAttnError {
     #[error("no usable CUDA GPU: {reason}")]
     NoGpu { reason: String },
 
+    /// The GPU lacks what a feature needs (e.g. FP8 conversions).
+    #[error("device `{name}` (compute capability {major}.{minor}) does not support {what}")]
+    DeviceLacks { name: String, major: i32, minor: i32, what: &'static str },
+
     /// The GPU is older than the oldest embedded PTX build (sm_80).
     #[error("unsupported device `{name}`: compute capability {major}.{minor}; flash-attn needs sm_80 (Ampere) or newer")]
     UnsupportedDevice { name: String, major: i32, minor: i32 },

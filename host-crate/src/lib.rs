@@ -30,6 +30,7 @@ pub mod hopper;
 pub mod ndarray_api;
 pub mod ndarray_backward;
 pub mod ndarray_kvcache;
+pub mod ndarray_kvcache_fp8;
 pub mod page_order;
 pub mod params;
 pub mod ptx;
@@ -45,7 +46,7 @@ pub use api::{
     default_softmax_scale,
 };
 pub use backward::{BackwardParams, BackwardScratch, Gradients, ScratchSizes};
-pub use decode::{BlockTable, DecodeOptions, KvCache, KvCacheRef, PagedCache, SplitScratch};
+pub use decode::{BlockTable, DecodeOptions, KvCache, KvCacheFp8, KvCacheRef, PagedCache, SplitScratch};
 pub use device::FlashAttention;
 pub use dispatch::DType;
 pub use error::{FlashAttnError, Result};
@@ -55,6 +56,7 @@ pub use ndarray_backward::{
     flash_attn_varlen_backward,
 };
 pub use ndarray_kvcache::{HostKvCache, flash_attn_varlen_paged_func, flash_attn_with_kvcache};
+pub use ndarray_kvcache_fp8::flash_attn_with_kvcache_fp8;
 pub use page_order::{KvCacheCall, order_block_table};
 pub use ndarray_api::{
     Backend, default_backend, flash_attn_func, flash_attn_func_ext, flash_attn_func_on, flash_attn_func_on_ext,

@@ -35,12 +35,12 @@ pub enum HostKvCache<'a, T> {
     Paged { k_pages: &'a mut Array4<T>, v_pages: &'a mut Array4<T>, block_table: ArrayView2<'a, i32> },
 }
 
-fn dims<T>(a: &ArrayView4<'_, T>) -> [usize; 4] {
+pub(crate) fn dims<T>(a: &ArrayView4<'_, T>) -> [usize; 4] {
     let (b, s, h, d) = a.dim();
     [b, s, h, d]
 }
 
-fn check_splits(num_splits: Option<usize>) -> Result<()> {
+pub(crate) fn check_splits(num_splits: Option<usize>) -> Result<()> {
     match num_splits {
         Some(n) if n == 0 || n > MAX_SPLITS => Err(FlashAttnError::InvalidArgument {
             argument: "num_splits",

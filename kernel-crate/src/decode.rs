@@ -355,3 +355,85 @@ unsafe fn append(p: &AttnParams) {
         w2 += (sreg::grid_dim_x() * sreg::block_dim_x()) as usize;
     }
 }
+
+/// `kv_append_e4m3_f16(p)`: [`kv_append_u16`] into an FP8 (e4m3) cache:
+/// each new f16 element `x` of KV head `h` is stored as the code
+/// `e4m3(x / scale_h)` (round to nearest even, saturating to ±448), `scale`
+/// from `k_descale_ptr` for the first tensor and `v_descale_ptr` for the
+/// second (`descale_head_stride`: 0 per tensor, 1 per KV head); the cache's
+/// strides count bytes.
+///
+/// # Safety
+/// As [`kv_append_u16`] with one-byte cache elements (8-byte aligned rows
+/// and strides: host-checked) and the scale arrays set.
+#[cfg(fa_ptx74)]
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn kv_append_e4m3_f16(p: AttnParams) {
+    // SAFETY: forwarded.
+    unsafe { append_e4m3::<F16>(&p) }
+}
+
+/// [`kv_append_e4m3_f16`] with bf16 new rows.
+///
+/// # Safety
+/// As [`kv_append_e4m3_f16`].
+#[cfg(fa_ptx74)]
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn kv_append_e4m3_bf16(p: AttnParams) {
+    // SAFETY: forwarded.
+    unsafe { append_e4m3::<Bf16>(&p) }
+}
+
+/// The body of the `kv_append_e4m3_*` kernels: [`append`]'s chunks of 8
+/// elements, quantized.
+///
+/// # Safety
+/// As [`kv_append_e4m3_f16`].
+#[cfg(fa_ptx74)]
+#[inline(always)]
+unsafe fn append_e4m3<T: Elem16>(p: &AttnParams) {
+    use crate::arch::cvt::{bf16_to_f32, f16_to_f32, pack_e4m3x2};
+    let (batch, s_new, nh, d) = (p.batch as usize, p.seqlen_q as usize, p.nheads as usize, p.headdim as usize);
+    let cpr = d / 8;
+    let per = batch * s_new * nh * cpr;
+    let total = if p.v_ptr != 0 { 2 * per } else { per };
+    let to_f32 = |x: u16| if T::IS_BF16 { bf16_to_f32(x) } else { f16_to_f32(x) };
+    let mut w2 = (sreg::block_idx_x() * sreg::block_dim_x() + sreg::thread_idx_x()) as usize;
+    while w2 < total {
+        let (w, src_ptr, [ss0, ss1, ss2], dst_ptr, scales) =
+            if w2 < per { (w2, p.q_ptr, p.q_stride, p.o_ptr, p.k_descale_ptr) } else { (w2 - per, p.k_ptr, p.k_stride, p.v_ptr, p.v_descale_ptr) };
+        let c = w % cpr;
+        let h = w / cpr % nh;
+        let i = w / cpr / nh % s_new;
+        let b = w / cpr / nh / s_new;
+        // SAFETY: b < batch: the host sized cache_seqlens.
+        let cached = unsafe { *(p.cache_seqlens_ptr as *const i32).add(b) };
+        let t = cached.max(0) as u64 + i as u64;
+        if t < p.seqlen_k as u64 {
+            let [ds0, ds1, ds2] = p.o_stride;
+            let src = (src_ptr as *const u16).wrapping_add((b as u64 * ss0 + i as u64 * ss1 + h as u64 * ss2) as usize + 8 * c);
+            let row = if p.block_table_ptr != 0 {
+                // SAFETY: t < capacity = block_table_stride · page_size.
+                let page = unsafe { p.page_of(b as u32, t as u32) } as u64;
+                page * ds0 + p.page_row(t as u32) as u64 * ds1
+            } else {
+                // SAFETY: host-sized cache_batch_idx (clamped).
+                let kb = unsafe { p.kv_batch(b as u32) } as u64;
+                kb * ds0 + t * ds1
+            };
+            let dst = (dst_ptr as *mut u8).wrapping_add((row + h as u64 * ds2) as usize + 8 * c);
+            // SAFETY: the host's scale array holds one f32, or one per KV head.
+            let scale = unsafe { *(scales as *const f32).add(h * p.descale_head_stride as usize) };
+            // SAFETY: a 16-byte chunk inside the source row.
+            let x = unsafe { *(src as *const [u32; 4]) };
+            let mut codes = [0u32; 2];
+            for (k, code) in codes.iter_mut().enumerate() {
+                let q = |w: u32| pack_e4m3x2(to_f32(w as u16) / scale, to_f32((w >> 16) as u16) / scale) as u32;
+                *code = q(x[2 * k]) | q(x[2 * k + 1]) << 16;
+            }
+            // SAFETY: 8 bytes inside the cache row (8-byte aligned: host).
+            unsafe { *(dst as *mut [u32; 2]) = codes };
+        }
+        w2 += (sreg::grid_dim_x() * sreg::block_dim_x()) as usize;
+    }
+}

@@ -139,6 +139,15 @@ pub struct AttnParams {
     pub vnew_ptr: u64,
     pub knew_stride: [u64; 3],
     pub vnew_stride: [u64; 3],
+    /// FP8 (e4m3) KV cache (the `_e4m3` flash-decoding kernels): f32
+    /// dequantization scales of K and V, `k = k_scale · e4m3(k_cache)`; the
+    /// scale of KV head `h` is at `h · descale_head_stride` (0: one scale
+    /// per tensor, 1: one per KV head). 0 for 16-bit caches.
+    pub k_descale_ptr: u64,
+    pub v_descale_ptr: u64,
+    pub descale_head_stride: u32,
+    /// Keeps the block a multiple of 8 bytes with no implicit padding.
+    pub descale_pad: u32,
 }
 
 /// [`AttnParams::split_tickets`] bit 1: fixed split shares interleaved over
@@ -205,6 +214,10 @@ impl Default for AttnParams {
             vnew_ptr: 0,
             knew_stride: [0; 3],
             vnew_stride: [0; 3],
+            k_descale_ptr: 0,
+            v_descale_ptr: 0,
+            descale_head_stride: 0,
+            descale_pad: 0,
         }
     }
 }

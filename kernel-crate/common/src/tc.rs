@@ -86,6 +86,15 @@ pub const fn dec_smem_bytes(d: usize, nw: usize, bc: usize, stages: usize) -> us
     tile_bytes(DEC_BR, d) + if kv > m { kv } else { m }
 }
 
+/// Flash-decoding over an FP8 cache: the Q tile, one 16-bit K and V tile
+/// (the converted block), then `stages` stages of K and V codes (`bc·d`
+/// bytes each); the merge reuses the space after the Q tile.
+pub const fn dec_f8_smem_bytes(d: usize, nw: usize, bc: usize, stages: usize) -> usize {
+    let kv = 2 * dec_kv_tile_bytes(bc, d) + 2 * stages * bc * d;
+    let m = dec_merge_bytes(d, nw);
+    tile_bytes(DEC_BR, d) + if kv > m { kv } else { m }
+}
+
 /// Flash-decoding kernels' optional per-block timeline (`AttnParams::scratch_ptr`,
 /// written by thread 0 of each block): word 0 holds `smid | split << 16 |
 /// last << 32` (`last`: the block merged its tile's splits), words

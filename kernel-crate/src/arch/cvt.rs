@@ -45,3 +45,42 @@ pub fn f32_to_f16(x: f32) -> u16 {
 pub fn f32_to_bf16(x: f32) -> u16 {
     pack_bf16x2(x, 0.0) as u16
 }
+
+/// `cvt.rn.f16x2.e4m3x2 d, a` (sm_89+, PTX ISA 7.8): two FP8 e4m3 codes
+/// (byte 0 → the low half) as f16 — exact (every e4m3 value, subnormals
+/// included, is a normal f16 or zero).
+#[cfg(fa_ptx74)]
+#[inline(always)]
+pub fn e4m3x2_to_f16x2(x: u16) -> u32 {
+    let d: u32;
+    // SAFETY: register-only instruction.
+    unsafe { core::arch::asm!("cvt.rn.f16x2.e4m3x2 {d}, {x};", d = out(reg32) d, x = in(reg16) x, options(pure, nomem, nostack)) };
+    d
+}
+
+/// Two f16 that came from e4m3 codes (normal or zero, at most 3 mantissa
+/// bits) as bf16, exactly: the f16 bits moved to bf16's field positions
+/// read as the value times 2⁻¹¹² (the 5-bit exponent lands in the low bits
+/// of bf16's 8-bit one), and `mul.rn.bf16x2` by 2¹¹² (sm_90) puts the scale
+/// back without rounding. Zero stays zero.
+#[cfg(fa_ptx74)]
+#[inline(always)]
+pub fn f16x2_from_e4m3_to_bf16x2(x: u32) -> u32 {
+    let moved = ((x >> 3) & 0x0fff_0fff) | (x & 0x8000_8000);
+    let d: u32;
+    // SAFETY: register-only instruction. 0x7780 is 2¹¹² in bf16.
+    unsafe { core::arch::asm!("mul.rn.bf16x2 {d}, {a}, {s};", d = out(reg32) d, a = in(reg32) moved, s = in(reg32) 0x7780_7780u32, options(pure, nomem, nostack)) };
+    d
+}
+
+/// `cvt.rn.satfinite.e4m3x2.f32 d, hi, lo` (sm_89+): two f32 as FP8 e4m3
+/// codes, round to nearest even, saturating to ±448 (NaN stays NaN); `lo`
+/// in the low byte.
+#[cfg(fa_ptx74)]
+#[inline(always)]
+pub fn pack_e4m3x2(lo: f32, hi: f32) -> u16 {
+    let d: u16;
+    // SAFETY: register-only instruction.
+    unsafe { core::arch::asm!("cvt.rn.satfinite.e4m3x2.f32 {d}, {h}, {l};", d = out(reg16) d, h = in(reg32) hi, l = in(reg32) lo, options(pure, nomem, nostack)) };
+    d
+}

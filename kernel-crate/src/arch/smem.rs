@@ -51,3 +51,40 @@ pub unsafe fn ld_volatile_shared_u32(addr: u32) -> u32 {
     unsafe { core::arch::asm!("ld.volatile.shared.u32 {v}, [{a}];", v = out(reg32) v, a = in(reg32) addr, options(nostack, readonly)) };
     v
 }
+
+/// `ld.shared.v4.u32`: 16 bytes from a 32-bit shared-window address.
+///
+/// # Safety
+/// `addr` 16-byte aligned inside the block's shared memory; what it reads
+/// was written before a barrier this thread passed (or by this thread's own
+/// completed copies).
+#[inline(always)]
+pub unsafe fn ld_shared_v4(addr: u32) -> [u32; 4] {
+    let (a, b, c, d): (u32, u32, u32, u32);
+    // SAFETY: caller.
+    unsafe {
+        core::arch::asm!(
+            "ld.shared.v4.u32 {{{a}, {b}, {c}, {d}}}, [{p}];",
+            a = out(reg32) a, b = out(reg32) b, c = out(reg32) c, d = out(reg32) d, p = in(reg32) addr,
+            options(nostack, readonly)
+        )
+    };
+    [a, b, c, d]
+}
+
+/// `st.shared.v4.u32`: 16 bytes to a 32-bit shared-window address.
+///
+/// # Safety
+/// `addr` 16-byte aligned inside the block's shared memory, not read by
+/// another thread until a barrier.
+#[inline(always)]
+pub unsafe fn st_shared_v4(addr: u32, v: [u32; 4]) {
+    // SAFETY: caller.
+    unsafe {
+        core::arch::asm!(
+            "st.shared.v4.u32 [{p}], {{{a}, {b}, {c}, {d}}};",
+            p = in(reg32) addr, a = in(reg32) v[0], b = in(reg32) v[1], c = in(reg32) v[2], d = in(reg32) v[3],
+            options(nostack)
+        )
+    };
+}

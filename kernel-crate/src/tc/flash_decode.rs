@@ -881,3 +881,8 @@ unsafe fn last_split(p: &AttnParams, tile: usize, flag: u32, tid: usize) -> bool
     // SAFETY: written above, a barrier passed.
     unsafe { ld_volatile_shared_u32(flag) != 0 }
 }
+
+#[cfg(fa_ptx74)]
+mod f8;
+#[cfg(fa_ptx74)]
+pub use f8::forward_f8;

@@ -226,6 +226,55 @@ macro_rules! dec_kernels {
     )*};
 }
 
+/// Flash-decoding entry points over an FP8 (e4m3) KV cache
+/// (`flash_decode::forward_f8`): q and O in f16/bf16, the cache's codes staged in
+/// shared memory and converted there (sm_89+ conversions: the sm_90 builds
+/// only), K's and V's scales from `AttnParams::k_descale_ptr`/`v_descale_ptr`.
+/// The static split schedule; new keys are appended (quantized) by
+/// `kv_append_e4m3_*` before the launch.
+#[cfg(fa_ptx74)]
+macro_rules! dec_f8_kernels {
+    ($( $name:ident : $t:ty, d = $d:literal, w = $w:literal, bc = $bc:literal, s = $s:literal, pf = $pf:literal; )*) => {$(
+        /// Flash-decoding kernel over an FP8 KV cache; grid and shared
+        /// memory as the host's decode table computes them.
+        ///
+        /// # Safety
+        /// As the `fa2d` kernels, with one-byte cache elements and the
+        /// scale arrays set: `p` describes valid device buffers
+        /// (host-checked), launched with `32 * w` threads and the dynamic
+        /// shared memory of its config.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $name(p: flash_attn_common::AttnParams) {
+            // SAFETY: forwarded to the caller (the host's launch).
+            unsafe {
+                flash_decode::forward_f8::<$t, $d, { $d / 16 }, { $d / 8 }, $w, $bc, { $bc / $w }, { $bc / $w / 8 }, { $bc / $w / 16 }, $s, $pf>(&p)
+            }
+        }
+    )*};
+}
+
+#[cfg(fa_ptx74)]
+dec_f8_kernels! {
+    flash_fwd_tc_dec_f16_e4m3_d32_w4_bc64_s4: F16, d = 32, w = 4, bc = 64, s = 4, pf = 0;
+    flash_fwd_tc_dec_bf16_e4m3_d32_w4_bc64_s4: Bf16, d = 32, w = 4, bc = 64, s = 4, pf = 0;
+    flash_fwd_tc_dec_f16_e4m3_d64_w4_bc64_s4: F16, d = 64, w = 4, bc = 64, s = 4, pf = 0;
+    flash_fwd_tc_dec_bf16_e4m3_d64_w4_bc64_s4: Bf16, d = 64, w = 4, bc = 64, s = 4, pf = 0;
+    flash_fwd_tc_dec_f16_e4m3_d96_w4_bc64_s4: F16, d = 96, w = 4, bc = 64, s = 4, pf = 0;
+    flash_fwd_tc_dec_bf16_e4m3_d96_w4_bc64_s4: Bf16, d = 96, w = 4, bc = 64, s = 4, pf = 0;
+    flash_fwd_tc_dec_f16_e4m3_d128_w8_bc128_s4: F16, d = 128, w = 8, bc = 128, s = 4, pf = 128;
+    flash_fwd_tc_dec_bf16_e4m3_d128_w8_bc128_s4: Bf16, d = 128, w = 8, bc = 128, s = 4, pf = 128;
+    flash_fwd_tc_dec_f16_e4m3_d128_w4_bc64_s4: F16, d = 128, w = 4, bc = 64, s = 4, pf = 128;
+    flash_fwd_tc_dec_bf16_e4m3_d128_w4_bc64_s4: Bf16, d = 128, w = 4, bc = 64, s = 4, pf = 128;
+    flash_fwd_tc_dec_f16_e4m3_d160_w4_bc64_s4: F16, d = 160, w = 4, bc = 64, s = 4, pf = 0;
+    flash_fwd_tc_dec_bf16_e4m3_d160_w4_bc64_s4: Bf16, d = 160, w = 4, bc = 64, s = 4, pf = 0;
+    flash_fwd_tc_dec_f16_e4m3_d192_w4_bc64_s4: F16, d = 192, w = 4, bc = 64, s = 4, pf = 0;
+    flash_fwd_tc_dec_bf16_e4m3_d192_w4_bc64_s4: Bf16, d = 192, w = 4, bc = 64, s = 4, pf = 0;
+    flash_fwd_tc_dec_f16_e4m3_d224_w4_bc64_s4: F16, d = 224, w = 4, bc = 64, s = 4, pf = 0;
+    flash_fwd_tc_dec_bf16_e4m3_d224_w4_bc64_s4: Bf16, d = 224, w = 4, bc = 64, s = 4, pf = 0;
+    flash_fwd_tc_dec_f16_e4m3_d256_w4_bc64_s4: F16, d = 256, w = 4, bc = 64, s = 4, pf = 0;
+    flash_fwd_tc_dec_bf16_e4m3_d256_w4_bc64_s4: Bf16, d = 256, w = 4, bc = 64, s = 4, pf = 0;
+}
+
 dec_kernels! {
     flash_fwd_tc_dec_f16_d32_w4_bc64_s3 / flash_fwd_tc_dec_f16_d32_w4_bc64_s3_c: F16, d = 32, w = 4, bc = 64, s = 3, qreg = false, pf = 0, tickets = false, append = false, page_batch = false;
     flash_fwd_tc_dec_bf16_d32_w4_bc64_s3 / flash_fwd_tc_dec_bf16_d32_w4_bc64_s3_c: Bf16, d = 32, w = 4, bc = 64, s = 3, qreg = false, pf = 0, tickets = false, append = false, page_batch = false;
