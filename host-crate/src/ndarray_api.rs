@@ -27,11 +27,14 @@ use cudarc::driver::{CudaStream, DevicePtr};
 use flash_attn_common::RowState;
 use ndarray::{Array2, Array3, Array4, ArrayView3, ArrayView4};
 
-use crate::api::{AlibiSlopes, AttnElem, Extras, ForwardParams, RowStats, Tensor, TensorLayout, validate};
+use crate::params::ForwardParams;
+use crate::tensor::{AlibiSlopes, AttnElem, Extras, RowStats, Tensor, TensorLayout};
+use crate::validate::{Problem, validate};
 use crate::reference::HostAlibi;
-use crate::varlen_api::Varlen;
+use crate::tensor::Varlen;
 use crate::dispatch::{self, DType};
-use crate::device::{FlashAttention, default_flash_attention};
+use crate::device::FlashAttention;
+use crate::open::default_flash_attention;
 use crate::error::Result;
 use crate::reference;
 
@@ -87,7 +90,10 @@ pub enum Backend {
     /// The process-wide [`FlashAttention`] on device 0.
     Gpu(Arc<FlashAttention>),
     /// The CPU reference, because no GPU can be used (`reason` says why).
-    Cpu { reason: String },
+    Cpu {
+        /// Why no GPU can be used.
+        reason: String,
+    },
 }
 
 /// The backend of [`flash_attn_func`]; the GPU probe runs once per process.
@@ -139,7 +145,7 @@ fn check_arrays<T>(
     k: &ArrayView4<'_, T>,
     v: &ArrayView4<'_, T>,
     params: &ForwardParams,
-) -> Result<crate::api::Problem> {
+) -> Result<Problem> {
     let (ql, kl, vl) = (layout_of(q), layout_of(k), layout_of(v));
     validate((&ql.0, ql.1), (&kl.0, kl.1), (&vl.0, vl.1), (&ql.0, ql.1), params)
 }

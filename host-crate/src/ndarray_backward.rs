@@ -30,7 +30,8 @@ use cudarc::driver::CudaStream;
 use flash_attn_common::LOG2_E;
 use ndarray::{ArrayView2, ArrayView3, ArrayView4, Dimension};
 
-use crate::api::{AttnElem, Problem, RowStats, Tensor, TensorLayout};
+use crate::tensor::{AttnElem, RowStats, Tensor, TensorLayout};
+use crate::validate::Problem;
 use crate::backward::{BackwardParams, BackwardShapes, validate_backward, validate_backward_varlen};
 use crate::device::FlashAttention;
 use crate::dispatch::DType;
@@ -43,9 +44,13 @@ use crate::reference::{self, Grads, HostAlibi, VarlenGrads};
 /// `seqused_k`, `(max_seqlen_q, max_seqlen_k)`.
 #[derive(Clone, Copy, Debug)]
 pub struct HostVarlen<'a> {
+    /// `(batch + 1)` prefix sums of the query lengths, from 0.
     pub cu_seqlens_q: &'a [i32],
+    /// `(batch + 1)` prefix sums of the key lengths, from 0.
     pub cu_seqlens_k: &'a [i32],
+    /// Optional `(batch)`: keys actually used per sequence (≤ its segment).
     pub seqused_k: Option<&'a [i32]>,
+    /// `(max_seqlen_q, max_seqlen_k)`: at least every segment's length.
     pub max_seqlen: (usize, usize),
 }
 

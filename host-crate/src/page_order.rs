@@ -48,6 +48,7 @@ use crate::reference::decode::{check_lengths, paged_capacity};
 /// The call an ordered table is made for: its options and shape.
 #[derive(Clone, Copy, Debug)]
 pub struct KvCacheCall<'p> {
+    /// The options of the decode call the table is ordered for.
     pub params: &'p ForwardParams,
     /// Whether the call passes ALiBi slopes (position-dependent: no order).
     pub alibi: bool,

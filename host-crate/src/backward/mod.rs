@@ -24,11 +24,10 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 
-use crate::api::{AttnElem, Extras, RowStats, Tensor, TensorLayout, TensorMut};
+use crate::tensor::{AttnElem, Extras, RowStats, Tensor, TensorLayout, TensorMut, Varlen};
 use crate::device::FlashAttention;
 use crate::error::Result;
 use crate::params::ForwardParams;
-use crate::varlen_api::Varlen;
 
 pub use plan::{BackwardPlan, ScratchSizes};
 pub use validate::{BackwardShapes, validate_backward, validate_backward_varlen};
@@ -37,15 +36,20 @@ pub use validate::{BackwardShapes, validate_backward, validate_backward_varlen};
 /// (dQ additions in a fixed order: the same bits on every run).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct BackwardParams {
+    /// The options of the forward pass whose gradients these are.
     pub forward: ForwardParams,
+    /// Bit-identical dK/dV/dQ on every run (a fixed reduction order), at some cost in speed.
     pub deterministic: bool,
 }
 
 /// Gradients allocated by [`FlashAttention::backward`], contiguous.
 #[derive(Debug)]
 pub struct Gradients<T> {
+    /// dQ, shaped like q.
     pub dq: CudaSlice<T>,
+    /// dK, shaped like k.
     pub dk: CudaSlice<T>,
+    /// dV, shaped like v.
     pub dv: CudaSlice<T>,
     /// Layouts of dq (q's shape), dk (k's), dv (v's).
     pub layouts: [TensorLayout; 3],

@@ -56,7 +56,7 @@ use cudarc::nccl::{Comm, NcclType};
 use super::gpu_merge::AccShape;
 use super::schedule::{Mask, ring_block};
 use super::sharding::Sharding;
-use crate::api::{AttnElem, StatsMut, Tensor, TensorLayout, TensorMut};
+use crate::tensor::{AttnElem, StatsMut, Tensor, TensorLayout, TensorMut};
 use crate::device::FlashAttention;
 use crate::error::{FlashAttnError, Result};
 use crate::params::ForwardParams;
