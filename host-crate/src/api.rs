@@ -1,27 +1,5 @@
 //! The device-level API: attention over cudarc buffers, on the caller's
 //! stream, with no host synchronization (every call only enqueues work).
-//!
-//! ```no_run
-//! use std::sync::Arc;
-//! use cudarc::driver::CudaContext;
-//! use flash_attn::{FlashAttention, ForwardParams, LoopOrder, RowStats, Tensor, TensorLayout};
-//!
-//! # fn main() -> Result<(), flash_attn::FlashAttnError> {
-//! let ctx = CudaContext::new(0)?;
-//! let stream = ctx.default_stream();
-//! let fa = FlashAttention::new(&ctx)?;
-//! let shape = [2, 1024, 12, 64]; // (batch, seqlen, nheads, headdim)
-//! let n = shape.iter().product::<usize>();
-//! let q = stream.clone_htod(&vec![0.5f32; n])?;
-//! let k = stream.clone_htod(&vec![0.25f32; n])?;
-//! let v = stream.clone_htod(&vec![1.0f32; n])?;
-//! let layout = TensorLayout::contiguous(shape);
-//! let params = ForwardParams { causal: true, ..Default::default() };
-//! let out = fa.forward(&stream, Tensor::new(&q, layout), Tensor::new(&k, layout), Tensor::new(&v, layout), &params)?;
-//! let o: Vec<f32> = stream.clone_dtoh(&out.o)?; // synchronizes here, not before
-//! if let RowStats::LogSumExp(lse) = &out.stats { let _lse = stream.clone_dtoh(lse)?; }
-//! # Ok(()) }
-//! ```
 
 use std::sync::Arc;
 
@@ -64,6 +42,28 @@ impl FlashAttention {
     /// [`FlashAttnError`]). f16/bf16 run on the tensor cores (FA2, FA1; head
     /// dims 32, 64, 96, 128, 256; 16-byte aligned, strides multiple of 8);
     /// anything else 16-bit is a typed [`FlashAttnError::Unsupported`].
+    ///
+    /// ```no_run
+    /// use std::sync::Arc;
+    /// use cudarc::driver::CudaContext;
+    /// use flash_attn::{FlashAttention, ForwardParams, LoopOrder, RowStats, Tensor, TensorLayout};
+    ///
+    /// # fn main() -> Result<(), flash_attn::FlashAttnError> {
+    /// let ctx = CudaContext::new(0)?;
+    /// let stream = ctx.default_stream();
+    /// let fa = FlashAttention::new(&ctx)?;
+    /// let shape = [2, 1024, 12, 64]; // (batch, seqlen, nheads, headdim)
+    /// let n = shape.iter().product::<usize>();
+    /// let q = stream.clone_htod(&vec![0.5f32; n])?;
+    /// let k = stream.clone_htod(&vec![0.25f32; n])?;
+    /// let v = stream.clone_htod(&vec![1.0f32; n])?;
+    /// let layout = TensorLayout::contiguous(shape);
+    /// let params = ForwardParams { causal: true, ..Default::default() };
+    /// let out = fa.forward(&stream, Tensor::new(&q, layout), Tensor::new(&k, layout), Tensor::new(&v, layout), &params)?;
+    /// let o: Vec<f32> = stream.clone_dtoh(&out.o)?; // synchronizes here, not before
+    /// if let RowStats::LogSumExp(lse) = &out.stats { let _lse = stream.clone_dtoh(lse)?; }
+    /// # Ok(()) }
+    /// ```
     pub fn forward<T, Q, K, V>(
         &self,
         stream: &Arc<CudaStream>,

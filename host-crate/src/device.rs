@@ -29,6 +29,53 @@ pub enum KernelFamily {
 /// shared-memory limit raised to the device's opt-in maximum. Cheap to
 /// share (`Send + Sync`); launches go to whatever stream of this context
 /// the caller passes.
+///
+/// Its calls: [`forward`](FlashAttention::forward) (and `_into`, `_ext`),
+/// [`forward_varlen`](FlashAttention::forward_varlen),
+/// [`forward_kvcache`](FlashAttention::forward_kvcache) (decode against a
+/// [`KvCache`](crate::KvCache), contiguous or paged),
+/// [`forward_varlen_paged`](FlashAttention::forward_varlen_paged),
+/// [`backward`](FlashAttention::backward) and
+/// [`backward_varlen`](FlashAttention::backward_varlen). One decode step
+/// against a paged cache:
+///
+/// ```no_run
+/// use cudarc::driver::{CudaContext, DevicePtr};
+/// use flash_attn::{BlockTable, DecodeOptions, Extras, FlashAttention, ForwardParams, KvCache, RowStats, Tensor, TensorLayout};
+/// use half::f16;
+///
+/// # fn main() -> Result<(), flash_attn::FlashAttnError> {
+/// let ctx = CudaContext::new(0)?;
+/// let stream = ctx.default_stream();
+/// let fa = FlashAttention::new(&ctx)?;
+/// let (batch, nheads, nheads_k, d, page_size, pages_per_seq) = (8, 32, 8, 128, 16, 256);
+/// // The pool: (num_pages, page_size, nheads_k, d) for keys and for values.
+/// let pool = TensorLayout::contiguous([batch * pages_per_seq, page_size, nheads_k, d]);
+/// let mut k_pages = stream.alloc_zeros::<f16>(pool.num_elements().unwrap())?;
+/// let mut v_pages = stream.alloc_zeros::<f16>(pool.num_elements().unwrap())?;
+/// let table: Vec<i32> = (0..(batch * pages_per_seq) as i32).collect(); // (batch, pages_per_seq)
+/// let block_table = stream.clone_htod(&table)?;
+/// let cache_seqlens = stream.clone_htod(&vec![1000i32; batch])?; // keys cached per sequence
+/// // This step: one query token per sequence, and its key and value appended.
+/// let step = TensorLayout::contiguous([batch, 1, nheads, d]);
+/// let new = TensorLayout::contiguous([batch, 1, nheads_k, d]);
+/// let q = stream.alloc_zeros::<f16>(step.num_elements().unwrap())?;
+/// let (k_new, v_new) = (stream.alloc_zeros::<f16>(new.num_elements().unwrap())?, stream.alloc_zeros::<f16>(new.num_elements().unwrap())?);
+/// let cache = KvCache {
+///     k_cache: &mut k_pages,
+///     v_cache: &mut v_pages,
+///     layout: pool,
+///     cache_seqlens: &cache_seqlens,
+///     cache_batch_idx: None,
+///     block_table: Some(BlockTable { table: &block_table, max_blocks_per_seq: pages_per_seq }),
+///     k_new: Some(Tensor::new(&k_new as &dyn DevicePtr<f16>, new)),
+///     v_new: Some(Tensor::new(&v_new as &dyn DevicePtr<f16>, new)),
+/// };
+/// let params = ForwardParams { causal: true, ..Default::default() };
+/// let out = fa.forward_kvcache(&stream, Tensor::new(&q, step), cache, &params, &Extras::default(), DecodeOptions::default())?;
+/// let RowStats::LogSumExp(_lse) = &out.stats else { unreachable!("decode writes the logsumexp") };
+/// # Ok(()) }
+/// ```
 #[derive(Debug)]
 pub struct FlashAttention {
     ctx: Arc<CudaContext>,

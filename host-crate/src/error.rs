@@ -45,13 +45,14 @@ pub enum FlashAttnError {
     },
 
     /// A tensor has a zero-sized axis.
-    #[error("`{argument}`: the {axis} axis is zero-sized (shape {shape:?}, layout (batch, seqlen, nheads, headdim))")]
+    #[error("`{argument}`: the {axis} axis is zero-sized (shape {shape:?})")]
     ZeroSizedDim {
         /// The argument's name, as in the call's signature.
         argument: &'static str,
-        /// The axis (`batch`, `seqlen`, `nheads`, `headdim`, or a product of them).
+        /// The axis (`batch`, `seqlen`, `nheads`, `headdim`; a paged pool's
+        /// `num_blocks`, `page_size`, `nheads_k`, `headdim`).
         axis: &'static str,
-        /// The tensor's shape `(batch, seqlen, nheads, headdim)`.
+        /// The tensor's shape (axes as above).
         shape: [usize; 4],
     },
 

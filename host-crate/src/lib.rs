@@ -49,6 +49,33 @@
 //! # Ok::<(), flash_attn::FlashAttnError>(())
 //! ```
 //!
+//! Decode against a KV cache, the new token's key and value appended in
+//! place (FlashAttention-2's `flash_attn_with_kvcache`):
+//!
+//! ```
+//! use flash_attn::{ForwardParams, HostKvCache, flash_attn_with_kvcache};
+//! use ndarray::{Array4, s};
+//!
+//! let (batch, nheads, nheads_k, d) = (2, 4, 2, 32);
+//! let fill = |shape: (usize, usize, usize, usize), seed: f32| {
+//!     Array4::from_shape_fn(shape, |(b, i, h, c)| ((b + 3 * i + 5 * h + 7 * c) as f32 * seed).sin())
+//! };
+//! // (batch_c, seqlen_cache, nheads_k, d): room for 64 keys per sequence.
+//! let mut k_cache = fill((batch, 64, nheads_k, d), 0.01);
+//! let mut v_cache = fill((batch, 64, nheads_k, d), 0.02);
+//! let cache_seqlens = [10, 20]; // keys already cached per sequence
+//! let q = fill((batch, 1, nheads, d), 0.03); // one new token per sequence
+//! let (k_new, v_new) = (fill((batch, 1, nheads_k, d), 0.04), fill((batch, 1, nheads_k, d), 0.05));
+//! let cache = HostKvCache::Contiguous { k_cache: &mut k_cache, v_cache: &mut v_cache, cache_batch_idx: None };
+//! let params = ForwardParams { causal: true, ..Default::default() };
+//! let (out, lse) =
+//!     flash_attn_with_kvcache(q.view(), cache, &cache_seqlens, Some(k_new.view()), Some(v_new.view()), &params, None, None)?;
+//! assert_eq!((out.dim(), lse.dim()), ((batch, 1, nheads, d), (batch, nheads, 1)));
+//! // The new keys now sit at rows cache_seqlens[b] of the cache.
+//! assert_eq!(k_cache.slice(s![1, 20, .., ..]), k_new.slice(s![1, 0, .., ..]));
+//! # Ok::<(), flash_attn::FlashAttnError>(())
+//! ```
+//!
 //! ## Modules and layers
 //!
 //! Data flows one way: the front ends (`api`, `varlen_api`, `decode`,

@@ -74,21 +74,32 @@ impl Problem {
 }
 
 const AXES: [&str; 4] = ["batch", "seqlen", "nheads", "headdim"];
+/// The axes of a paged cache's pool (`k_pages`, `v_pages`).
+const PAGE_AXES: [&str; 4] = ["num_blocks", "page_size", "nheads_k", "headdim"];
+
+/// The names of `argument`'s axes, for messages.
+fn axes_of(argument: &str) -> [&'static str; 4] {
+    if argument.ends_with("_pages") { PAGE_AXES } else { AXES }
+}
+
 /// Largest batch, nheads and seqlen the kernels index (u32 fields of `AttnParams`).
 pub const MAX_DIM: usize = i32::MAX as usize;
 /// Largest supported head dim.
 pub const MAX_HEADDIM: usize = 256;
 
+/// One tensor argument: no zero-sized axis, head dim and sizes within the
+/// kernels' range, its buffer long enough for shape and strides.
 pub(crate) fn check_layout(argument: &'static str, l: &TensorLayout, buffer_len: usize) -> Result<()> {
+    let axes = axes_of(argument);
     for (a, &n) in l.shape.iter().enumerate() {
         if n == 0 {
-            return Err(FlashAttnError::ZeroSizedDim { argument, axis: AXES[a], shape: l.shape });
+            return Err(FlashAttnError::ZeroSizedDim { argument, axis: axes[a], shape: l.shape });
         }
     }
     if l.headdim() > MAX_HEADDIM {
         return Err(FlashAttnError::HeadDimOutOfRange { argument, headdim: l.headdim() });
     }
-    for (&value, axis) in l.shape[..3].iter().zip(AXES) {
+    for (&value, axis) in l.shape[..3].iter().zip(axes) {
         if value > MAX_DIM {
             return Err(FlashAttnError::DimTooLarge { argument, axis, value, max: MAX_DIM });
         }
@@ -223,6 +234,29 @@ mod tests {
         let e = run([2, 5, 3, 8], [2, 7, 3, 8], [2, 7, 3, 8], [2, 5, 3, 4]).unwrap_err();
         assert!(matches!(e, FlashAttnError::ShapeMismatch { argument: "o", axis: "headdim", actual: 4, expected: 8, .. }));
         assert!(e.to_string().contains("`o`"));
+    }
+
+    #[test]
+    fn messages_say_each_thing_once() {
+        // A value that names its argument is printed alone, not after "`nheads_k` =".
+        let e = run([2, 5, 3, 8], [2, 7, 4, 8], [2, 7, 4, 8], [2, 5, 3, 8]).unwrap_err();
+        let m = e.to_string();
+        assert!(m.starts_with("nheads_k = 4, nheads = 3: "), "{m}");
+        assert_eq!(m.matches("nheads_k").count(), 2, "{m}"); // the value and the rule's formula
+        // Otherwise the argument is named once, then its value.
+        let e = FlashAttnError::InvalidArgument { argument: "num_splits", value: "0".into(), reason: "must be in 1..=128" };
+        assert_eq!(e.to_string(), "`num_splits` = 0: must be in 1..=128");
+        // A misaligned address in hex, a misaligned stride in decimal.
+        let p = AttnParams { q_ptr: 0x7f00_0000_0102, k_ptr: 0x10, v_ptr: 0x10, o_ptr: 0x10, batch: 1, seqlen_q: 1, seqlen_k: 1, nheads: 1, ..Default::default() };
+        let m = check_tc_alignment(&p).unwrap_err().to_string();
+        assert!(m.ends_with("(got 0x7f0000000102)"), "{m}");
+        let p = AttnParams { q_ptr: 0x10, q_stride: [64, 12, 8], batch: 1, seqlen_q: 2, seqlen_k: 1, nheads: 1, k_ptr: 0x10, v_ptr: 0x10, o_ptr: 0x10, ..Default::default() };
+        let m = check_tc_alignment(&p).unwrap_err().to_string();
+        assert!(m.ends_with("(got 12)"), "{m}");
+        // A paged pool's axes by their own names.
+        let e = check_layout("k_pages", &TensorLayout::contiguous([4, 0, 2, 8]), 0).unwrap_err();
+        assert!(matches!(e, FlashAttnError::ZeroSizedDim { argument: "k_pages", axis: "page_size", .. }), "{e}");
+        assert_eq!(e.to_string(), "`k_pages`: the page_size axis is zero-sized (shape [4, 0, 2, 8])");
     }
 
     #[test]
