@@ -95,25 +95,25 @@ pub mod advanced;
 mod api;
 mod backward;
 pub mod context_parallel;
-#[allow(missing_docs)] // see below
+#[allow(missing_docs)] // see above
 mod decode;
-#[allow(missing_docs)] // see below
+#[allow(missing_docs)] // see above
 mod decode_kernels;
 mod device;
-#[allow(missing_docs)] // see below
+#[allow(missing_docs)] // see above
 mod dispatch;
 mod error;
 mod hopper;
 mod ndarray_api;
 mod ndarray_backward;
-#[allow(missing_docs)] // see below
+#[allow(missing_docs)] // see above
 mod ndarray_kvcache;
 mod open;
 mod page_order;
 mod params;
 mod ptx;
 pub mod reference;
-#[allow(missing_docs)] // see below
+#[allow(missing_docs)] // see above
 mod tc;
 mod tensor;
 mod validate;
