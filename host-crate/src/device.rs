@@ -237,6 +237,16 @@ impl FlashAttention {
         Ok(ptr)
     }
 
+    /// `stream` belongs to this `FlashAttention`'s context (else
+    /// [`FlashAttnError::ContextMismatch`] naming `argument`).
+    pub(crate) fn check_stream(&self, argument: &'static str, stream: &CudaStream) -> Result<()> {
+        let ctx = stream.context();
+        if ctx.cu_ctx() != self.context().cu_ctx() {
+            return Err(FlashAttnError::ContextMismatch { argument, found: ctx.ordinal(), expected: self.context().ordinal() });
+        }
+        Ok(())
+    }
+
     pub(crate) fn prepare(&self, l: &Launch) -> Result<(&CudaFunction, LaunchConfig)> {
         let f = self.kernels.get(l.kernel)?.ok_or(FlashAttnError::Unsupported {
             argument: "q",

@@ -104,6 +104,7 @@ mod device;
 mod dispatch;
 mod error;
 mod hopper;
+mod launch;
 mod ndarray_api;
 mod ndarray_backward;
 #[allow(missing_docs)] // see above
