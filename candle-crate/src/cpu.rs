@@ -148,7 +148,7 @@ fn run<T: Elem>(c: &Checked, alibi: Option<&Slopes>, qkv: [(&CpuStorage, &Layout
     let [(q, q_l), (k, k_l), (v, v_l)] = qkv;
     // The core's own validation, so both paths report the same typed errors.
     let o_layout = TensorLayout::contiguous(c.q.shape);
-    let problem = flash_attn::api::validate(
+    let problem = flash_attn::advanced::validate::validate(
         (&c.q, len_from(q.as_slice::<T>()?.len(), q_l)),
         (&c.k, len_from(k.as_slice::<T>()?.len(), k_l)),
         (&c.v, len_from(v.as_slice::<T>()?.len(), v_l)),

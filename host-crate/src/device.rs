@@ -1,15 +1,27 @@
 //! The loaded kernels of one device: [`FlashAttention`].
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
 use cudarc::driver::sys::CUdevice_attribute;
 use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig};
 
-use crate::dispatch::{self, DeviceLimits, Launch};
+use crate::dispatch::{DeviceLimits, Launch};
 use crate::error::{FlashAttnError, Result};
 use crate::ptx::load::LazyKernels;
 use crate::ptx::{self, PtxBuild};
+
+/// Which kernels a [`FlashAttention`] may run on a compute capability 9.0
+/// device.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum KernelFamily {
+    /// The Hopper-native kernels where they apply (sm_90a PTX on CC 9.0),
+    /// the `mma.sync` kernels elsewhere.
+    #[default]
+    Auto,
+    /// Only the `mma.sync` kernels (the sm_80/sm_90 PTX), on every device.
+    MmaSync,
+}
 
 /// The flash-attn kernels of one CUDA context: the embedded PTX build for
 /// the device's compute capability, each kernel loaded on first use (its
@@ -17,6 +29,53 @@ use crate::ptx::{self, PtxBuild};
 /// shared-memory limit raised to the device's opt-in maximum. Cheap to
 /// share (`Send + Sync`); launches go to whatever stream of this context
 /// the caller passes.
+///
+/// Its calls: [`forward`](FlashAttention::forward) (and `_into`, `_ext`),
+/// [`forward_varlen`](FlashAttention::forward_varlen),
+/// [`forward_kvcache`](FlashAttention::forward_kvcache) (decode against a
+/// [`KvCache`](crate::KvCache), contiguous or paged),
+/// [`forward_varlen_paged`](FlashAttention::forward_varlen_paged),
+/// [`backward`](FlashAttention::backward) and
+/// [`backward_varlen`](FlashAttention::backward_varlen). One decode step
+/// against a paged cache:
+///
+/// ```no_run
+/// use cudarc::driver::{CudaContext, DevicePtr};
+/// use flash_attn::{BlockTable, DecodeOptions, Extras, FlashAttention, ForwardParams, KvCache, RowStats, Tensor, TensorLayout};
+/// use half::f16;
+///
+/// # fn main() -> Result<(), flash_attn::FlashAttnError> {
+/// let ctx = CudaContext::new(0)?;
+/// let stream = ctx.default_stream();
+/// let fa = FlashAttention::new(&ctx)?;
+/// let (batch, nheads, nheads_k, d, page_size, pages_per_seq) = (8, 32, 8, 128, 16, 256);
+/// // The pool: (num_pages, page_size, nheads_k, d) for keys and for values.
+/// let pool = TensorLayout::contiguous([batch * pages_per_seq, page_size, nheads_k, d]);
+/// let mut k_pages = stream.alloc_zeros::<f16>(pool.num_elements().unwrap())?;
+/// let mut v_pages = stream.alloc_zeros::<f16>(pool.num_elements().unwrap())?;
+/// let table: Vec<i32> = (0..(batch * pages_per_seq) as i32).collect(); // (batch, pages_per_seq)
+/// let block_table = stream.clone_htod(&table)?;
+/// let cache_seqlens = stream.clone_htod(&vec![1000i32; batch])?; // keys cached per sequence
+/// // This step: one query token per sequence, and its key and value appended.
+/// let step = TensorLayout::contiguous([batch, 1, nheads, d]);
+/// let new = TensorLayout::contiguous([batch, 1, nheads_k, d]);
+/// let q = stream.alloc_zeros::<f16>(step.num_elements().unwrap())?;
+/// let (k_new, v_new) = (stream.alloc_zeros::<f16>(new.num_elements().unwrap())?, stream.alloc_zeros::<f16>(new.num_elements().unwrap())?);
+/// let cache = KvCache {
+///     k_cache: &mut k_pages,
+///     v_cache: &mut v_pages,
+///     layout: pool,
+///     cache_seqlens: &cache_seqlens,
+///     cache_batch_idx: None,
+///     block_table: Some(BlockTable { table: &block_table, max_blocks_per_seq: pages_per_seq }),
+///     k_new: Some(Tensor::new(&k_new as &dyn DevicePtr<f16>, new)),
+///     v_new: Some(Tensor::new(&v_new as &dyn DevicePtr<f16>, new)),
+/// };
+/// let params = ForwardParams { causal: true, ..Default::default() };
+/// let out = fa.forward_kvcache(&stream, Tensor::new(&q, step), cache, &params, &Extras::default(), DecodeOptions::default())?;
+/// let RowStats::LogSumExp(_lse) = &out.stats else { unreachable!("decode writes the logsumexp") };
+/// # Ok(()) }
+/// ```
 #[derive(Debug)]
 pub struct FlashAttention {
     ctx: Arc<CudaContext>,
@@ -40,40 +99,16 @@ pub struct FlashAttention {
 }
 
 impl FlashAttention {
-    /// The kernels of the PTX build for `ctx`'s device. Loads none: each
-    /// kernel is loaded on its first launch.
-    ///
-    /// # What the first call costs
-    /// `new` reads a few device attributes and indexes the embedded PTX
-    /// (split per kernel, once per process: a few milliseconds in release
-    /// builds). The first launch of each kernel then loads that kernel's own
-    /// PTX module, which the driver JIT-compiles for the GPU — typically
-    /// 0.1–1 s per kernel on an H100 with an empty JIT cache (the f32
-    /// kernels are small, the tensor-core and Hopper kernels large) — and
-    /// caches on disk (`~/.nv/ComputeCache`), so later processes pay only
-    /// milliseconds. A call runs one to three kernels (decode: the kernel
-    /// and its split combine; paged caches: the page-order kernel), so the
-    /// first call of a kernel family costs about a second on a fresh
-    /// machine, not the minutes that JIT-compiling the whole build took.
-    ///
-    /// Errors: [`FlashAttnError::UnsupportedDevice`] below sm_80,
-    /// [`FlashAttnError::Driver`] if the device cannot be queried,
-    /// [`FlashAttnError::Ptx`] if the embedded PTX cannot be indexed or
-    /// lacks a kernel of the host's tables. A kernel that fails to load is
-    /// reported by the call that launches it.
-    pub fn new(ctx: &Arc<CudaContext>) -> Result<Self> {
-        Self::with_family(ctx, crate::hopper::KernelFamily::Auto)
-    }
-
-    /// As [`FlashAttention::new`], choosing the kernel family: `Auto` loads
-    /// the sm_90a build (with the Hopper-native kernels) on compute
-    /// capability 9.0; `MmaSync` keeps the portable build everywhere.
-    pub fn with_family(ctx: &Arc<CudaContext>, family: crate::hopper::KernelFamily) -> Result<Self> {
+    /// The device's attributes and the embedded PTX build for `family`,
+    /// indexed (nothing loaded). [`FlashAttention::with_family`] (in
+    /// `open`) adds the check that the build holds every kernel of the
+    /// host's tables.
+    pub(crate) fn load(ctx: &Arc<CudaContext>, family: KernelFamily) -> Result<Self> {
         let (major, minor) = ctx.compute_capability()?;
         let device_name = ctx.name()?;
         let pick = match family {
-            crate::hopper::KernelFamily::Auto => ptx::for_compute_capability,
-            crate::hopper::KernelFamily::MmaSync => ptx::portable_for_compute_capability,
+            KernelFamily::Auto => ptx::for_compute_capability,
+            KernelFamily::MmaSync => ptx::portable_for_compute_capability,
         };
         let build = pick(major, minor).ok_or_else(|| FlashAttnError::UnsupportedDevice {
             name: device_name.clone(),
@@ -93,34 +128,6 @@ impl FlashAttention {
         };
         let kernels = LazyKernels::new(ctx, build, max_smem)
             .map_err(|reason| FlashAttnError::Ptx { build: build.arch, reason })?;
-        // Every kernel of the host's tables must be in the build (the old
-        // eager load failed here too): a mismatch between the kernel crate
-        // and the tables is found at once, not at some later call.
-        let dec_names = crate::decode_kernels::DEC_KERNELS.iter().flat_map(|k| std::iter::once(k.name).chain(k.compact));
-        let tc_names = crate::tc::TC_KERNELS.iter().map(|k| k.name).chain(dec_names);
-        let hopper_names: &[&'static str] = if build.arch == "sm_90a" { crate::hopper::PROBE_KERNELS } else { &[] };
-        // The FP8 KV-cache kernels: the sm_90 builds (e4m3 conversions need sm_89+, PTX ISA 7.8).
-        let fp8_names = crate::decode_kernels::DEC_F8_KERNELS
-            .iter()
-            .map(|k| k.name)
-            .chain(crate::decode::DECODE_FP8_KERNELS.iter().copied())
-            .filter(|_| build_has_fp8(build));
-        let hopper_names = hopper_names.iter().copied().chain(
-            crate::hopper::HOPPER_KERNELS.iter().map(|k| k.name).filter(|_| build.arch == "sm_90a"),
-        );
-        let mut names = dispatch::F32_KERNELS
-            .iter()
-            .chain(crate::backward::plan::BWD_KERNELS)
-            .chain(crate::decode::DECODE_KERNELS)
-            .chain(crate::page_order::PAGE_ORDER_KERNELS)
-            .chain(crate::context_parallel::gpu_merge::RING_KERNELS)
-            .copied()
-            .chain(tc_names)
-            .chain(hopper_names)
-            .chain(fp8_names);
-        if let Some(missing) = names.find(|n| !kernels.contains(n)) {
-            return Err(FlashAttnError::Ptx { build: build.arch, reason: format!("kernel `{missing}` is not in the PTX") });
-        }
         let kernels = Arc::new(kernels);
         Ok(Self { ctx: ctx.clone(), build, cc: (major, minor), device_name, limits, num_sms, peak_mem_bandwidth, kernels, occupancy: Mutex::new(HashMap::new()), split_counters: Mutex::new(HashMap::new()) })
     }
@@ -151,10 +158,12 @@ impl FlashAttention {
         self.cc
     }
 
+    /// The device's name, as the driver reports it.
     pub fn device_name(&self) -> &str {
         &self.device_name
     }
 
+    /// The device's limits the dispatch plans with (opt-in shared memory per block).
     pub fn limits(&self) -> DeviceLimits {
         self.limits
     }
@@ -234,6 +243,16 @@ impl FlashAttention {
         Ok(ptr)
     }
 
+    /// `stream` belongs to this `FlashAttention`'s context (else
+    /// [`FlashAttnError::ContextMismatch`] naming `argument`).
+    pub(crate) fn check_stream(&self, argument: &'static str, stream: &CudaStream) -> Result<()> {
+        let ctx = stream.context();
+        if ctx.cu_ctx() != self.context().cu_ctx() {
+            return Err(FlashAttnError::ContextMismatch { argument, found: ctx.ordinal(), expected: self.context().ordinal() });
+        }
+        Ok(())
+    }
+
     pub(crate) fn prepare(&self, l: &Launch) -> Result<(&CudaFunction, LaunchConfig)> {
         let f = self.kernels.get(l.kernel)?.ok_or(FlashAttnError::Unsupported {
             argument: "q",
@@ -277,20 +296,7 @@ pub fn driver_library_present() -> bool {
     names.iter().any(|n| unsafe { libloading::Library::new(n) }.is_ok())
 }
 
-/// The process-wide [`FlashAttention`] on device 0, created on first use;
-/// the error says why there is none (kept, so the probe runs once).
-pub fn default_flash_attention() -> std::result::Result<Arc<FlashAttention>, String> {
-    static DEFAULT: OnceLock<std::result::Result<Arc<FlashAttention>, String>> = OnceLock::new();
-    DEFAULT
-        .get_or_init(|| {
-            let ctx = try_default_context().map_err(|e| e.to_string())?;
-            std::panic::catch_unwind(|| FlashAttention::new(&ctx).map(Arc::new).map_err(|e| e.to_string()))
-                .unwrap_or_else(|_| Err("the CUDA driver bindings panicked while loading the kernels".into()))
-        })
-        .clone()
-}
-
 /// Whether a PTX build carries the FP8 KV-cache kernels (the ISA 8.0 builds).
-fn build_has_fp8(build: PtxBuild) -> bool {
+pub(crate) fn build_has_fp8(build: PtxBuild) -> bool {
     build.arch != "sm_80"
 }

@@ -1,67 +1,153 @@
 //! # flash-attn
 //!
-//! FlashAttention forward passes written as pure-Rust GPU kernels (compiled
-//! by rustc's `nvptx64-nvidia-cuda` target; see `kernel-crate/`), with
-//! a host API over cudarc device buffers and over `ndarray` arrays.
+//! FlashAttention written in Rust: the forward and backward passes of
+//! FlashAttention (FA1's and FA2's loop orders) and flash-decoding, as GPU
+//! kernels compiled from Rust by rustc's `nvptx64-nvidia-cuda` target, with
+//! a host API over [cudarc] device buffers and one over [`ndarray`] arrays
+//! that runs on the CPU reference when there is no GPU.
 //!
-//! * [`reference`](mod@reference): the CPU reference (standard attention, safe and online
-//!   softmax, the FA1 and FA2 loop orders), generic over f32 and f64.
-//! * [`plan`]: the FA1 tiling plan and the HBM-traffic model.
-//! * [`FlashAttention`] ([`device`], [`api`]): the device-level API over
-//!   cudarc buffers on the caller's stream; [`dispatch`]: the one table that
-//!   picks kernels and launch configurations; [`error`]: the error type.
-//! * [`ndarray_api`]: `flash_attn_func` over `ndarray` arrays, with a CPU
-//!   fallback when no GPU is present.
-//! * [`ptx`]: the embedded PTX, one build per target family.
-//! * [`page_order`]: block tables sorted by address where key order is free
-//!   (a paged cache streamed as its pages lie in memory).
-//! * [`tc`]: the tensor-core (f16/bf16) kernel table and launch.
+//! ## Front doors
+//!
+//! * **ndarray** (any machine; the GPU when there is one):
+//!   [`flash_attn_func`], [`flash_attn_varlen_func`],
+//!   [`flash_attn_with_kvcache`], [`flash_attn_varlen_paged_func`],
+//!   [`flash_attn_backward`], [`flash_attn_varlen_backward`] — the names and
+//!   argument order of FlashAttention-2's Python API; [`Backend`] says where
+//!   a call runs.
+//! * **device** ([`FlashAttention`]): attention over cudarc buffers on the
+//!   caller's stream, with no host synchronization: [`FlashAttention::forward`]
+//!   and its `_into`/`_ext` forms, [`FlashAttention::forward_varlen`],
+//!   [`FlashAttention::forward_kvcache`] (decode against a contiguous or
+//!   paged [`KvCache`]), [`FlashAttention::backward`]. Tensors are
+//!   [`Tensor`]s: a buffer and a [`TensorLayout`] `(batch, seqlen, nheads,
+//!   headdim)` with strides.
+//! * [`order_block_table`]: a paged KV cache's block table sorted by page
+//!   address where the key order is free ([`KvCacheCall`]).
+//! * [`reference`](mod@reference): the CPU reference of every feature,
+//!   generic over f32 and f64 — the specification the kernels are tested
+//!   against.
 //! * [`context_parallel`]: one sequence over several GPUs (ring, zigzag,
 //!   Ulysses), with its CPU simulation.
-pub mod api;
-pub mod backward;
-pub mod context_parallel;
-pub mod decode;
-pub mod decode_kernels;
-pub mod device;
-pub mod dispatch;
-pub mod error;
-pub mod hopper;
-pub mod ndarray_api;
-pub mod ndarray_backward;
-pub mod ndarray_kvcache;
-pub mod ndarray_kvcache_fp8;
-pub mod page_order;
-pub mod params;
-pub mod ptx;
-pub mod reference;
-pub mod varlen;
-pub mod tc;
-pub mod varlen_api;
+//! * [`plan`]: the FA1 tiling plan and the HBM-traffic model.
+//!
+//! Options are [`ForwardParams`] (causal, `softmax_scale`, sliding window,
+//! softcap, loop order); every error is a [`FlashAttnError`] naming the
+//! argument and the value. [`advanced`] holds the kernel tables and
+//! dispatch for tuning and benchmarks, with no stability promise.
+//!
+//! ```
+//! use flash_attn::{ForwardParams, flash_attn_func};
+//! use ndarray::Array4;
+//!
+//! // (batch, seqlen, nheads, headdim); runs on the GPU if there is one.
+//! let q = Array4::<f32>::from_shape_fn((1, 128, 4, 64), |(_, i, h, d)| ((i + h + d) as f32 * 0.01).sin());
+//! let (k, v) = (q.clone(), q.clone());
+//! let params = ForwardParams { causal: true, ..Default::default() };
+//! let (out, lse) = flash_attn_func(q.view(), k.view(), v.view(), &params)?;
+//! assert_eq!(out.shape(), &[1, 128, 4, 64]);
+//! assert_eq!(lse.shape(), &[1, 4, 128]); // (batch, nheads, seqlen_q)
+//! # Ok::<(), flash_attn::FlashAttnError>(())
+//! ```
+//!
+//! Decode against a KV cache, the new token's key and value appended in
+//! place (FlashAttention-2's `flash_attn_with_kvcache`):
+//!
+//! ```
+//! use flash_attn::{ForwardParams, HostKvCache, flash_attn_with_kvcache};
+//! use ndarray::{Array4, s};
+//!
+//! let (batch, nheads, nheads_k, d) = (2, 4, 2, 32);
+//! let fill = |shape: (usize, usize, usize, usize), seed: f32| {
+//!     Array4::from_shape_fn(shape, |(b, i, h, c)| ((b + 3 * i + 5 * h + 7 * c) as f32 * seed).sin())
+//! };
+//! // (batch_c, seqlen_cache, nheads_k, d): room for 64 keys per sequence.
+//! let mut k_cache = fill((batch, 64, nheads_k, d), 0.01);
+//! let mut v_cache = fill((batch, 64, nheads_k, d), 0.02);
+//! let cache_seqlens = [10, 20]; // keys already cached per sequence
+//! let q = fill((batch, 1, nheads, d), 0.03); // one new token per sequence
+//! let (k_new, v_new) = (fill((batch, 1, nheads_k, d), 0.04), fill((batch, 1, nheads_k, d), 0.05));
+//! let cache = HostKvCache::Contiguous { k_cache: &mut k_cache, v_cache: &mut v_cache, cache_batch_idx: None };
+//! let params = ForwardParams { causal: true, ..Default::default() };
+//! let (out, lse) =
+//!     flash_attn_with_kvcache(q.view(), cache, &cache_seqlens, Some(k_new.view()), Some(v_new.view()), &params, None, None)?;
+//! assert_eq!((out.dim(), lse.dim()), ((batch, 1, nheads, d), (batch, nheads, 1)));
+//! // The new keys now sit at rows cache_seqlens[b] of the cache.
+//! assert_eq!(k_cache.slice(s![1, 20, .., ..]), k_new.slice(s![1, 0, .., ..]));
+//! # Ok::<(), flash_attn::FlashAttnError>(())
+//! ```
+//!
+//! ## Modules and layers
+//!
+//! Data flows one way: the front ends (`api`, `varlen_api`, `decode`,
+//! `backward`, the `ndarray_*` modules) validate (`validate`, `varlen`)
+//! into a checked problem, plan it (`dispatch`, `hopper`'s plan, the kernel
+//! tables) and launch it (the only `unsafe`). The CPU reference sits beside
+//! them and imports none of them; `tests/layers.rs` checks that the modules
+//! import each other without a cycle.
+//!
+//! [cudarc]: https://docs.rs/cudarc
+#![warn(missing_docs)]
 
-pub use params::{AlibiShape, ForwardParams, LoopOrder, Resolved};
-pub use varlen_api::{Varlen, VarlenOutput};
-pub use api::{
-    AlibiSlopes, AttnElem, Extras, ForwardOutput, RowStats, StatsMut, Tensor, TensorLayout, TensorMut,
-    default_softmax_scale,
-};
+// The five modules marked `allow(missing_docs)` are being changed for the
+// FP8 KV cache; their public items get their field and variant docs when
+// that lands (every other module is held to `missing_docs`).
+pub mod advanced;
+mod api;
+mod backward;
+pub mod context_parallel;
+#[allow(missing_docs)] // see above
+mod decode;
+#[allow(missing_docs)] // see above
+mod decode_kernels;
+mod device;
+#[allow(missing_docs)] // see above
+mod dispatch;
+mod error;
+mod hopper;
+mod launch;
+mod ndarray_api;
+mod ndarray_backward;
+#[allow(missing_docs)] // see above
+mod ndarray_kvcache;
+mod ndarray_kvcache_fp8;
+mod open;
+mod page_order;
+mod params;
+mod ptx;
+pub mod reference;
+#[allow(missing_docs)] // see above
+mod tc;
+mod tensor;
+mod validate;
+mod varlen;
+mod varlen_api;
+
 pub use backward::{BackwardParams, BackwardScratch, Gradients, ScratchSizes};
 pub use decode::{BlockTable, DecodeOptions, KvCache, KvCacheFp8, KvCacheRef, PagedCache, SplitScratch};
-pub use device::FlashAttention;
+pub use device::{FlashAttention, KernelFamily, try_default_context};
 pub use dispatch::DType;
-pub use error::{FlashAttnError, Result};
-pub use hopper::KernelFamily;
+pub use error::{FlashAttnError, RefError, Result};
+pub use ndarray_api::{
+    Backend, default_backend, flash_attn_func, flash_attn_func_cpu, flash_attn_func_cpu_ext, flash_attn_func_ext,
+    flash_attn_func_on, flash_attn_func_on_ext, flash_attn_varlen_func,
+};
 pub use ndarray_backward::{
     HostVarlen, flash_attn_backward, flash_attn_backward_cpu_ext, flash_attn_backward_ext, flash_attn_backward_on_ext,
     flash_attn_varlen_backward,
 };
 pub use ndarray_kvcache::{HostKvCache, flash_attn_varlen_paged_func, flash_attn_with_kvcache};
 pub use ndarray_kvcache_fp8::flash_attn_with_kvcache_fp8;
-pub use page_order::{KvCacheCall, order_block_table};
-pub use ndarray_api::{
-    Backend, default_backend, flash_attn_func, flash_attn_func_ext, flash_attn_func_on, flash_attn_func_on_ext,
-    flash_attn_varlen_func,
+pub use open::default_flash_attention;
+pub use page_order::{KvCacheCall, MAX_DEVICE_ORDER_BLOCKS, order_block_table};
+pub use params::{AlibiShape, ForwardParams, LoopOrder, Resolved, default_softmax_scale};
+pub use tensor::{
+    AlibiSlopes, AttnElem, Extras, ForwardOutput, RowStats, StatsMut, Tensor, TensorLayout, TensorMut, Varlen,
+    VarlenOutput,
 };
+
+/// The math shared by the kernels and the host (`flash-attn-common`):
+/// the online-softmax row state, masks, the kernel parameter blocks.
 pub use flash_attn_common as common;
+/// The FA1 tiling plan and the HBM-traffic model (`flash_attn_common::plan`).
 pub use flash_attn_common::plan;
 pub use flash_attn_common::{AttnParams, RowState};

@@ -1,25 +1,5 @@
-//! The `ndarray` API: `ArrayView4` in, `Array4` out, layout
-//! `(batch, seqlen, nheads, headdim)` as `flash_attn_func` has it.
-//!
-//! * On a GPU (sm_80 or newer, found through the CUDA driver), the inputs
-//!   are copied to the device, run by the kernel of `params.loop_order`, and
-//!   copied back; the call blocks until the result is on the host. f32 runs
-//!   the f32 kernels; `half::f16` and `half::bf16` run the tensor-core
-//!   kernels as they are (head dims multiple of 8 up to 256; FA2 with every
-//!   feature, FA1 with GQA and windows); other 16-bit problems (standard
-//!   attention, other head dims, FA1 with softcap/ALiBi) are converted to
-//!   f32, run by the f32 kernels, and rounded back.
-//! * **Without a usable GPU** (no driver, no device, or an older device),
-//!   [`flash_attn_func`] falls back to the CPU: [`reference::fa2_forward_ext`]
-//!   in f32 (half inputs converted to f32), whatever `params.loop_order`
-//!   says — same results up to rounding, much slower. [`default_backend`]
-//!   tells which path a call will take, and why.
-//! * [`flash_attn_varlen_func`]: packed batches, same backends.
-//!
-//! Both paths validate their arguments identically and return the same
-//! typed errors.
-//!
-//! [`reference::fa2_forward_ext`]: crate::reference::fa2_forward_ext
+//! The `ndarray` API of the dense calls: [`flash_attn_func`] and
+//! [`flash_attn_varlen_func`] (their backends are in `flash_attn_func`'s docs).
 
 use std::sync::Arc;
 
@@ -27,11 +7,14 @@ use cudarc::driver::{CudaStream, DevicePtr};
 use flash_attn_common::RowState;
 use ndarray::{Array2, Array3, Array4, ArrayView3, ArrayView4};
 
-use crate::api::{AlibiSlopes, AttnElem, Extras, ForwardParams, RowStats, Tensor, TensorLayout, validate};
+use crate::params::ForwardParams;
+use crate::tensor::{AlibiSlopes, AttnElem, Extras, RowStats, Tensor, TensorLayout};
+use crate::validate::{Problem, validate};
 use crate::reference::HostAlibi;
-use crate::varlen_api::Varlen;
+use crate::tensor::Varlen;
 use crate::dispatch::{self, DType};
-use crate::device::{FlashAttention, default_flash_attention};
+use crate::device::FlashAttention;
+use crate::open::default_flash_attention;
 use crate::error::Result;
 use crate::reference;
 
@@ -87,7 +70,10 @@ pub enum Backend {
     /// The process-wide [`FlashAttention`] on device 0.
     Gpu(Arc<FlashAttention>),
     /// The CPU reference, because no GPU can be used (`reason` says why).
-    Cpu { reason: String },
+    Cpu {
+        /// Why no GPU can be used.
+        reason: String,
+    },
 }
 
 /// The backend of [`flash_attn_func`]; the GPU probe runs once per process.
@@ -101,7 +87,45 @@ pub fn default_backend() -> Backend {
 /// Attention forward: returns `O` `(batch, seqlen_q, nheads, headdim)` and
 /// the logsumexp `(batch, nheads, seqlen_q)` (natural log, −inf for a row
 /// that sees no key). Runs on the GPU when there is one, else on the CPU
-/// (see the module docs).
+/// (below).
+///
+/// ```
+/// use flash_attn::{ForwardParams, flash_attn_func, reference};
+/// use ndarray::Array4;
+///
+/// let x = |h: usize, seed: f32| Array4::from_shape_fn((2, 64, h, 32), |(b, i, h, d)| ((b + 3 * i + 5 * h + 7 * d) as f32 * seed).sin());
+/// let (q, k, v) = (x(8, 0.01), x(2, 0.02), x(2, 0.03)); // GQA: 8 query heads over 2 KV heads
+/// let params = ForwardParams { causal: true, window_left: Some(16), ..Default::default() };
+/// let (out, lse) = flash_attn_func(q.view(), k.view(), v.view(), &params)?;
+/// assert_eq!((out.dim(), lse.dim()), ((2, 64, 8, 32), (2, 8, 64)));
+///
+/// // The same attention by the definition, in f64.
+/// let f64s = |a: &Array4<f32>| a.mapv(f64::from);
+/// let want = reference::attention(f64s(&q).view(), f64s(&k).view(), f64s(&v).view(), &params, None)?;
+/// assert!(out.iter().zip(want.o.iter()).all(|(a, b)| (*a as f64 - b).abs() < 1e-4));
+/// # Ok::<(), flash_attn::FlashAttnError>(())
+/// ```
+///
+/// # Backends
+/// `ArrayView4` in, `Array4` out, layout `(batch, seqlen, nheads, headdim)`.
+///
+/// * On a GPU (sm_80 or newer, found through the CUDA driver), the inputs
+///   are copied to the device, run by the kernel of `params.loop_order`, and
+///   copied back; the call blocks until the result is on the host. f32 runs
+///   the f32 kernels; `half::f16` and `half::bf16` run the tensor-core
+///   kernels as they are (head dims multiple of 8 up to 256; FA2 with every
+///   feature, FA1 with GQA and windows); other 16-bit problems (standard
+///   attention, other head dims, FA1 with softcap/ALiBi) are converted to
+///   f32, run by the f32 kernels, and rounded back.
+/// * **Without a usable GPU** (no driver, no device, or an older device),
+///   [`flash_attn_func`] falls back to the CPU: [`reference::fa2_forward_ext`](crate::reference::fa2_forward_ext)
+///   in f32 (half inputs converted to f32), whatever `params.loop_order`
+///   says — same results up to rounding, much slower. [`default_backend`]
+///   tells which path a call will take, and why.
+/// * [`flash_attn_varlen_func`]: packed batches, same backends.
+///
+/// Both paths validate their arguments identically and return the same
+/// typed errors.
 pub fn flash_attn_func<T: AttnElem>(
     q: ArrayView4<'_, T>,
     k: ArrayView4<'_, T>,
@@ -139,7 +163,7 @@ fn check_arrays<T>(
     k: &ArrayView4<'_, T>,
     v: &ArrayView4<'_, T>,
     params: &ForwardParams,
-) -> Result<crate::api::Problem> {
+) -> Result<Problem> {
     let (ql, kl, vl) = (layout_of(q), layout_of(k), layout_of(v));
     validate((&ql.0, ql.1), (&kl.0, kl.1), (&vl.0, vl.1), (&ql.0, ql.1), params)
 }

@@ -1,28 +1,6 @@
-//! The backward pass of the `ndarray` API: gradients `dq`, `dk`, `dv` of
-//! [`flash_attn_func`] / [`flash_attn_varlen_func`] from the forward's
-//! `out` and `softmax_lse` and the loss's gradient `dout`
-//! (FlashAttention-2's names; arguments in the device API's order).
-//!
-//! * On a GPU (the backend of [`default_backend`]): the arrays are copied to
-//!   the device and run by [`FlashAttention::backward`] /
-//!   [`FlashAttention::backward_varlen`]; the call blocks until the
-//!   gradients are on the host. f16/bf16 run as they are on the tensor-core
-//!   backward (FA2 order, head dims it takes); every other problem (f32,
-//!   FA1 order, other head dims) runs the f32 kernels, 16-bit inputs
-//!   converted to f32 and the gradients rounded back. The FA1 order takes
-//!   the logsumexp as its row statistics (`m = lse·log2 e`, `l = 1`: the
-//!   same `P`).
-//! * Without a GPU: the CPU reference in f32 ([`reference::fa2_backward`],
-//!   [`reference::varlen_attention_backward`]), whatever the loop order.
-//!
-//! Both paths validate with the device API's rules
-//! ([`crate::backward::validate_backward`], `…_varlen`) and return the same
-//! typed errors: `dout`/`out` not shaped like q, a `softmax_lse` of another
-//! shape (`(batch, nheads, seqlen_q)`; varlen `(nheads, total_q)`), bad
-//! prefix sums, the Standard loop order.
-//!
-//! [`flash_attn_func`]: crate::flash_attn_func
-//! [`flash_attn_varlen_func`]: crate::flash_attn_varlen_func
+//! The backward pass of the `ndarray` API: [`flash_attn_backward`] and
+//! [`flash_attn_varlen_backward`] (their backends are in
+//! `flash_attn_backward`'s docs).
 
 use std::sync::Arc;
 
@@ -30,7 +8,8 @@ use cudarc::driver::CudaStream;
 use flash_attn_common::LOG2_E;
 use ndarray::{ArrayView2, ArrayView3, ArrayView4, Dimension};
 
-use crate::api::{AttnElem, Problem, RowStats, Tensor, TensorLayout};
+use crate::tensor::{AttnElem, RowStats, Tensor, TensorLayout};
+use crate::validate::Problem;
 use crate::backward::{BackwardParams, BackwardShapes, validate_backward, validate_backward_varlen};
 use crate::device::FlashAttention;
 use crate::dispatch::DType;
@@ -43,9 +22,13 @@ use crate::reference::{self, Grads, HostAlibi, VarlenGrads};
 /// `seqused_k`, `(max_seqlen_q, max_seqlen_k)`.
 #[derive(Clone, Copy, Debug)]
 pub struct HostVarlen<'a> {
+    /// `(batch + 1)` prefix sums of the query lengths, from 0.
     pub cu_seqlens_q: &'a [i32],
+    /// `(batch + 1)` prefix sums of the key lengths, from 0.
     pub cu_seqlens_k: &'a [i32],
+    /// Optional `(batch)`: keys actually used per sequence (≤ its segment).
     pub seqused_k: Option<&'a [i32]>,
+    /// `(max_seqlen_q, max_seqlen_k)`: at least every segment's length.
     pub max_seqlen: (usize, usize),
 }
 
@@ -99,7 +82,46 @@ fn check<T, D: Dimension, L: Dimension>(
 /// Gradients of [`crate::flash_attn_func`]: `out` and `softmax_lse`
 /// `(batch, nheads, seqlen_q)` are what it returned, `dout` = ∂loss/∂out.
 /// dq, dk, dv have the shapes of q, k, v. GPU when there is one, else the
-/// CPU reference (module docs).
+/// CPU reference (below).
+///
+/// ```
+/// use flash_attn::{BackwardParams, ForwardParams, flash_attn_backward, flash_attn_func};
+/// use ndarray::Array4;
+///
+/// let x = |seed: f32| Array4::from_shape_fn((1, 32, 2, 16), |(_, i, h, d)| ((3 * i + 5 * h + 7 * d) as f32 * seed).sin());
+/// let (q, k, v) = (x(0.01), x(0.02), x(0.03));
+/// let params = ForwardParams { causal: true, ..Default::default() };
+/// let (out, lse) = flash_attn_func(q.view(), k.view(), v.view(), &params)?;
+/// let dout = Array4::<f32>::ones(out.dim()); // ∂loss/∂out of loss = Σ out
+/// let bp = BackwardParams { forward: params, ..Default::default() };
+/// let g = flash_attn_backward(q.view(), k.view(), v.view(), out.view(), dout.view(), lse.view(), &bp)?;
+/// assert_eq!((g.dq.dim(), g.dk.dim(), g.dv.dim()), (q.dim(), k.dim(), v.dim()));
+/// // Each query row's weights sum to 1, so Σ out moves with v one for one:
+/// // ∂(Σ out)/∂v sums to the number of (query row, head, column) triples.
+/// assert!((g.dv.sum() - (32 * 2 * 16) as f32).abs() < 1e-2);
+/// # Ok::<(), flash_attn::FlashAttnError>(())
+/// ```
+///
+/// # Backends
+/// FlashAttention-2's names, arguments in the device API's order.
+///
+/// * On a GPU (the backend of [`default_backend`]): the arrays are copied to
+///   the device and run by [`FlashAttention::backward`] /
+///   [`FlashAttention::backward_varlen`]; the call blocks until the
+///   gradients are on the host. f16/bf16 run as they are on the tensor-core
+///   backward (FA2 order, head dims it takes); every other problem (f32,
+///   FA1 order, other head dims) runs the f32 kernels, 16-bit inputs
+///   converted to f32 and the gradients rounded back. The FA1 order takes
+///   the logsumexp as its row statistics (`m = lse·log2 e`, `l = 1`: the
+///   same `P`).
+/// * Without a GPU: the CPU reference in f32 ([`reference::fa2_backward`],
+///   [`reference::varlen_attention_backward`]), whatever the loop order.
+///
+/// Both paths validate with the device API's rules and return the same
+/// typed errors: `dout`/`out` not shaped like q, a `softmax_lse` of another
+/// shape (`(batch, nheads, seqlen_q)`; varlen `(nheads, total_q)`), bad
+/// prefix sums, the Standard loop order.
+///
 pub fn flash_attn_backward<T: AttnElem>(
     q: ArrayView4<'_, T>,
     k: ArrayView4<'_, T>,

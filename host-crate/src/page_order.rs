@@ -1,37 +1,5 @@
-//! Address-ordered block tables: a paged cache read in the order its pages
-//! lie in memory.
-//!
-//! Attention sums over keys. Where no mask and no bias depends on a key's
-//! position, the order in which a block table lists a sequence's pages does
-//! not change the result (up to the rounding of the sums). The DRAM cares:
-//! 16-token pages placed by a random permutation of the pool stream 2–4%
-//! slower than the same pages read in address order (docs/perf-notes.md,
-//! decode steps 37–42: DRAM locality between 256 KB and 2 MB, not the
-//! kernel). [`order_block_table`] sorts each row's *position-free* pages by
-//! page index — by address — and leaves every other slot where it is.
-//!
-//! Position-free, for one sequence of a call with `seqlen_q` query rows,
-//! `cache_seqlens[b]` cached keys and `s_new` keys appended
-//! (`seqlen_k = cache_seqlens[b] + s_new`, queries aligned bottom-right):
-//! a full page all of whose keys are cached (`< cache_seqlens[b]`, so no
-//! append writes into it) and seen by every query row, with no ALiBi bias
-//! and no left window bound (those depend on the key's position). Causal
-//! or a right window bound `r` let row 0 see keys up to
-//! `seqlen_k − seqlen_q + r`; plain decode (one query token, or
-//! `s_new ≥ seqlen_q − 1` with causal) sees all of them. The partial last
-//! page and every slot past the ordered ones stay put, so appends and later
-//! pages land where they did.
-//!
-//! Varlen prefill over a paged cache (prefix caching,
-//! `forward_varlen_paged`) is such a call with `s_new = 0`, each sequence's
-//! key count as its cached length and the longest query chunk as
-//! `seqlen_q` (more rows than a sequence has only order fewer pages).
-//!
-//! An ordered table stays valid for later calls of the same kind as long as
-//! sequences only grow (decode): its ordered pages stay full and cached.
-//! Order again after anything that shortens a sequence below them
-//! (speculative decoding's rollback) or before a call with a sliding
-//! window, ALiBi or a causal query block that does not see them all.
+//! Address-ordered block tables: [`order_block_table`] (the rule is in
+//! its docs) and its GPU form.
 
 use std::sync::Arc;
 
@@ -48,6 +16,7 @@ use crate::reference::decode::{check_lengths, paged_capacity};
 /// The call an ordered table is made for: its options and shape.
 #[derive(Clone, Copy, Debug)]
 pub struct KvCacheCall<'p> {
+    /// The options of the decode call the table is ordered for.
     pub params: &'p ForwardParams,
     /// Whether the call passes ALiBi slopes (position-dependent: no order).
     pub alibi: bool,
@@ -113,8 +82,60 @@ impl FreeKeys {
 
 /// Sorts, in each row of a block table `(batch, max_blocks_per_seq)` (row
 /// major, `batch = cache_seqlens.len()`), the slots of the full pages whose
-/// keys are position-free for `call` (module docs) by page index; every
-/// other slot is left as it was. Returns the number of slots ordered.
+/// keys are position-free for `call` (below) by page index; every other
+/// slot is left as it was. Returns the number of slots ordered.
+///
+/// ```
+/// use flash_attn::{ForwardParams, KvCacheCall, order_block_table};
+///
+/// // Two sequences, pages of 16 tokens, up to 4 pages each.
+/// let mut table = vec![7, 2, 9, 0, /* */ 5, 1, 3, 8];
+/// let cache_seqlens = [60, 40]; // 3 full pages + a partial one; 2 full + 1 partial
+/// let params = ForwardParams { causal: true, ..Default::default() };
+/// // One decode step: one query token, one key appended.
+/// let call = KvCacheCall { params: &params, alibi: false, seqlen_q: 1, s_new: 1 };
+/// let ordered = order_block_table(&mut table, 4, 16, &cache_seqlens, &call)?;
+/// // The full pages in address order; partial pages and unused slots stay put.
+/// assert_eq!(table, [2, 7, 9, 0, /* */ 1, 5, 3, 8]);
+/// assert_eq!(ordered, 5);
+/// # Ok::<(), flash_attn::FlashAttnError>(())
+/// ```
+///
+/// # Which pages move
+/// Address-ordered block tables: a paged cache read in the order its pages
+/// lie in memory.
+///
+/// Attention sums over keys. Where no mask and no bias depends on a key's
+/// position, the order in which a block table lists a sequence's pages does
+/// not change the result (up to the rounding of the sums). The DRAM cares:
+/// 16-token pages placed by a random permutation of the pool stream 2–4%
+/// slower than the same pages read in address order (docs/perf-notes.md,
+/// decode steps 37–42: DRAM locality between 256 KB and 2 MB, not the
+/// kernel). [`order_block_table`] sorts each row's *position-free* pages by
+/// page index — by address — and leaves every other slot where it is.
+///
+/// Position-free, for one sequence of a call with `seqlen_q` query rows,
+/// `cache_seqlens[b]` cached keys and `s_new` keys appended
+/// (`seqlen_k = cache_seqlens[b] + s_new`, queries aligned bottom-right):
+/// a full page all of whose keys are cached (`< cache_seqlens[b]`, so no
+/// append writes into it) and seen by every query row, with no ALiBi bias
+/// and no left window bound (those depend on the key's position). Causal
+/// or a right window bound `r` let row 0 see keys up to
+/// `seqlen_k − seqlen_q + r`; plain decode (one query token, or
+/// `s_new ≥ seqlen_q − 1` with causal) sees all of them. The partial last
+/// page and every slot past the ordered ones stay put, so appends and later
+/// pages land where they did.
+///
+/// Varlen prefill over a paged cache (prefix caching,
+/// `forward_varlen_paged`) is such a call with `s_new = 0`, each sequence's
+/// key count as its cached length and the longest query chunk as
+/// `seqlen_q` (more rows than a sequence has only order fewer pages).
+///
+/// An ordered table stays valid for later calls of the same kind as long as
+/// sequences only grow (decode): its ordered pages stay full and cached.
+/// Order again after anything that shortens a sequence below them
+/// (speculative decoding's rollback) or before a call with a sliding
+/// window, ALiBi or a causal query block that does not see them all.
 ///
 /// The result is a block table over the same pages that a call of the same
 /// kind computes the same attention with (to rounding) and streams in

@@ -3,10 +3,7 @@
 //! (`flash_attn_func` / `flash_attn_varlen_func`, ../shared/INFERENCE.md);
 //! the window rule itself is written once in [`flash_attn_common::mask`].
 
-use flash_attn_common::mask::normalize_window;
 use flash_attn_common::{AttnParams, LOG2_E};
-
-use crate::error::{FlashAttnError, Result};
 
 /// Order of the two loops over query and key/value blocks.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -46,11 +43,13 @@ pub struct ForwardParams {
     /// that side, and a side `≥ seqlen_k` (`max_seqlen_k` for varlen) too.
     /// With `causal`, `window_right` must be `None` or `Some(0)`.
     pub window_left: Option<usize>,
+    /// The right side of the window (see `window_left`).
     pub window_right: Option<usize>,
     /// Softcap: scores become `cap · tanh(scale · q·k / cap)` before masks
     /// and bias (Gemma 2, Grok); `None` or `Some(0.0)` is off. Must be finite
     /// and ≥ 0.
     pub softcap: Option<f32>,
+    /// FA2 (the default), FA1 or standard attention.
     pub loop_order: LoopOrder,
     /// `(Br, Bc)` query and key block sizes for FA1/FA2 (ignored by
     /// `Standard`); `None` picks the default for the head dim and device
@@ -94,6 +93,7 @@ pub struct Resolved {
     pub softmax_scale: f32,
     /// Normalized window sides ([`flash_attn_common::UNBOUNDED`] = −1 for none).
     pub window_left: i32,
+    /// The normalized right side of the window (−1 for none).
     pub window_right: i32,
     /// 0 = off.
     pub softcap: f32,
@@ -121,35 +121,7 @@ impl Resolved {
     }
 }
 
-impl ForwardParams {
-    /// Validates the options and normalizes them for a call whose sequences
-    /// have at most `max_seqlen_k` keys (FlashAttention-2's rules).
-    pub fn resolve(&self, headdim: usize, max_seqlen_k: usize) -> Result<Resolved> {
-        let softmax_scale = self.softmax_scale.unwrap_or_else(|| crate::api::default_softmax_scale(headdim));
-        if !softmax_scale.is_finite() {
-            return Err(FlashAttnError::InvalidSoftmaxScale { value: softmax_scale });
-        }
-        let softcap = self.softcap.unwrap_or(0.0);
-        if !softcap.is_finite() || softcap < 0.0 {
-            return Err(FlashAttnError::InvalidArgument {
-                argument: "softcap",
-                value: format!("{softcap}"),
-                reason: "must be a finite number ≥ 0 (0 = off)",
-            });
-        }
-        if self.causal && matches!(self.window_right, Some(r) if r != 0) {
-            return Err(FlashAttnError::InvalidArgument {
-                argument: "window_right",
-                value: format!("{:?}", self.window_right),
-                reason: "causal attention sees no key to the right of the diagonal: use None or Some(0) with causal = true",
-            });
-        }
-        let (window_left, window_right) = normalize_window(self.causal, self.window_left, self.window_right, max_seqlen_k);
-        Ok(Resolved { softmax_scale, window_left, window_right, softcap })
-    }
-
-    /// Whether any inference feature beyond causal is on (window, softcap).
-    pub fn has_window_or_softcap(&self) -> bool {
-        self.window_left.is_some() || self.window_right.is_some() || self.softcap.is_some_and(|c| c != 0.0)
-    }
+/// `1 / sqrt(headdim)`, the default `softmax_scale`.
+pub fn default_softmax_scale(headdim: usize) -> f32 {
+    (1.0 / (headdim as f64).sqrt()) as f32
 }

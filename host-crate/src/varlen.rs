@@ -28,9 +28,11 @@ use crate::params::AlibiShape;
 pub struct SeqSpan {
     /// First q/o row and number of query rows.
     pub q_start: usize,
+    /// Query rows of the sequence.
     pub seqlen_q: usize,
     /// First k/v row and number of keys used (`seqused_k[b]` or the segment).
     pub k_start: usize,
+    /// Keys of the sequence.
     pub seqlen_k: usize,
 }
 

@@ -16,10 +16,10 @@
 //! from a CUDA graph.
 
 use clap::Parser;
-use flash_attn::decode_kernels::DEC_KERNELS;
+use flash_attn::advanced::decode::DEC_KERNELS;
 use flash_attn_tests::bench::decode::{Cell, D, DecodeInputs, H, PageOrder};
 use flash_attn_tests::bench::flush::{FlushKind, L2Flush};
-use flash_attn::decode::timeline::WORDS as TIMELINE_WORDS;
+use flash_attn::advanced::decode::timeline::WORDS as TIMELINE_WORDS;
 use flash_attn_tests::bench::timeline;
 use flash_attn_tests::bench::{Res, Step, Timing, time_events};
 use flash_attn_tests::{Rng, gpu};
@@ -116,12 +116,12 @@ fn main() -> Res<()> {
     }
     let reps = if o.quick { 10 } else { 25 };
     let fa2d = {
-        let f = flash_attn::dispatch::Features {
+        let f = flash_attn::advanced::dispatch::Features {
             varlen: true,
             mods: true,
             decode: true,
         };
-        flash_attn::tc::TcKernel::default_for(flash_attn::tc::TcLoop::Fa2, true, D, f)
+        flash_attn::advanced::tc::TcKernel::default_for(flash_attn::advanced::tc::TcLoop::Fa2, true, D, f)
             .unwrap()
             .name
     };

@@ -40,7 +40,7 @@ pub fn gpu_required() -> bool {
 }
 
 fn probe() -> Result<Gpu, String> {
-    let ctx = flash_attn::device::try_default_context().map_err(|e| e.to_string())?;
+    let ctx = flash_attn::try_default_context().map_err(|e| e.to_string())?;
     let fa = FlashAttention::new(&ctx).map_err(|e| format!("FlashAttention::new: {e}"))?;
     let stream = ctx.new_stream().map_err(|e| format!("new_stream: {e}"))?;
     Ok(Gpu { ctx, stream, fa })

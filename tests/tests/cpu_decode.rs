@@ -723,7 +723,7 @@ fn decode_paths_in_f32() {
 /// 14 splits = 112 blocks; 16 = 128 blocks).
 #[test]
 fn decode_split_counts() {
-    use flash_attn::decode::{decode_no_split_fill, decode_splits_heuristic, num_splits_heuristic as fa2};
+    use flash_attn::advanced::decode::{decode_no_split_fill, decode_splits_heuristic, num_splits_heuristic as fa2};
     // An H100: half its SMs saturate the DRAM.
     let dec = |work, sms, per_sm, n, max, small, bal| decode_splits_heuristic(work, sms, per_sm, n, max, decode_no_split_fill(small, bal, n, true));
     // (work tiles, blocks per SM, key blocks, pages smaller than a key block,
@@ -759,7 +759,7 @@ fn decode_split_counts() {
         assert_eq!(decode_splits_heuristic(64, 132, 1, n, 128, decode_no_split_fill(small, bal, n, false)), 2);
     }
     assert_eq!(decode_no_split_fill(false, false, 1024, false), 0.8);
-    assert_eq!(decode_no_split_fill(false, false, 1024, true), flash_attn::decode::NO_SPLIT_FILL);
+    assert_eq!(decode_no_split_fill(false, false, 1024, true), flash_attn::advanced::decode::NO_SPLIT_FILL);
     assert_eq!(fa2(8, 132, 256, 128), 14);
     // max_splits bounds it; a scratch of one split turns it off.
     assert_eq!(dec(8, 132, 1, 256, 8, false, true), 8);
@@ -774,7 +774,7 @@ proptest! {
     fn decode_split_count_is_the_least_load(
         work in 1usize..300, sms in 1usize..200, per_sm in 1usize..4, n in 1usize..5000, max in 1usize..=128, fill in 0.0f64..1.0,
     ) {
-        let s = flash_attn::decode::decode_splits_heuristic(work, sms, per_sm, n, max, fill);
+        let s = flash_attn::advanced::decode::decode_splits_heuristic(work, sms, per_sm, n, max, fill);
         prop_assert!(s >= 1 && s <= max.max(1) && s <= n.max(1));
         let slots = sms * per_sm;
         prop_assert!(s == 1 || work * s <= slots);

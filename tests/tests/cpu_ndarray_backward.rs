@@ -15,7 +15,7 @@
 mod cpu_support;
 
 use cpu_support::{Rng, max_abs_diff};
-use flash_attn::backward::BackwardParams;
+use flash_attn::BackwardParams;
 use flash_attn::reference::{self, HostAlibi};
 use flash_attn::{
     AlibiShape, FlashAttnError, ForwardParams, HostVarlen, LoopOrder, flash_attn_backward, flash_attn_backward_cpu_ext,

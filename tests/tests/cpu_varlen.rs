@@ -3,7 +3,7 @@
 //! lengths including empty q or k segments, `seqused_k`, rows past the last
 //! sequence, GQA and every window/softcap/ALiBi option; the unpadded LSE
 //! layout `(nheads, total_q)`; and every bad-input error of
-//! `flash_attn::varlen::check_varlen`, naming the argument and the value.
+//! `flash_attn::advanced::validate::check_varlen`, naming the argument and the value.
 //!
 //! One FA2 rule cannot be expressed by a dense call of one sequence: the
 //! window is normalized with `max_seqlen_k`, so a right side in
@@ -18,7 +18,7 @@ mod infer;
 
 use cpu_support::Rng;
 use flash_attn::reference::{HostAlibi, attention, attention_varlen};
-use flash_attn::varlen::check_varlen;
+use flash_attn::advanced::validate::check_varlen;
 use flash_attn::{AlibiShape, FlashAttnError, ForwardParams};
 use infer::{Feat, assert_invalid, check_close, expected_alone, feat, host_alibi, prefix_sums, seq_slopes, slopes};
 use ndarray::{Array3, Axis, s};

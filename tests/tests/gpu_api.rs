@@ -195,7 +195,7 @@ fn gpu_kernels_use_no_local_memory() {
         g.fa.ptx_build().arch,
         g.fa.limits().max_smem_per_block
     );
-    for &name in flash_attn::dispatch::F32_KERNELS {
+    for &name in flash_attn::advanced::dispatch::F32_KERNELS {
         let f = g.fa.function(name).unwrap();
         let (regs, local) = (f.num_regs().unwrap(), f.local_size_bytes().unwrap());
         println!("{name}: {regs} registers, {local} bytes local memory");

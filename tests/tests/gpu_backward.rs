@@ -24,7 +24,7 @@
 //! Without a GPU every test prints why and passes; `FA_REQUIRE_GPU=1` makes
 //! that a failure.
 
-use flash_attn::backward::BackwardParams;
+use flash_attn::BackwardParams;
 use flash_attn::reference::{self, HostAlibi};
 use flash_attn::{
     AlibiShape, AttnElem, DType, ForwardParams, HostVarlen, flash_attn_backward_on_ext, flash_attn_func_on_ext,

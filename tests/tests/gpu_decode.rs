@@ -41,9 +41,9 @@ struct Dec {
 /// The `fa2d` tile kernel of a dtype and head dim (forced through
 /// `DecodeOptions::kernel`).
 fn fa2d_kernel<T: AttnElem>(d: usize) -> &'static str {
-    let dt = flash_attn::dispatch::tc_head_dim(d).unwrap();
-    let f = flash_attn::dispatch::Features { varlen: true, mods: true, decode: true };
-    flash_attn::tc::TcKernel::default_for(flash_attn::tc::TcLoop::Fa2, T::DTYPE == flash_attn::DType::BF16, dt, f).unwrap().name
+    let dt = flash_attn::advanced::dispatch::tc_head_dim(d).unwrap();
+    let f = flash_attn::advanced::dispatch::Features { varlen: true, mods: true, decode: true };
+    flash_attn::advanced::tc::TcKernel::default_for(flash_attn::advanced::tc::TcLoop::Fa2, T::DTYPE == flash_attn::DType::BF16, dt, f).unwrap().name
 }
 
 fn run<T: AttnElem>(g: &Gpu, rng: &mut Rng, c: &Dec) -> Result<(), FlashAttnError> {
@@ -206,7 +206,7 @@ fn gpu_kvcache_long() {
 fn gpu_every_decode_kernel() {
     let Some(g) = gpu("gpu_every_decode_kernel") else { return };
     let mut rng = Rng::fresh("gpu_every_decode_kernel");
-    for k in flash_attn::decode_kernels::DEC_KERNELS {
+    for k in flash_attn::advanced::decode::DEC_KERNELS {
         for (i, page) in [None, Some(16), Some(256)].into_iter().enumerate() {
             let num_splits = [Some(1), Some(5), None][i];
             let c = Dec { batch: 2, sq: 1, max_cached: 1500 + 37 * i, s_new: 1, h: 8, hk: 2, d: k.d, page, causal: false, num_splits, two_step: false, fa2d: false, dec: Some(k.name) };
@@ -214,7 +214,7 @@ fn gpu_every_decode_kernel() {
             r.unwrap_or_else(|e| panic!("{}: {c:?}: {e}", k.name));
         }
     }
-    println!("{} flash-decoding kernels × 3 layouts passed", flash_attn::decode_kernels::DEC_KERNELS.len());
+    println!("{} flash-decoding kernels × 3 layouts passed", flash_attn::advanced::decode::DEC_KERNELS.len());
 }
 
 /// Small paged split-KV GQA case for compute-sanitizer (memcheck, racecheck).
@@ -492,7 +492,7 @@ fn gpu_split_tickets() {
     if !g.fa.split_tickets_pay() {
         // (The schedule then stays static: the calls below compare two
         // static runs, still checking the counters and the empty sequence.)
-        let max = flash_attn::decode::MAX_TICKET_BANDWIDTH_PER_SM / 1e9;
+        let max = flash_attn::advanced::decode::MAX_TICKET_BANDWIDTH_PER_SM / 1e9;
         eprintln!("gpu_split_tickets: {} takes no tickets (more than {max} GB/s of DRAM bandwidth per SM)", g.fa.device_name());
     }
     let mut rng = Rng::fresh("gpu_split_tickets");
@@ -533,8 +533,8 @@ fn gpu_split_tickets() {
 /// call it cannot carry (a timeline) is a typed error when it is forced.
 #[test]
 fn gpu_decode_compact_entry() {
-    use flash_attn::decode::timeline::WORDS;
-    use flash_attn::decode_kernels::DecKernel;
+    use flash_attn::advanced::decode::timeline::WORDS;
+    use flash_attn::advanced::decode::DecKernel;
     let Some(g) = gpu("gpu_decode_compact_entry") else { return };
     let mut rng = Rng::fresh("gpu_decode_compact_entry");
     let s = &g.stream;
@@ -560,7 +560,7 @@ fn gpu_decode_compact_entry() {
 /// typed errors.
 #[test]
 fn gpu_decode_timeline() {
-    use flash_attn::decode::timeline::WORDS;
+    use flash_attn::advanced::decode::timeline::WORDS;
     use flash_attn_tests::bench::timeline::blocks;
     let Some(g) = gpu("gpu_decode_timeline") else { return };
     let mut rng = Rng::fresh("gpu_decode_timeline");

@@ -34,7 +34,7 @@ use std::fmt::Write as _;
 
 use cudarc::driver::DevicePtr;
 use flash_attn::reference::{self, AttnOutput, Fa1Output};
-use flash_attn::tc::{TC_HEAD_DIMS, TC_KERNELS, TcLoop};
+use flash_attn::advanced::tc::{TC_HEAD_DIMS, TC_KERNELS, TcLoop};
 use flash_attn::{
     AttnElem, DType, FlashAttnError, ForwardParams, LoopOrder, RowStats, StatsMut, Tensor, TensorLayout, TensorMut,
     flash_attn_func_on,
@@ -311,7 +311,7 @@ fn gpu_half_more_than_65535_blocks() {
     if let Some(g) = gpu("gpu_half_more_than_65535_blocks") {
         for c in &cases {
             for dt in [DType::F16, DType::BF16] {
-                let key = flash_attn::dispatch::DispatchKey {
+                let key = flash_attn::advanced::dispatch::DispatchKey {
                     dtype: dt,
                     headdim: c.headdim,
                     causal: c.causal,
@@ -319,7 +319,7 @@ fn gpu_half_more_than_65535_blocks() {
                     arch: g.fa.compute_capability(),
                     features: Default::default(),
                 };
-                let dims = flash_attn::dispatch::Dims {
+                let dims = flash_attn::advanced::dispatch::Dims {
                     batch: c.batch,
                     nheads: c.nheads,
                     nheads_k: c.nheads,
@@ -327,8 +327,8 @@ fn gpu_half_more_than_65535_blocks() {
                     seqlen_k: c.seqlen_k,
                     headdim: c.headdim,
                 };
-                let plan = flash_attn::dispatch::plan(&key, &dims, None, &g.fa.limits()).unwrap();
-                let flash_attn::dispatch::Plan::TcFa2 { main, .. } = plan else { panic!("{plan:?}") };
+                let plan = flash_attn::advanced::dispatch::plan(&key, &dims, None, &g.fa.limits()).unwrap();
+                let flash_attn::advanced::dispatch::Plan::TcFa2 { main, .. } = plan else { panic!("{plan:?}") };
                 assert!(main.grid > 65_535, "{}: grid {}", main.kernel, main.grid);
             }
         }
@@ -410,7 +410,7 @@ fn gpu_half_ndarray_api_runs_natively() {
         assert_eq!(lse.dim(), (2, 4, 90));
         let e_o = rel_err(o.iter().map(|v| v.to_f32() as f64), ex.r.o.iter().copied());
         let e_l = rel_err(lse.iter().map(|&v| v as f64), ex.r.lse.iter().copied());
-        let native = flash_attn::dispatch::tc_supports(lo, d);
+        let native = flash_attn::advanced::dispatch::tc_supports(lo, d);
         let msg = format!(
             "{} {lo:?} d{d} ({}): err(o) = {e_o:.2e}, naive = {:.2e} (ratio {:.2}), err(lse) = {e_l:.2e}",
             T::DTYPE.name(),

@@ -24,8 +24,8 @@
 //! `FA_REQUIRE_GPU=1` without any GPU fails (as every GPU test).
 
 use cudarc::driver::{CudaSlice, LaunchConfig};
-use flash_attn::dispatch::Plan;
-use flash_attn::hopper::{HOPPER_KERNELS, HopperKernel, PROBE_SMEM_BYTES, TensorMap, hopper_head_dim};
+use flash_attn::advanced::dispatch::Plan;
+use flash_attn::advanced::hopper::{HOPPER_KERNELS, HopperKernel, PROBE_SMEM_BYTES, TensorMap, hopper_head_dim};
 use flash_attn::reference;
 use flash_attn::{AttnElem, DType, LoopOrder, TensorLayout};
 use flash_attn_tests::case::{Case, Inputs, run_gpu, to64};
@@ -60,7 +60,7 @@ fn check_case<T: AttnElem>(g: &Gpu, c: &Case, rng: &mut Rng) -> Result<String, S
     // The plan must be the Hopper kernel.
     let l = TensorLayout::contiguous(c.q_shape());
     let lk = TensorLayout::contiguous(c.k_shape());
-    let problem = flash_attn::api::validate(
+    let problem = flash_attn::advanced::validate::validate(
         (&l, l.required_len().unwrap()),
         (&lk, lk.required_len().unwrap()),
         (&lk, lk.required_len().unwrap()),
@@ -271,7 +271,7 @@ fn direct<T: AttnElem>(g: &Gpu, k: &HopperKernel, c: &Case, rng: &mut Rng) -> Re
     };
     // SAFETY: the buffers hold the contiguous shapes the strides state,
     // 16-byte aligned (fresh allocations), headdim == k.d.
-    unsafe { flash_attn::hopper::launch_params(&g.fa, s, k, &p) }.map_err(|e| e.to_string())?;
+    unsafe { flash_attn::advanced::hopper::launch_params(&g.fa, s, k, &p) }.map_err(|e| e.to_string())?;
     s.synchronize().map_err(e)?;
     let o = s.clone_dtoh(&dout).map_err(e)?;
     let lse = s.clone_dtoh(&dlse).map_err(e)?;
@@ -336,8 +336,8 @@ fn probe<T: AttnElem>(g: &Gpu, rng: &mut Rng, name: &str) {
     let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: PROBE_SMEM_BYTES };
     // SAFETY: the probe takes (TensorMap ×3, AttnParams, u64) by value; the
     // maps describe dq, dk, dv; scratch and o hold 64 × 128 f32 each.
-    unsafe { flash_attn::hopper::launch_with_maps(s, f, cfg, &[tq, tk, tv], &p) }.unwrap();
-    println!("{name}: tensor maps in global memory: {}", flash_attn::hopper::tensor_maps_in_global_memory());
+    unsafe { flash_attn::advanced::hopper::launch_with_maps(s, f, cfg, &[tq, tk, tv], &p) }.unwrap();
+    println!("{name}: tensor maps in global memory: {}", flash_attn::advanced::hopper::tensor_maps_in_global_memory());
     s.synchronize().unwrap();
     let (sg, og) = (s.clone_dtoh(&ds).unwrap(), s.clone_dtoh(&dout).unwrap());
 
@@ -457,7 +457,7 @@ fn varlen_check<T: AttnElem>(g: &Gpu, rng: &mut Rng, c: &VarlenCase) -> Result<S
     );
     let (lq, lk) = (TensorLayout::varlen(tq, h, d), TensorLayout::varlen(tk, hk, d));
     let used_i32: Vec<i32> = used.iter().map(|&u| u as i32).collect();
-    let problem = flash_attn::varlen_api::validate_varlen(
+    let problem = flash_attn::advanced::validate::validate_varlen(
         (&lq, q.len()),
         (&lk, k.len()),
         (&lk, v.len()),
@@ -609,7 +609,7 @@ fn dense_window_check<T: AttnElem>(
     let (q, k, v) = (random4::<T>(rng, (b, sq, h, d)), random4::<T>(rng, (b, sk, hk, d)), random4::<T>(rng, (b, sk, hk, d)));
     let label = format!("{} dense b{b} sq{sq} sk{sk} h{h}/{hk} d{d} {params:?}", T::DTYPE.name());
     let (lq, lk) = (TensorLayout::contiguous([b, sq, h, d]), TensorLayout::contiguous([b, sk, hk, d]));
-    let problem = flash_attn::api::validate((&lq, q.len()), (&lk, k.len()), (&lk, v.len()), (&lq, q.len()), params).map_err(|x| format!("{label}: {x}"))?;
+    let problem = flash_attn::advanced::validate::validate((&lq, q.len()), (&lk, k.len()), (&lk, v.len()), (&lq, q.len()), params).map_err(|x| format!("{label}: {x}"))?;
     let kernel = match g.fa.plan::<T>(&problem, params, false, false).map_err(|x| x.to_string())? {
         Plan::Hopper { kernel, .. } if kernel.vw == vw => kernel.name,
         other => return Err(format!("{label}: plan is {other:?}, not the Hopper {} kernel", if vw { "_vw" } else { "dense" })),
@@ -669,7 +669,7 @@ fn gpu_hopper_varlen_garbage_prefix_sums_stay_in_bounds() {
             let used = s.clone_htod(&[1000i32, -3, 7]).unwrap();
             let params = ForwardParams { causal: true, ..Default::default() };
             let (lq, lk) = (TensorLayout::varlen(tq, h, d), TensorLayout::varlen(tk, h, d));
-            let problem = flash_attn::varlen_api::validate_varlen((&lq, tq * h * d), (&lk, tk * h * d), (&lk, tk * h * d), (&lq, tq * h * d), (4, 4, Some(3)), (64, 64), &params).unwrap();
+            let problem = flash_attn::advanced::validate::validate_varlen((&lq, tq * h * d), (&lk, tk * h * d), (&lk, tk * h * d), (&lq, tq * h * d), (4, 4, Some(3)), (64, 64), &params).unwrap();
             match g.fa.plan::<f16>(&problem, &params, false, true) {
                 Ok(Plan::Hopper { kernel, .. }) if kernel.vw => {}
                 other => failures.push(format!("d{d}: plan {other:?}, not the Hopper _vw kernel")),

@@ -9,7 +9,7 @@
 
 use std::time::Instant;
 
-use flash_attn::dispatch::F32_KERNELS;
+use flash_attn::advanced::dispatch::F32_KERNELS;
 use flash_attn::{FlashAttention, ForwardParams, LoopOrder, flash_attn_func_on, reference};
 use flash_attn_tests::{Rng, gpu, rel_err};
 use ndarray::Array4;

@@ -7,7 +7,8 @@ use flash_attn_common::{AttnParams, BwdParams};
 
 use super::validate::{check_stats_len, ranges_overlap};
 use super::{BackwardParams, BackwardPlan, BackwardScratch};
-use crate::api::{AttnElem, Extras, Problem, RowStats, Tensor, TensorMut};
+use crate::tensor::{AttnElem, Extras, RowStats, Tensor, TensorLayout, TensorMut};
+use crate::validate::Problem;
 use crate::device::FlashAttention;
 use crate::error::{FlashAttnError, Result};
 use crate::params::LoopOrder;
@@ -125,7 +126,7 @@ impl FlashAttention {
         let (sem_ptr, _sem) = scratch.semaphores.device_ptr_mut(stream);
         // Gradients must not share memory with each other or with an input.
         let sz = std::mem::size_of::<T>() as u64;
-        let span = |ptr: u64, l: &crate::api::TensorLayout| (ptr, l.required_len().unwrap_or(0) as u64 * sz);
+        let span = |ptr: u64, l: &TensorLayout| (ptr, l.required_len().unwrap_or(0) as u64 * sz);
         let grads = [("dq", span(dq_ptr, &dq.layout)), ("dk", span(dk_ptr, &dk.layout)), ("dv", span(dv_ptr, &dv.layout))];
         let inputs = [span(q_ptr, &q.layout), span(k_ptr, &k.layout), span(v_ptr, &v.layout), span(o_ptr, &out.layout), span(do_ptr, &dout.layout)];
         for (gi, (name, (a, an))) in grads.iter().enumerate() {

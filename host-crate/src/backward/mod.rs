@@ -24,11 +24,10 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 
-use crate::api::{AttnElem, Extras, RowStats, Tensor, TensorLayout, TensorMut};
+use crate::tensor::{AttnElem, Extras, RowStats, Tensor, TensorLayout, TensorMut, Varlen};
 use crate::device::FlashAttention;
 use crate::error::Result;
 use crate::params::ForwardParams;
-use crate::varlen_api::Varlen;
 
 pub use plan::{BackwardPlan, ScratchSizes};
 pub use validate::{BackwardShapes, validate_backward, validate_backward_varlen};
@@ -37,15 +36,20 @@ pub use validate::{BackwardShapes, validate_backward, validate_backward_varlen};
 /// (dQ additions in a fixed order: the same bits on every run).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct BackwardParams {
+    /// The options of the forward pass whose gradients these are.
     pub forward: ForwardParams,
+    /// Bit-identical dK/dV/dQ on every run (a fixed reduction order), at some cost in speed.
     pub deterministic: bool,
 }
 
 /// Gradients allocated by [`FlashAttention::backward`], contiguous.
 #[derive(Debug)]
 pub struct Gradients<T> {
+    /// dQ, shaped like q.
     pub dq: CudaSlice<T>,
+    /// dK, shaped like k.
     pub dk: CudaSlice<T>,
+    /// dV, shaped like v.
     pub dv: CudaSlice<T>,
     /// Layouts of dq (q's shape), dk (k's), dv (v's).
     pub layouts: [TensorLayout; 3],
@@ -140,6 +144,28 @@ impl FlashAttention {
     /// (and scratch), on `stream` (only enqueues work). `stats` is what the
     /// forward returned: [`RowStats::LogSumExp`] (`softmax_lse`) for the FA2
     /// order, [`RowStats::Fa1`] for FA1.
+    ///
+    /// ```no_run
+    /// use cudarc::driver::CudaContext;
+    /// use flash_attn::{BackwardParams, Extras, FlashAttention, ForwardParams, Tensor, TensorLayout};
+    /// use half::bf16;
+    ///
+    /// # fn main() -> Result<(), flash_attn::FlashAttnError> {
+    /// let ctx = CudaContext::new(0)?;
+    /// let stream = ctx.default_stream();
+    /// let fa = FlashAttention::new(&ctx)?;
+    /// let layout = TensorLayout::contiguous([4, 2048, 16, 128]); // (batch, seqlen, nheads, headdim)
+    /// let n = layout.num_elements().unwrap();
+    /// let (q, k, v) = (stream.alloc_zeros::<bf16>(n)?, stream.alloc_zeros::<bf16>(n)?, stream.alloc_zeros::<bf16>(n)?);
+    /// let t = |b| Tensor::new(b, layout);
+    /// let params = ForwardParams { causal: true, ..Default::default() };
+    /// let fwd = fa.forward(&stream, t(&q), t(&k), t(&v), &params)?;
+    /// let dout = stream.alloc_zeros::<bf16>(n)?; // ∂loss/∂out, from the layers above
+    /// let bp = BackwardParams { forward: params, ..Default::default() };
+    /// let g = fa.backward(&stream, t(&q), t(&k), t(&v), t(&fwd.o), t(&dout), &fwd.stats, &bp, &Extras::default())?;
+    /// let (_dq, _dk, _dv) = (g.dq, g.dk, g.dv); // on the device, like q, k, v
+    /// # Ok(()) }
+    /// ```
     #[allow(clippy::too_many_arguments)]
     pub fn backward<T, Q, K, V, O, DO>(
         &self,

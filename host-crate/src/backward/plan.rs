@@ -5,7 +5,8 @@ use flash_attn_common::bwd_params::BwdSmem;
 use flash_attn_common::smem_layout::{F32_THREADS, F32_WARPS};
 
 use super::BackwardParams;
-use crate::api::{AttnElem, Problem};
+use crate::tensor::AttnElem;
+use crate::validate::Problem;
 use crate::device::FlashAttention;
 use crate::dispatch::{DType, Launch};
 use crate::error::{FlashAttnError, Result};

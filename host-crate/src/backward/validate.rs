@@ -2,10 +2,11 @@
 //! the parameters (`api::validate`), then dout, the row statistics and the
 //! gradient buffers. Pure (no GPU), so every error path is unit-tested.
 
-use crate::api::{Problem, TensorLayout, check_layout, validate};
+use crate::tensor::TensorLayout;
+use crate::validate::{Problem, check_layout, validate};
 use crate::error::{FlashAttnError, Result};
 use crate::params::{ForwardParams, LoopOrder};
-use crate::varlen_api::{packed, validate_varlen};
+use crate::validate::varlen::{packed, validate_varlen};
 
 const AXES: [&str; 4] = ["batch", "seqlen", "nheads", "headdim"];
 
@@ -99,7 +100,7 @@ fn check_grads(s: &BackwardShapes<'_>) -> Result<()> {
 /// Row statistics of the forward call: exactly `batch·nheads·seqlen_q`
 /// f32 (a buffer of another length comes from another call's shape).
 pub fn check_stats_len(argument: &'static str, len: usize, required: usize) -> Result<()> {
-    crate::api::check_stats(argument, len, required)?;
+    crate::validate::check_stats(argument, len, required)?;
     if len != required {
         return Err(FlashAttnError::ShapeMismatch {
             argument,

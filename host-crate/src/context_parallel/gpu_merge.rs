@@ -7,7 +7,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 use flash_attn_common::ring::{RING_MERGE_WARPS, RingMergeParams, merge_mode};
 
-use crate::api::AttnElem;
+use crate::tensor::AttnElem;
 use crate::device::FlashAttention;
 use crate::dispatch::{DType, Launch};
 use crate::error::{FlashAttnError, Result};
@@ -20,16 +20,22 @@ pub const RING_KERNELS: &[&str] = &["ring_merge_f16", "ring_merge_bf16"];
 /// headdim)`, `LSE` f32 `(batch, nheads, seqlen)`, both contiguous.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AccShape {
+    /// Sequences.
     pub batch: usize,
+    /// Rows (tokens) of the rank's shard.
     pub seqlen: usize,
+    /// Query heads.
     pub nheads: usize,
+    /// Head dim.
     pub headdim: usize,
 }
 
 impl AccShape {
+    /// Elements of `O`: `batch·seqlen·nheads·headdim`.
     pub fn o_len(&self) -> usize {
         self.batch * self.seqlen * self.nheads * self.headdim
     }
+    /// Elements of `LSE`: `batch·nheads·seqlen`.
     pub fn lse_len(&self) -> usize {
         self.batch * self.nheads * self.seqlen
     }

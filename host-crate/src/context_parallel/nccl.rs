@@ -56,7 +56,7 @@ use cudarc::nccl::{Comm, NcclType};
 use super::gpu_merge::AccShape;
 use super::schedule::{Mask, ring_block};
 use super::sharding::Sharding;
-use crate::api::{AttnElem, StatsMut, Tensor, TensorLayout, TensorMut};
+use crate::tensor::{AttnElem, StatsMut, Tensor, TensorLayout, TensorMut};
 use crate::device::FlashAttention;
 use crate::error::{FlashAttnError, Result};
 use crate::params::ForwardParams;
@@ -67,10 +67,15 @@ use crate::varlen::check_gqa;
 /// contiguous (`seqlen_local` = the global sequence / ranks).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RingShape {
+    /// Sequences.
     pub batch: usize,
+    /// Tokens of each rank's shard (the global sequence / ranks).
     pub seqlen_local: usize,
+    /// Query heads.
     pub nheads: usize,
+    /// Key/value heads (dividing `nheads`).
     pub nheads_k: usize,
+    /// Head dim.
     pub headdim: usize,
 }
 
@@ -152,10 +157,12 @@ impl<T: AttnElem + NcclType> RingRank<T> {
         Ok(Self { fa, comm, compute, shape, sharding, params: *params, kv, o_part, lse_part, o_acc, lse_acc })
     }
 
+    /// This rank's index in the communicator.
     pub fn rank(&self) -> usize {
         self.comm.rank()
     }
 
+    /// The ranks of the communicator.
     pub fn ranks(&self) -> usize {
         self.comm.world_size()
     }

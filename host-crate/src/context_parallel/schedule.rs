@@ -26,6 +26,7 @@ use super::sharding::Sharding;
 /// its two zigzag chunks).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Span {
+    /// All `len` tokens (contiguous sharding).
     Whole,
     /// The first `len / 2` tokens (zigzag's early chunk).
     FirstHalf,
@@ -57,8 +58,11 @@ pub enum Mask {
 /// local shard against keys `k` of the held shard, with `mask`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct RingBlock {
+    /// The part of the local shard whose queries attend.
     pub q: Span,
+    /// The part of the held K/V shard they attend to.
     pub k: Span,
+    /// Full, or causal on the diagonal.
     pub mask: Mask,
 }
 

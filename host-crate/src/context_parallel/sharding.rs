@@ -77,10 +77,12 @@ impl ShardPlan {
         Ok(Self { sharding, ranks, docs: docs.to_vec() })
     }
 
+    /// How the tokens are sharded.
     pub fn sharding(&self) -> Sharding {
         self.sharding
     }
 
+    /// The number of ranks.
     pub fn ranks(&self) -> usize {
         self.ranks
     }

@@ -60,8 +60,11 @@ impl Strategy {
 /// A context-parallel configuration: rank count, sharding, strategy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct ContextParallel {
+    /// Ranks (simulated GPUs), ≥ 1.
     pub ranks: usize,
+    /// How tokens are split among the ranks.
     pub sharding: Sharding,
+    /// Ring (K/V shards passed around) or Ulysses (all-to-all over heads).
     pub strategy: Strategy,
 }
 

@@ -235,8 +235,11 @@ fn gather_slots<F: Real>(store: ArrayView4<F>, slots: &[(usize, usize)]) -> Arra
 /// max_blocks_per_seq)` i32.
 #[derive(Clone, Copy, Debug)]
 pub struct PagedKv<'a, F> {
+    /// Key pages `(num_blocks, page_size, nheads_k, headdim)`.
     pub k_pages: ArrayView4<'a, F>,
+    /// Value pages, shaped like `k_pages`.
     pub v_pages: ArrayView4<'a, F>,
+    /// `(batch, max_blocks_per_seq)`: sequence `b`'s `i`-th page.
     pub block_table: ArrayView2<'a, i32>,
 }
 
@@ -244,8 +247,11 @@ pub struct PagedKv<'a, F> {
 /// ([`paged_kvcache_attention`]).
 #[derive(Debug)]
 pub struct PagedKvMut<'a, F> {
+    /// Key pages `(num_blocks, page_size, nheads_k, headdim)`.
     pub k_pages: ArrayViewMut4<'a, F>,
+    /// Value pages, shaped like `k_pages`.
     pub v_pages: ArrayViewMut4<'a, F>,
+    /// `(batch, max_blocks_per_seq)`: sequence `b`'s `i`-th page.
     pub block_table: ArrayView2<'a, i32>,
 }
 
@@ -536,9 +542,23 @@ fn contiguous_placement<'t>(ks: [usize; 4], vs: [usize; 4], batch: usize, cache_
 #[derive(Clone, Copy, Debug)]
 pub enum CacheShape<'t> {
     /// `k_cache`/`v_cache` `(batch_c, seqlen_cache, nheads_k, d)`.
-    Contiguous { k: [usize; 4], v: [usize; 4], cache_batch_idx: Option<&'t [i32]> },
+    Contiguous {
+        /// `k_cache`'s shape.
+        k: [usize; 4],
+        /// `v_cache`'s shape.
+        v: [usize; 4],
+        /// Optional `(batch)`: the cache row of each sequence (default `b`).
+        cache_batch_idx: Option<&'t [i32]>,
+    },
     /// `k_pages`/`v_pages` `(num_blocks, page_size, nheads_k, d)`.
-    Paged { k: [usize; 4], v: [usize; 4], block_table: ArrayView2<'t, i32> },
+    Paged {
+        /// `k_pages`' shape.
+        k: [usize; 4],
+        /// `v_pages`' shape.
+        v: [usize; 4],
+        /// `(batch, max_blocks_per_seq)`: sequence `b`'s `i`-th page.
+        block_table: ArrayView2<'t, i32>,
+    },
 }
 
 /// Every host-side check of [`kvcache_attention`] / [`paged_kvcache_attention`]

@@ -35,7 +35,9 @@ use crate::varlen::{check_alibi, check_gqa};
 /// `−slopes[b·stride + h] · |i + sk − sq − j|`.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct HostAlibi<'a> {
+    /// f32 slopes, `(nheads)` or `(batch, nheads)` row-major.
     pub slopes: &'a [f32],
+    /// Which of the two shapes `slopes` has.
     pub shape: AlibiShape,
 }
 

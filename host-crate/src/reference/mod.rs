@@ -51,42 +51,10 @@ pub use decode::{
 pub use backward::{Grads, VarlenGrads, attention_backward, fa1_backward, fa2_backward, varlen_attention_backward};
 pub use features::{DEFAULT_BLOCK, HostAlibi, attention, fa2_forward_ext};
 pub use varlen::{VarlenOutput, attention_varlen};
+pub use crate::error::RefError;
 
 use flash_attn_common::{AttnParams, Real, RowState};
 use ndarray::{Array3, Array4, ArrayView4, s};
-
-/// Why a reference computation refused its arguments.
-#[derive(Clone, Debug, PartialEq, thiserror::Error)]
-pub enum RefError {
-    /// An axis of `arg` is 0.
-    #[error("`{arg}` has a zero-sized axis: shape (batch, seqlen, nheads, headdim) = {shape:?}")]
-    ZeroDim { arg: &'static str, shape: [usize; 4] },
-    /// `arg` does not agree with `other` on the axes named in `axes`.
-    #[error(
-        "`{arg}` has shape {shape:?} but must match `{other}` (shape {other_shape:?}) in {axes}; \
-         layout is (batch, seqlen, nheads, headdim)"
-    )]
-    ShapeMismatch {
-        arg: &'static str,
-        shape: [usize; 4],
-        other: &'static str,
-        other_shape: [usize; 4],
-        axes: &'static str,
-    },
-    /// A block size (`br`, `bc`) is 0.
-    #[error("block size `{arg}` must be positive, got {value}")]
-    ZeroBlock { arg: &'static str, value: usize },
-    /// A sequence length does not fit the `u32` of [`AttnParams`].
-    #[error("`{arg}` seqlen {value} exceeds u32::MAX")]
-    TooLong { arg: &'static str, value: usize },
-    /// `softmax_scale` is NaN or infinite.
-    #[error("`softmax_scale` must be finite, got {value}")]
-    BadScale { value: f64 },
-    /// FP8 scales neither one value nor one per (batch, head), or not
-    /// finite and positive ([`fp8`]).
-    #[error("fp8 `scales`: {reason}")]
-    BadFp8Scales { reason: String },
-}
 
 /// Output of [`standard_attention`] and [`fa2_forward`].
 #[derive(Clone, Debug, PartialEq)]

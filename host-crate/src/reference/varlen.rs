@@ -14,7 +14,8 @@
 //!
 //! LSE is unpadded, `(nheads, total_q)`. Rows of the buffers past
 //! `cu_seqlens_q[batch]` belong to no sequence: O = 0, LSE = -inf there.
-//! Validation: [`crate::varlen`].
+//! Validation: [`check_varlen`], the
+//! device API's own.
 
 use flash_attn_common::Real;
 use ndarray::{Array2, Array3, ArrayView3, CowArray, Ix3, s};

@@ -1,9 +1,9 @@
 //! The flash-decoding kernel's per-block timeline
-//! (`DecodeOptions::timeline`, `flash_attn::decode::timeline`) summed
+//! (`DecodeOptions::timeline`, `flash_attn::advanced::decode::timeline`) summed
 //! up: where one decode call's time goes between the first block's start
 //! and the last block's end (`decode-tune --timeline`).
 
-use flash_attn::decode::timeline::WORDS;
+use flash_attn::advanced::decode::timeline::WORDS;
 
 /// One block's record: SM, split, whether it merged its tile, and both
 /// clocks at each point (0 = not reached).

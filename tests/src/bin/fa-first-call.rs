@@ -35,7 +35,7 @@ fn ramp<T: Copy>(shape: (usize, usize, usize, usize), f: impl Fn(f32) -> T) -> A
 fn run(family: &str) -> Result<(), Box<dyn std::error::Error>> {
     let cache = std::env::var("CUDA_CACHE_DISABLE").map(|v| v == "1").unwrap_or(false);
     let t0 = Instant::now();
-    let ctx = flash_attn::device::try_default_context()?;
+    let ctx = flash_attn::try_default_context()?;
     let t_ctx = t0.elapsed().as_secs_f64();
     let kind = match family {
         "tc" => KernelFamily::MmaSync,
@@ -76,7 +76,7 @@ fn run(family: &str) -> Result<(), Box<dyn std::error::Error>> {
             let mut v_cache = ramp((b, s_cache, h, d), |x| bf16::from_f32(x * x));
             let cache = HostKvCache::Contiguous { k_cache: &mut k_cache, v_cache: &mut v_cache, cache_batch_idx: None };
             let (o, _) = flash_attn_with_kvcache(q.view(), cache, &[s_cache as i32], None, None, &p, None, None)?;
-            let loaded = flash_attn::device::default_flash_attention().map(|f| f.loaded_kernels()).unwrap_or(0);
+            let loaded = flash_attn::default_flash_attention().map(|f| f.loaded_kernels()).unwrap_or(0);
             (o.iter().map(|x| x.to_f64()).sum::<f64>(), loaded)
         }
     };

@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaContext, CudaEvent, CudaSlice, CudaStream};
-use flash_attn::dispatch::Plan;
+use flash_attn::advanced::dispatch::Plan;
 use flash_attn::plan::{HbmTraffic, TilingPlan};
 use flash_attn::reference::{fa1_forward, fa2_forward, standard_attention};
 use flash_attn::{
@@ -440,7 +440,7 @@ struct Gpu {
 }
 
 fn open_gpu() -> Result<Gpu, String> {
-    let ctx = flash_attn::device::try_default_context().map_err(err_s)?;
+    let ctx = flash_attn::try_default_context().map_err(err_s)?;
     let fa = std::panic::catch_unwind(|| FlashAttention::new(&ctx))
         .map_err(|_| "the CUDA driver bindings panicked while loading the kernels".to_string())?
         .map_err(|e| format!("FlashAttention::new: {e}"))?;
@@ -514,7 +514,7 @@ fn forward<T: AttnElem>(
 fn plan_of<T: AttnElem>(g: &Gpu, sh: Shape, p: &ForwardParams) -> Res<Plan> {
     let l = sh.layout();
     let n = sh.elems();
-    let problem = flash_attn::api::validate((&l, n), (&l, n), (&l, n), (&l, n), p)?;
+    let problem = flash_attn::advanced::validate::validate((&l, n), (&l, n), (&l, n), (&l, n), p)?;
     Ok(g.fa.plan::<T>(&problem, p, false, false)?)
 }
 

@@ -20,7 +20,7 @@
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream};
-use flash_attn::backward::{BackwardParams, BackwardScratch};
+use flash_attn::{BackwardParams, BackwardScratch};
 use flash_attn::{AttnElem, Extras, FlashAttention, ForwardParams, RowStats, Tensor, TensorLayout, TensorMut};
 use flash_attn_tests::bench::{Meas, Res, Step, Timing, geomean_range, time_events, torch_peer};
 use flash_attn_tests::{Rng, gpu};

@@ -122,8 +122,8 @@ pub fn varlen_lens(o: &Opts) -> Vec<usize> {
 /// (Br, Bc) of the bf16 varlen kernel the library picks on the H100 for
 /// head dim `d`, where a dense kernel with that tile exists too.
 fn varlen_tile(d: usize) -> Option<(usize, usize)> {
-    use flash_attn::dispatch::Features;
-    use flash_attn::tc::{TC_KERNELS, TcKernel, TcLoop};
+    use flash_attn::advanced::dispatch::Features;
+    use flash_attn::advanced::tc::{TC_KERNELS, TcKernel, TcLoop};
     let v = TcKernel::default_for(TcLoop::Fa2, true, d, Features { varlen: true, ..Default::default() })?;
     let dense = TC_KERNELS.iter().any(|k| k.loop_order == TcLoop::Fa2 && k.bf16 && !k.varlen && !k.mods && !k.decode && k.d == d && k.br() == v.br() && k.bc == v.bc);
     dense.then_some((v.br(), v.bc))

@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use cudarc::driver::sys;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
-use flash_attn::tc::{TcKernel, TcLoop, TcModule};
+use flash_attn::advanced::tc::{TcKernel, TcLoop, TcModule};
 use flash_attn::{
     AttnElem, AttnParams, FlashAttention, FlashAttnError, ForwardParams, LoopOrder, StatsMut,
     Tensor, TensorLayout, TensorMut,
@@ -59,7 +59,7 @@ fn dptr<T>(s: &CudaSlice<T>, stream: &CudaStream) -> u64 {
 pub enum Which {
     Tc(&'static TcKernel),
     /// The Hopper-native kernel (sm_90a build only).
-    Hopper(&'static flash_attn::hopper::HopperKernel),
+    Hopper(&'static flash_attn::advanced::hopper::HopperKernel),
     Standard,
 }
 
@@ -94,7 +94,7 @@ impl Gpu {
         eprintln!(
             "fa-bench: indexed the {} PTX ({} tensor-core kernels, each loaded on its first launch) in {:.3} s",
             fa.ptx_build().arch,
-            flash_attn::tc::TC_KERNELS.len(),
+            flash_attn::advanced::tc::TC_KERNELS.len(),
             t.elapsed().as_secs_f64()
         );
         let elems = o.tokens * o.hidden;
@@ -308,7 +308,7 @@ impl Gpu {
                 };
                 // SAFETY: as `launch` (same buffers and contiguous strides);
                 // headdim a multiple of 8 ≤ k.d (`hopper_head_dim`).
-                unsafe { flash_attn::hopper::launch_params(&self.fa, &self.stream, k, &p)? };
+                unsafe { flash_attn::advanced::hopper::launch_params(&self.fa, &self.stream, k, &p)? };
                 Ok(())
             }
             Which::Standard => match c.dtype {
@@ -384,7 +384,7 @@ pub fn run_ours(
     }
     let ctx = CudaContext::new(0)?;
     let cc = ctx.compute_capability()?;
-    let build = flash_attn::ptx::for_compute_capability(cc.0, cc.1).ok_or_else(|| {
+    let build = flash_attn::advanced::ptx::for_compute_capability(cc.0, cc.1).ok_or_else(|| {
         format!(
             "compute capability {}.{} is below sm_80: no tensor-core PTX",
             cc.0, cc.1
@@ -434,13 +434,13 @@ pub fn run_ours(
                 // FA_BENCH_HOPPER=<variant> (e.g. bc128_ov_pp): a candidate
                 // kernel instead of the default. Head dims without their own
                 // kernel run the one the library pads them onto.
-                "hopper" => flash_attn::hopper::hopper_head_dim(c.d)
+                "hopper" => flash_attn::advanced::hopper::hopper_head_dim(c.d)
                     .and_then(|kd| {
                         let bf16 = c.dtype == Dtype::Bf16;
                         std::env::var("FA_BENCH_HOPPER")
                             .ok()
-                            .and_then(|v| flash_attn::hopper::HopperKernel::find_variant(bf16, kd, &v))
-                            .or_else(|| flash_attn::hopper::HopperKernel::find(bf16, kd))
+                            .and_then(|v| flash_attn::advanced::hopper::HopperKernel::find_variant(bf16, kd, &v))
+                            .or_else(|| flash_attn::advanced::hopper::HopperKernel::find(bf16, kd))
                     })
                     .map(Which::Hopper)
                     .ok_or_else(|| "no Hopper kernel for this dtype/d".into()),

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use clap::{ArgAction, CommandFactory, Parser, ValueEnum};
-use flash_attn::tc::TC_HEAD_DIMS;
+use flash_attn::advanced::tc::TC_HEAD_DIMS;
 use flash_attn_tests::bench::Dtype;
 
 use crate::configs::IMPLS;
