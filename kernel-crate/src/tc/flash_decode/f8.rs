@@ -86,25 +86,25 @@ impl KvCopy {
             }
             return;
         }
-        if (32 * NW) % cpr == 0 && (BC * cpr) % (32 * NW) == 0 && BC * cpr / (32 * NW) <= 8 && per_row && j0 + BC <= nk {
+        if (32 * NW) % cpr == 0 && (BC * cpr) % (32 * NW) == 0 && BC * cpr / (32 * NW) <= 4 && per_row && j0 + BC <= nk {
             // A full block over pages smaller than it: this thread's rows
             // `tid / cpr + k·(32·NW / cpr)` look their pages up first
             // (independent loads, one round trip for all), then the copies
-            // go out.
+            // go out. (At most 4 rows per thread: d = 256's 8 spilled.)
             let rstep = 32 * NW / cpr;
             let (r0, c) = (self.tid / cpr, self.tid % cpr);
             let (n, c16) = if c * 16 < d { (16, c * 16) } else { (0, 0) };
             let steps = BC * cpr / (32 * NW);
-            let mut pages = [0u32; 8];
+            let mut pages = [0u32; 4];
             #[allow(clippy::needless_range_loop)] // constant indices once unrolled: registers
-            for k in 0..8 {
+            for k in 0..4 {
                 if k < steps {
                     // SAFETY: the row is < nk (a full block).
                     pages[k] = unsafe { p.page_of(self.b, (j0 + r0 + k * rstep) as u32) };
                 }
             }
             #[allow(clippy::needless_range_loop)]
-            for k in 0..8 {
+            for k in 0..4 {
                 if k >= steps {
                     break;
                 }
@@ -168,7 +168,11 @@ unsafe fn convert_f8<T: Elem16, const D: usize, const BCW: usize>(src: u32, dst:
         let x = e4m3x2_to_f16x2(if hi { (w >> 16) as u16 } else { w as u16 });
         if T::IS_BF16 { f16x2_from_e4m3_to_bf16x2(x) } else { x }
     };
-    for k in 0..BCW * cpr / 32 {
+    // d = 256 keeps the loop rolled (a trip count LLVM cannot see): its O
+    // accumulators leave no room for the unrolled loop's loads in flight
+    // (255 registers and a 16-byte spill when unrolled).
+    let iters = if D >= 256 { crate::arch::opaque::u32((BCW * cpr / 32) as u32) as usize } else { BCW * cpr / 32 };
+    for k in 0..iters {
         let i = row0 * cpr + lane + 32 * k;
         let (r, c) = (i / cpr, i % cpr);
         // SAFETY: chunk i of the warp's rows of the staged block (caller: landed).
