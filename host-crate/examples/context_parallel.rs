@@ -8,6 +8,16 @@
 //! cargo run --release -p flash-attn --features nccl --example context_parallel -- --bench    # cargo xtask bench-cp
 //! ```
 //!
+//! `--backward`: the ring's backward too (`ring_backward`: the K/V ring
+//! again, dK/dV sums travelling home on a second ring), its dQ, dK, dV
+//! checked against one GPU's backward over the whole sequence (and, with
+//! `--check-ref`, against the f64 reference by FlashAttention-2's rule),
+//! timed beside the forward: backward and forward + backward efficiency.
+//!
+//! `--ulysses`: DeepSpeed-Ulysses instead of the ring (`ulysses_forward`,
+//! `ulysses_backward`: all-to-alls over heads, contiguous shards; the head
+//! counts must divide by the GPUs).
+//!
 //! `--procs`: one process per GPU instead (this process launches one per
 //! rank, each joining with `Comm::from_rank` and an NCCL id passed through
 //! a file), the other way trainers launch.
@@ -27,9 +37,11 @@ use std::sync::Arc;
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use cudarc::nccl::{Comm, Id};
-use flash_attn::context_parallel::nccl::{RingRank, RingShape, ring_forward};
+use flash_attn::context_parallel::nccl::{
+    RingGradInputs, RingGrads, RingRank, RingShape, UlyssesRank, ring_backward, ring_forward, ulysses_backward, ulysses_forward,
+};
 use flash_attn::context_parallel::{ShardPlan, Sharding};
-use flash_attn::{FlashAttention, FlashAttnError, ForwardParams, StatsMut, Tensor, TensorLayout, TensorMut};
+use flash_attn::{BackwardParams, Extras, FlashAttention, FlashAttnError, ForwardParams, RowStats, StatsMut, Tensor, TensorLayout, TensorMut};
 use half::bf16;
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
@@ -47,6 +59,10 @@ struct Args {
     iters: usize,
     bench: bool,
     check_ref: bool,
+    /// Also the backward: the ring's gradients against one GPU's.
+    backward: bool,
+    /// Ulysses (all-to-all over heads, contiguous shards) instead of the ring.
+    ulysses: bool,
     /// One process per GPU (this process launches them).
     procs: bool,
     /// The inputs' seed (fresh per run unless given; passed to launched ranks).
@@ -68,6 +84,8 @@ fn parse_args() -> Result<Args> {
         iters: 5,
         bench: false,
         check_ref: false,
+        backward: false,
+        ulysses: false,
         procs: false,
         seed: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64),
         child: None,
@@ -91,6 +109,8 @@ fn parse_args() -> Result<Args> {
             "--non-causal" => a.causal = false,
             "--bench" => a.bench = true,
             "--check-ref" => a.check_ref = true,
+            "--backward" => a.backward = true,
+            "--ulysses" => a.ulysses = true,
             "--procs" => a.procs = true,
             "--child" => {
                 let rank = num("--child")?;
@@ -100,12 +120,19 @@ fn parse_args() -> Result<Args> {
             "-h" | "--help" => {
                 println!(
                     "context_parallel [--gpus N] [--seqlen S] [--batch B] [--nheads H] [--nheads-k HK] [--headdim D] \
-                     [--contiguous] [--non-causal] [--iters I] [--bench] [--check-ref] [--procs]"
+                     [--contiguous] [--non-causal] [--iters I] [--bench] [--check-ref] [--procs] [--backward] [--ulysses]"
                 );
                 std::process::exit(0);
             }
             other => return Err(format!("unknown argument `{other}` (--help)").into()),
         }
+    }
+    if a.ulysses {
+        if a.procs {
+            return Err("--ulysses runs with one process driving every GPU".into());
+        }
+        // Ulysses' shards are contiguous: after its all-to-all every rank holds the sequence in order.
+        a.sharding = Sharding::Contiguous;
     }
     Ok(a)
 }
@@ -218,26 +245,81 @@ fn one_gpu(a: &Args, ctx: &Arc<CudaContext>, q: &[bf16], k: &[bf16], v: &[bf16])
     Ok((s.clone_dtoh(&o)?, s.clone_dtoh(&lse)?, median(times)))
 }
 
+/// The ranks of one strategy: the ring or Ulysses.
+enum Ranks {
+    Ring(Vec<RingRank<bf16>>),
+    Ulysses(Vec<UlyssesRank<bf16>>),
+}
+
+impl Ranks {
+    /// One rank per context, joined by `Comm::from_devices`.
+    fn new(a: &Args, ctxs: &[Arc<CudaContext>], shape: RingShape) -> Result<Self> {
+        let params = ForwardParams { causal: a.causal, ..Default::default() };
+        let comm_streams = ctxs.iter().map(|c| c.new_stream()).collect::<std::result::Result<Vec<_>, _>>()?;
+        let comms = Comm::from_devices(comm_streams).map_err(FlashAttnError::from)?;
+        let mut ring = Vec::new();
+        let mut uly = Vec::new();
+        for (ctx, comm) in ctxs.iter().zip(comms) {
+            let fa = Arc::new(FlashAttention::new(ctx)?);
+            if a.ulysses {
+                uly.push(UlyssesRank::<bf16>::new(fa, comm, ctx.new_stream()?, shape, &params)?);
+            } else {
+                ring.push(RingRank::<bf16>::new(fa, comm, ctx.new_stream()?, shape, a.sharding, &params)?);
+            }
+        }
+        Ok(if a.ulysses { Ranks::Ulysses(uly) } else { Ranks::Ring(ring) })
+    }
+
+    fn streams(&self) -> Vec<Arc<CudaStream>> {
+        match self {
+            Ranks::Ring(r) => r.iter().map(|r| r.stream().clone()).collect(),
+            Ranks::Ulysses(r) => r.iter().map(|r| r.stream().clone()).collect(),
+        }
+    }
+
+    fn lse(&self, i: usize) -> &CudaSlice<f32> {
+        match self {
+            Ranks::Ring(r) => r[i].lse(),
+            Ranks::Ulysses(r) => r[i].lse(),
+        }
+    }
+
+    fn forward(&mut self, inputs: &[[&CudaSlice<bf16>; 3]], outs: &mut [&mut CudaSlice<bf16>]) -> std::result::Result<(), FlashAttnError> {
+        match self {
+            Ranks::Ring(r) => ring_forward(r, inputs, outs),
+            Ranks::Ulysses(r) => ulysses_forward(r, inputs, outs),
+        }
+    }
+
+    fn backward(&mut self, inputs: &[RingGradInputs<'_, bf16>], grads: &mut [RingGrads<'_, bf16>]) -> std::result::Result<(), FlashAttnError> {
+        match self {
+            Ranks::Ring(r) => ring_backward(r, inputs, grads, false),
+            Ranks::Ulysses(r) => ulysses_backward(r, inputs, grads, false),
+        }
+    }
+}
+
 /// The ring forward `a.iters` times after a warm-up: the median over
 /// iterations of the slowest rank's time (CUDA events on each compute stream).
 fn time_ring(
     a: &Args,
-    ranks: &mut [RingRank<bf16>],
+    ranks: &mut Ranks,
     qs: &[CudaSlice<bf16>],
     ks: &[CudaSlice<bf16>],
     vs: &[CudaSlice<bf16>],
     os: &mut [CudaSlice<bf16>],
 ) -> Result<f64> {
+    let streams = ranks.streams();
     let mut times = Vec::new();
     for i in 0..a.iters + 1 {
-        let t0: Vec<_> = ranks.iter().map(|r| timing_event(r.stream())).collect::<std::result::Result<_, _>>()?;
-        let inputs: Vec<[&CudaSlice<bf16>; 3]> = (0..ranks.len()).map(|r| [&qs[r], &ks[r], &vs[r]]).collect();
+        let t0: Vec<_> = streams.iter().map(timing_event).collect::<std::result::Result<_, _>>()?;
+        let inputs: Vec<[&CudaSlice<bf16>; 3]> = (0..streams.len()).map(|r| [&qs[r], &ks[r], &vs[r]]).collect();
         let mut outs: Vec<&mut CudaSlice<bf16>> = os.iter_mut().collect();
-        ring_forward(ranks, &inputs, &mut outs)?;
-        let t1: Vec<_> = ranks.iter().map(|r| timing_event(r.stream())).collect::<std::result::Result<_, _>>()?;
+        ranks.forward(&inputs, &mut outs)?;
+        let t1: Vec<_> = streams.iter().map(timing_event).collect::<std::result::Result<_, _>>()?;
         let mut slowest = 0f64;
-        for (r, (a0, a1)) in ranks.iter().zip(t0.iter().zip(&t1)) {
-            r.stream().synchronize()?;
+        for (s, (a0, a1)) in streams.iter().zip(t0.iter().zip(&t1)) {
+            s.synchronize()?;
             slowest = slowest.max(a0.elapsed_ms(a1)? as f64);
         }
         if i > 0 {
@@ -252,26 +334,20 @@ fn ring(a: &Args, ctxs: &[Arc<CudaContext>], q: &[bf16], k: &[bf16], v: &[bf16])
     let n = ctxs.len();
     let plan = ShardPlan::new(a.sharding, n, &[a.seqlen])?;
     let shape = RingShape { batch: a.batch, seqlen_local: a.seqlen / n, nheads: a.nheads, nheads_k: a.nheads_k, headdim: a.headdim };
-    let params = ForwardParams { causal: a.causal, ..Default::default() };
-    let comm_streams = ctxs.iter().map(|c| c.new_stream()).collect::<std::result::Result<Vec<_>, _>>()?;
-    let comms = Comm::from_devices(comm_streams).map_err(FlashAttnError::from)?;
-    let mut ranks = Vec::new();
+    let mut ranks = Ranks::new(a, ctxs, shape)?;
     let (mut qs, mut ks, mut vs, mut os) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let (rq, rk) = (a.nheads * a.headdim, a.nheads_k * a.headdim);
-    for (r, (ctx, comm)) in ctxs.iter().zip(comms).enumerate() {
-        let fa = Arc::new(FlashAttention::new(ctx)?);
-        let rank = RingRank::<bf16>::new(fa, comm, ctx.new_stream()?, shape, a.sharding, &params)?;
-        let s = rank.stream().clone();
+    let streams = ranks.streams();
+    for (r, s) in streams.iter().enumerate() {
         qs.push(s.clone_htod(&shard(&plan, q, a.batch, a.seqlen, rq, r))?);
         ks.push(s.clone_htod(&shard(&plan, k, a.batch, a.seqlen, rk, r))?);
         vs.push(s.clone_htod(&shard(&plan, v, a.batch, a.seqlen, rk, r))?);
         os.push(s.alloc_zeros::<bf16>(a.batch * shape.seqlen_local * rq)?);
-        ranks.push(rank);
     }
     let t = time_ring(a, &mut ranks, &qs, &ks, &vs, &mut os)?;
-    let o_parts: Vec<Vec<bf16>> = ranks.iter().zip(&os).map(|(r, o)| r.stream().clone_dtoh(o)).collect::<std::result::Result<_, _>>()?;
+    let o_parts: Vec<Vec<bf16>> = streams.iter().zip(&os).map(|(s, o)| s.clone_dtoh(o)).collect::<std::result::Result<_, _>>()?;
     // LSE (batch, nheads, seqlen): per (batch, head), a sequence of one value per token.
-    let lse_parts: Vec<Vec<f32>> = ranks.iter().map(|r| r.stream().clone_dtoh(r.lse())).collect::<std::result::Result<_, _>>()?;
+    let lse_parts: Vec<Vec<f32>> = streams.iter().enumerate().map(|(i, s)| s.clone_dtoh(ranks.lse(i))).collect::<std::result::Result<_, _>>()?;
     Ok((unshard(&plan, &o_parts, a.batch, a.seqlen, rq), unshard(&plan, &lse_parts, a.batch * a.nheads, a.seqlen, 1), t))
 }
 
@@ -353,8 +429,8 @@ fn child(a: &Args, rank: usize, dir: &std::path::Path) -> Result<()> {
     let shape = RingShape { batch: a.batch, seqlen_local: a.seqlen / a.gpus, nheads: a.nheads, nheads_k: a.nheads_k, headdim: a.headdim };
     let params = ForwardParams { causal: a.causal, ..Default::default() };
     let fa = Arc::new(FlashAttention::new(&ctx)?);
-    let mut ring = [RingRank::<bf16>::new(fa, comm, ctx.new_stream()?, shape, a.sharding, &params)?];
-    let s = ring[0].stream().clone();
+    let mut ring = Ranks::Ring(vec![RingRank::<bf16>::new(fa, comm, ctx.new_stream()?, shape, a.sharding, &params)?]);
+    let s = ring.streams()[0].clone();
     let (rq, rk) = (a.nheads * a.headdim, a.nheads_k * a.headdim);
     let qs = [s.clone_htod(&shard(&plan, &q, a.batch, a.seqlen, rq, rank))?];
     let ks = [s.clone_htod(&shard(&plan, &k, a.batch, a.seqlen, rk, rank))?];
@@ -362,7 +438,7 @@ fn child(a: &Args, rank: usize, dir: &std::path::Path) -> Result<()> {
     let mut os = [s.alloc_zeros::<bf16>(a.batch * shape.seqlen_local * rq)?];
     let t = time_ring(a, &mut ring, &qs, &ks, &vs, &mut os)?;
     let o = s.clone_dtoh(&os[0])?;
-    let lse = s.clone_dtoh(ring[0].lse())?;
+    let lse = s.clone_dtoh(ring.lse(0))?;
     std::fs::write(dir.join(format!("o.{rank}")), o.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>())?;
     std::fs::write(dir.join(format!("lse.{rank}")), lse.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>())?;
     std::fs::write(dir.join(format!("time.{rank}")), t.to_string())?;
@@ -370,6 +446,11 @@ fn child(a: &Args, rank: usize, dir: &std::path::Path) -> Result<()> {
 }
 
 /// One configuration: the one-GPU baseline, the ring, the check, a table row.
+/// The table's sharding column: the ring's sharding, or Ulysses.
+fn scheme(a: &Args) -> String {
+    if a.ulysses { "Ulysses".into() } else { format!("{:?}", a.sharding) }
+}
+
 fn run(a: &Args, ctxs: &[Arc<CudaContext>]) -> Result<()> {
     let a = &Args { gpus: ctxs.len(), ..a.clone() };
     let (q, k, v) = inputs(a);
@@ -381,11 +462,11 @@ fn run(a: &Args, ctxs: &[Arc<CudaContext>]) -> Result<()> {
     // Strong scaling: the same sequence on n GPUs against one.
     let eff = t1 / (n as f64 * tn);
     println!(
-        "| {} | {} | {} | {:?} | {} | {:.2} | {:.1} | {:.1} | {:.1}% | {:.2e} | {:.2e} |",
+        "| {} | {} | {} | {} | {} | {:.2} | {:.1} | {:.1} | {:.1}% | {:.2e} | {:.2e} |",
         a.seqlen,
         n,
         if a.procs { "process per GPU" } else { "one process" },
-        a.sharding,
+        scheme(a),
         if a.causal { "yes" } else { "no" },
         t1,
         tn,
@@ -404,7 +485,8 @@ fn run(a: &Args, ctxs: &[Arc<CudaContext>]) -> Result<()> {
 fn check_ref(a: &Args, ctxs: &[Arc<CudaContext>]) -> Result<()> {
     use flash_attn::reference::attention;
     use ndarray::{Array4, s};
-    let a = Args { seqlen: 2048, batch: 1, iters: 1, ..a.clone() };
+    let chunks = 2 * ctxs.len();
+    let a = Args { seqlen: 2048usize.div_ceil(chunks) * chunks, batch: 1, iters: 1, ..a.clone() };
     let (lq, lk) = (a.seqlen * a.nheads * a.headdim, a.seqlen * a.nheads_k * a.headdim);
     let (q, k, v) = (random_bf16(lq, 1), random_bf16(lk, 2), random_bf16(lk, 3));
     let (o1, _, _) = one_gpu(&a, &ctxs[0], &q, &k, &v)?;
@@ -441,6 +523,12 @@ fn main() -> Result<()> {
     let ctxs: Vec<_> = (0..a.gpus).map(CudaContext::new).collect::<std::result::Result<_, _>>()?;
     println!("{} × {}, NCCL_NVLS_ENABLE={:?}", a.gpus, FlashAttention::new(&ctxs[0])?.device_name(), std::env::var("NCCL_NVLS_ENABLE").ok());
     println!("batch {}, {} query / {} KV heads, d {}, bf16; times: median of {} (CUDA events, slowest GPU)", a.batch, a.nheads, a.nheads_k, a.headdim, a.iters);
+    if a.backward {
+        if a.procs {
+            return Err("--backward runs with one process driving every GPU (--procs is for the forward)".into());
+        }
+        return backward_main(&a, &ctxs);
+    }
     println!("\n| tokens | GPUs | launch | sharding | causal | 1 GPU ms | ring ms | TFLOP/s per GPU | scaling eff. | rel. err O vs 1 GPU | max ΔLSE |");
     println!("|---|---|---|---|---|---|---|---|---|---|---|");
     if a.bench {
@@ -456,6 +544,209 @@ fn main() -> Result<()> {
     }
     if a.check_ref {
         check_ref(&a, &ctxs)?;
+    }
+    Ok(())
+}
+
+/// Gradients gathered into whole-sequence layouts: `(dq, dk, dv)`.
+type HostGrads = (Vec<bf16>, Vec<bf16>, Vec<bf16>);
+
+/// One GPU over the whole sequence, forward then backward:
+/// `(gradients, forward ms, backward ms)` (medians).
+fn one_gpu_bwd(a: &Args, ctx: &Arc<CudaContext>, [q, k, v, dout]: [&[bf16]; 4]) -> Result<(HostGrads, f64, f64)> {
+    let fa = FlashAttention::new(ctx)?;
+    let s = ctx.new_stream()?;
+    let (qd, kd, vd, dod) = (s.clone_htod(q)?, s.clone_htod(k)?, s.clone_htod(v)?, s.clone_htod(dout)?);
+    let lq = TensorLayout::contiguous([a.batch, a.seqlen, a.nheads, a.headdim]);
+    let lk = TensorLayout::contiguous([a.batch, a.seqlen, a.nheads_k, a.headdim]);
+    let mut o = s.alloc_zeros::<bf16>(q.len())?;
+    let mut lse = s.alloc_zeros::<f32>(a.batch * a.nheads * a.seqlen)?;
+    let (mut dq, mut dk, mut dv) = (s.alloc_zeros::<bf16>(q.len())?, s.alloc_zeros::<bf16>(k.len())?, s.alloc_zeros::<bf16>(v.len())?);
+    let params = ForwardParams { causal: a.causal, ..Default::default() };
+    let bp = BackwardParams { forward: params, deterministic: false };
+    let (mut tf, mut tb) = (Vec::new(), Vec::new());
+    for i in 0..a.iters + 1 {
+        let t0 = timing_event(&s)?;
+        fa.forward_into(&s, Tensor::new(&qd, lq), Tensor::new(&kd, lk), Tensor::new(&vd, lk), TensorMut::new(&mut o, lq), StatsMut::LogSumExp(lse.as_view_mut()), &params)?;
+        let t1 = timing_event(&s)?;
+        let stats = RowStats::LogSumExp(s.clone_dtod(&lse)?);
+        let t2 = timing_event(&s)?;
+        fa.backward_into(
+            &s,
+            Tensor::new(&qd, lq),
+            Tensor::new(&kd, lk),
+            Tensor::new(&vd, lk),
+            Tensor::new(&o, lq),
+            Tensor::new(&dod, lq),
+            &stats,
+            TensorMut::new(&mut dq, lq),
+            TensorMut::new(&mut dk, lk),
+            TensorMut::new(&mut dv, lk),
+            None,
+            &bp,
+            &Extras::default(),
+        )?;
+        let t3 = timing_event(&s)?;
+        s.synchronize()?;
+        if i > 0 {
+            tf.push(t0.elapsed_ms(&t1)? as f64);
+            tb.push(t2.elapsed_ms(&t3)? as f64);
+        }
+    }
+    Ok(((s.clone_dtoh(&dq)?, s.clone_dtoh(&dk)?, s.clone_dtoh(&dv)?), median(tf), median(tb)))
+}
+
+/// The ring over `ctxs`, forward then backward, `a.iters` times after a
+/// warm-up: `(gradients, forward ms, backward ms)` (medians of the slowest
+/// rank), gradients in whole-sequence layouts.
+fn ring_bwd(a: &Args, ctxs: &[Arc<CudaContext>], [q, k, v, dout]: [&[bf16]; 4]) -> Result<(HostGrads, f64, f64)> {
+    let n = ctxs.len();
+    let plan = ShardPlan::new(a.sharding, n, &[a.seqlen])?;
+    let shape = RingShape { batch: a.batch, seqlen_local: a.seqlen / n, nheads: a.nheads, nheads_k: a.nheads_k, headdim: a.headdim };
+    let (rq, rk) = (a.nheads * a.headdim, a.nheads_k * a.headdim);
+    let mut ranks = Ranks::new(a, ctxs, shape)?;
+    let streams = ranks.streams();
+    let mut bufs: Vec<[CudaSlice<bf16>; 8]> = Vec::new();
+    let mut lses = Vec::new();
+    for (r, s) in streams.iter().enumerate() {
+        let up = |x: &[bf16], row| s.clone_htod(&shard(&plan, x, a.batch, a.seqlen, row, r));
+        let (ql, kl) = (a.batch * shape.seqlen_local * rq, a.batch * shape.seqlen_local * rk);
+        // q, k, v, dout, out, dq, dk, dv
+        bufs.push([up(q, rq)?, up(k, rk)?, up(v, rk)?, up(dout, rq)?, s.alloc_zeros(ql)?, s.alloc_zeros(ql)?, s.alloc_zeros(kl)?, s.alloc_zeros(kl)?]);
+        lses.push(s.alloc_zeros::<f32>(a.batch * a.nheads * shape.seqlen_local)?);
+    }
+    let (mut tf, mut tb) = (Vec::new(), Vec::new());
+    for i in 0..a.iters + 1 {
+        let ev = || streams.iter().map(timing_event).collect::<std::result::Result<Vec<_>, _>>();
+        let t0 = ev()?;
+        {
+            let (ins, mut outs): (Vec<[&CudaSlice<bf16>; 3]>, Vec<&mut CudaSlice<bf16>>) =
+                bufs.iter_mut().map(|[q, k, v, _, o, ..]| ([&*q, &*k, &*v], o)).unzip();
+            ranks.forward(&ins, &mut outs)?;
+        }
+        // Keep the forward's LSE (the next forward would overwrite the rank's).
+        for (j, (s, l)) in streams.iter().zip(lses.iter_mut()).enumerate() {
+            s.memcpy_dtod(ranks.lse(j), l)?;
+        }
+        let t1 = ev()?;
+        {
+            let mut ins = Vec::new();
+            let mut gs = Vec::new();
+            for (b, lse) in bufs.iter_mut().zip(&lses) {
+                let [q, k, v, dout, out, dq, dk, dv] = b;
+                ins.push(RingGradInputs { q: &*q, k: &*k, v: &*v, out: &*out, dout: &*dout, lse });
+                gs.push(RingGrads { dq, dk, dv });
+            }
+            ranks.backward(&ins, &mut gs)?;
+        }
+        let t2 = ev()?;
+        let (mut f, mut b) = (0f64, 0f64);
+        for (j, s) in streams.iter().enumerate() {
+            s.synchronize()?;
+            f = f.max(t0[j].elapsed_ms(&t1[j])? as f64);
+            b = b.max(t1[j].elapsed_ms(&t2[j])? as f64);
+        }
+        if i > 0 {
+            tf.push(f);
+            tb.push(b);
+        }
+    }
+    let mut parts: [Vec<Vec<bf16>>; 3] = Default::default();
+    for (s, b) in streams.iter().zip(&bufs) {
+        for (p, g) in parts.iter_mut().zip(&b[5..8]) {
+            p.push(s.clone_dtoh(g)?);
+        }
+    }
+    let [dq, dk, dv] = parts;
+    let g = (unshard(&plan, &dq, a.batch, a.seqlen, rq), unshard(&plan, &dk, a.batch, a.seqlen, rk), unshard(&plan, &dv, a.batch, a.seqlen, rk));
+    Ok((g, median(tf), median(tb)))
+}
+
+fn grad_errs(g: &HostGrads, want: &HostGrads) -> [f64; 3] {
+    let e = |x: &[bf16], y: &[bf16]| rel_err(x.iter().map(|e| e.to_f64()), y.iter().map(|e| e.to_f64()));
+    [e(&g.0, &want.0), e(&g.1, &want.1), e(&g.2, &want.2)]
+}
+
+/// `--backward`: per sequence length, one GPU's forward + backward over the
+/// whole sequence once, then the ring on each GPU count; a table row each.
+fn backward_main(a: &Args, ctxs: &[Arc<CudaContext>]) -> Result<()> {
+    println!("\n| tokens | GPUs | sharding | causal | 1 GPU fwd ms | 1 GPU bwd ms | ring fwd ms | ring bwd ms | bwd TFLOP/s per GPU | bwd eff. | fwd+bwd eff. | rel. err dQ, dK, dV vs 1 GPU |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let seqlens: Vec<usize> = if a.bench { vec![131072, 262144] } else { vec![a.seqlen] };
+    let counts: Vec<usize> = if a.bench { [1, 2, 4, 8].into_iter().filter(|&g| g <= ctxs.len()).collect() } else { vec![ctxs.len()] };
+    for seqlen in seqlens {
+        let a = &Args { seqlen, ..a.clone() };
+        let (q, k, v) = inputs(a);
+        let dout = random_bf16(q.len(), a.seed ^ 0xd0);
+        let (g1, f1, b1) = one_gpu_bwd(a, &ctxs[0], [&q, &k, &v, &dout])?;
+        for &n in &counts {
+            let a = &Args { gpus: n, ..a.clone() };
+            let (gn, fnn, bn) = ring_bwd(a, &ctxs[..n], [&q, &k, &v, &dout])?;
+            let errs = grad_errs(&gn, &g1);
+            println!(
+                "| {} | {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.1} | {:.1}% | {:.1}% | {:.2e}, {:.2e}, {:.2e} |",
+                a.seqlen,
+                n,
+                scheme(a),
+                if a.causal { "yes" } else { "no" },
+                f1,
+                b1,
+                fnn,
+                bn,
+                2.5 * flops(a) / n as f64 / (bn * 1e-3) / 1e12,
+                b1 / (n as f64 * bn) * 100.0,
+                (f1 + b1) / (n as f64 * (fnn + bn)) * 100.0,
+                errs[0],
+                errs[1],
+                errs[2]
+            );
+            if errs.iter().any(|e| e.is_nan() || *e >= 2e-2) {
+                return Err(format!("ring gradients ≠ one GPU's: rel. errors {errs:?}").into());
+            }
+        }
+    }
+    if a.check_ref {
+        check_ref_bwd(a, ctxs)?;
+    }
+    Ok(())
+}
+
+/// The f64 check of the ring's gradients (FlashAttention-2's rule: at most
+/// twice one GPU's error) on one GQA group of heads.
+fn check_ref_bwd(a: &Args, ctxs: &[Arc<CudaContext>]) -> Result<()> {
+    use flash_attn::reference::attention_backward;
+    use ndarray::{Array4, s};
+    // About 2048 tokens, a multiple of the 2·N zigzag chunks.
+    let chunks = 2 * ctxs.len();
+    let a = Args { seqlen: 2048usize.div_ceil(chunks) * chunks, batch: 1, iters: 1, gpus: ctxs.len(), ..a.clone() };
+    let (lq, lk) = (a.seqlen * a.nheads * a.headdim, a.seqlen * a.nheads_k * a.headdim);
+    let (q, k, v, dout) = (random_bf16(lq, 11), random_bf16(lk, 12), random_bf16(lk, 13), random_bf16(lq, 14));
+    let (g1, _, _) = one_gpu_bwd(&a, &ctxs[0], [&q, &k, &v, &dout])?;
+    let (gn, _, _) = ring_bwd(&a, ctxs, [&q, &k, &v, &dout])?;
+    let to64 = |x: &[bf16], h| Array4::from_shape_vec((1, a.seqlen, h, a.headdim), x.iter().map(|e| e.to_f64()).collect());
+    let group = a.nheads / a.nheads_k;
+    let (q64, k64, v64, do64) = (to64(&q, a.nheads)?, to64(&k, a.nheads_k)?, to64(&v, a.nheads_k)?, to64(&dout, a.nheads)?);
+    let params = ForwardParams { causal: a.causal, ..Default::default() };
+    let hq = s![.., .., ..group, ..];
+    let hk = s![.., .., ..1, ..];
+    let want = attention_backward(q64.slice(hq), k64.slice(hk), v64.slice(hk), do64.slice(hq), &params, None)?;
+    let errs = |g: &HostGrads| -> Result<[f64; 3]> {
+        let (dq, dk, dv) = (to64(&g.0, a.nheads)?, to64(&g.1, a.nheads_k)?, to64(&g.2, a.nheads_k)?);
+        Ok([
+            rel_err(dq.slice(hq).iter().copied(), want.dq.iter().copied()),
+            rel_err(dk.slice(hk).iter().copied(), want.dk.iter().copied()),
+            rel_err(dv.slice(hk).iter().copied(), want.dv.iter().copied()),
+        ])
+    };
+    let (e1, en) = (errs(&g1)?, errs(&gn)?);
+    println!(
+        "f64 check of the gradients (seqlen {}, heads 0..{group}): one GPU dQ {:.3e} dK {:.3e} dV {:.3e}; ring over {} GPUs dQ {:.3e} dK {:.3e} dV {:.3e}",
+        a.seqlen, e1[0], e1[1], e1[2], ctxs.len(), en[0], en[1], en[2]
+    );
+    for ((name, x), y) in ["dQ", "dK", "dV"].iter().zip(en).zip(e1) {
+        if x.is_nan() || x > 2.0 * y.max(1e-4) {
+            return Err(format!("the ring's {name} error {x:e} exceeds twice one GPU's ({y:e})").into());
+        }
     }
     Ok(())
 }

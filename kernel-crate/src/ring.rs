@@ -2,7 +2,8 @@
 //! warp per (batch, head, row) of a partial, four columns per lane (d ≤ 128
 //! in one pass, 256 in two). The weights are [`merge_lse`], the one
 //! definition the host's CPU simulation runs too; what a launch does is
-//! [`RingMergeParams::mode`] (see [`merge_mode`]).
+//! [`RingMergeParams::mode`] (see [`merge_mode`]): merge outputs by their
+//! LSEs, round the result, or sum the backward's gradient partials in f32.
 
 use crate::arch::cvt::{bf16_to_f32, f16_to_f32};
 use crate::arch::shfl::shfl_idx_f32;
@@ -40,7 +41,10 @@ unsafe fn ring_merge<T: Elem16>(p: &RingMergeParams) {
         // Lane 0 reads (and later writes) the row's LSE; the lanes get the
         // weights by shuffle, so no lane reads an LSE another has written.
         let (mut w_acc, mut w_part, mut lse) = (0.0, 0.0, 0.0);
-        if p.mode != merge_mode::FINALIZE {
+        if p.mode == merge_mode::COPY || p.mode == merge_mode::ADD {
+            // Gradient partials: plain sums (COPY: the accumulator's stale rows weigh 0).
+            (w_acc, w_part) = (if p.mode == merge_mode::ADD { 1.0 } else { 0.0 }, 1.0);
+        } else if p.mode != merge_mode::FINALIZE {
             if lane == 0 {
                 // SAFETY: (b, h, r) of the partial's stats and (b, h, row) of the accumulator's.
                 let lse_part = unsafe { *(p.lse_part_ptr as *const f32).add(idx) };
@@ -68,7 +72,7 @@ unsafe fn ring_merge<T: Elem16>(p: &RingMergeParams) {
                     // SAFETY: columns c..c + 4 of the partial's row and of the accumulator's.
                     unsafe {
                         let xp = to_f32::<T>(*x.add(k));
-                        let old = if p.mode == merge_mode::INIT { 0.0 } else { *a.add(k) };
+                        let old = if p.mode == merge_mode::INIT || p.mode == merge_mode::COPY { 0.0 } else { *a.add(k) };
                         // A zero weight adds nothing (a select: never 0·NaN of a stale row).
                         let from_acc = if w_acc != 0.0 { w_acc * old } else { 0.0 };
                         let from_part = if w_part != 0.0 { w_part * xp } else { 0.0 };
@@ -78,7 +82,7 @@ unsafe fn ring_merge<T: Elem16>(p: &RingMergeParams) {
             }
             c += 128;
         }
-        if lane == 0 && p.mode != merge_mode::FINALIZE {
+        if lane == 0 && merge_mode::uses_lse(p.mode) {
             // SAFETY: the accumulator's (b, h, row), read above by this lane only.
             unsafe { *lse_acc = lse };
         }

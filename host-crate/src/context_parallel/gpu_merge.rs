@@ -1,6 +1,7 @@
 //! The partial merge on the GPU: `ring_merge_{f16,bf16}` (kernel-crate's
 //! `ring.rs`), launched on the caller's stream. Needs no NCCL: the ring
-//! (`super::nccl`, feature `nccl`) calls it after each step's local attention.
+//! (`super::nccl`, feature `nccl`) calls it after each step's local
+//! attention, and its backward to sum each step's gradient partials in f32.
 
 use std::sync::Arc;
 
@@ -41,6 +42,18 @@ impl AccShape {
     }
 }
 
+/// The partial's rows `row0..row0 + rows` inside the accumulator's sequence.
+fn check_rows(shape: AccShape, row0: usize, rows: usize) -> Result<()> {
+    if row0 + rows > shape.seqlen {
+        return Err(FlashAttnError::InvalidArgument {
+            argument: "rows",
+            value: format!("{row0}..{}", row0 + rows),
+            reason: "the partial's rows must lie inside the accumulator's sequence",
+        });
+    }
+    Ok(())
+}
+
 fn too_short(argument: &'static str, len: usize, required: usize) -> Result<()> {
     if len < required { Err(FlashAttnError::StatsTooShort { argument, len, required }) } else { Ok(()) }
 }
@@ -70,8 +83,9 @@ impl FlashAttention {
         // SAFETY: `ring_merge_*(p: RingMergeParams)`: the callers checked
         // every buffer's length against the layouts of `RingMergeParams`
         // (accumulator `shape`, partial `rows` rows at `row0`, `row0 + rows ≤
-        // seqlen`) and hold their device pointers' guards for this launch;
-        // headdim a multiple of 4; 32·RING_MERGE_WARPS threads.
+        // seqlen`; the LSE buffers only in the INIT and MERGE modes, the only
+        // ones that read them) and hold their device pointers' guards for
+        // this launch; headdim a multiple of 4; 32·RING_MERGE_WARPS threads.
         unsafe { stream.launch_builder(f).arg(&arg).launch(cfg) }?;
         Ok(())
     }
@@ -93,13 +107,7 @@ impl FlashAttention {
         init: bool,
     ) -> Result<()> {
         self.check_stream("stream", stream)?;
-        if row0 + rows > shape.seqlen {
-            return Err(FlashAttnError::InvalidArgument {
-                argument: "rows",
-                value: format!("{row0}..{}", row0 + rows),
-                reason: "the partial's rows must lie inside the accumulator's sequence",
-            });
-        }
+        check_rows(shape, row0, rows)?;
         too_short("o_acc", o_acc.len(), shape.o_len())?;
         too_short("lse_acc", lse_acc.len(), shape.lse_len())?;
         too_short("o_part", o_part.len(), shape.batch * rows * shape.nheads * shape.headdim)?;
@@ -124,6 +132,45 @@ impl FlashAttention {
                 row0: row0 as u32,
                 mode: if init { merge_mode::INIT } else { merge_mode::MERGE },
                 _pad: 0,
+            },
+        )
+    }
+
+    /// Sums a gradient partial `part` — rows `row0..row0 + rows` of an f32
+    /// accumulator of `shape` (`(batch, seqlen, nheads, headdim)`, for dK and
+    /// dV `nheads` = the KV heads), `part` `(batch, rows, nheads, headdim)`
+    /// in `T`, contiguous — into `acc` in f32, on `stream`. `init`: the rows
+    /// hold nothing yet (they are overwritten). The ring's backward adds
+    /// each step's dQ, dK, dV this way; [`FlashAttention::ring_finalize`]
+    /// rounds the sums.
+    pub fn ring_grad_add<T: AttnElem>(
+        &self,
+        stream: &Arc<CudaStream>,
+        shape: AccShape,
+        acc: &mut impl DevicePtrMut<f32>,
+        part: &impl DevicePtr<T>,
+        (row0, rows): (usize, usize),
+        init: bool,
+    ) -> Result<()> {
+        self.check_stream("stream", stream)?;
+        check_rows(shape, row0, rows)?;
+        too_short("acc", acc.len(), shape.o_len())?;
+        too_short("part", part.len(), shape.batch * rows * shape.nheads * shape.headdim)?;
+        let (o_acc_ptr, _g1) = acc.device_ptr_mut(stream);
+        let (o_part_ptr, _g2) = part.device_ptr(stream);
+        self.ring_merge_launch::<T>(
+            stream,
+            RingMergeParams {
+                o_acc_ptr,
+                o_part_ptr,
+                batch: shape.batch as u32,
+                nheads: shape.nheads as u32,
+                headdim: shape.headdim as u32,
+                seqlen_acc: shape.seqlen as u32,
+                rows: rows as u32,
+                row0: row0 as u32,
+                mode: if init { merge_mode::COPY } else { merge_mode::ADD },
+                ..Default::default()
             },
         )
     }

@@ -17,9 +17,15 @@
 //!   slice of one.
 //!
 //! Cross-stream order: cudarc records an event per buffer use and makes the
-//! next user on another stream wait for it, so a shard is received before
-//! it is attended to, and a receive buffer is overwritten only once the
-//! attention that read it has finished.
+//! next user on another stream wait for it, so a shard is sent only once
+//! written, and a receive buffer is overwritten only once the attention
+//! that read it has finished. The other direction needs more: inside an
+//! NCCL group cudarc records a receive's event when the call is made, but
+//! NCCL enqueues the transfer only at the group's end, so that event would
+//! not cover it. After each step's group every rank records an event on its
+//! comm stream, and its compute stream waits for it
+//! once the step's attention is enqueued: the next step's shard is there
+//! before it is read, and the transfers still overlap the attention.
 //!
 //! ```no_run
 //! # use std::sync::Arc;
@@ -47,9 +53,13 @@
 //! # Ok(()) }
 //! ```
 
+mod backward;
+mod ulysses;
+
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, CudaStream};
+use cudarc::driver::sys::CUevent_flags;
+use cudarc::driver::{CudaEvent, CudaSlice, CudaStream};
 use cudarc::nccl::result::{group_end, group_start};
 use cudarc::nccl::{Comm, NcclType};
 
@@ -61,6 +71,9 @@ use crate::device::FlashAttention;
 use crate::error::{FlashAttnError, Result};
 use crate::params::ForwardParams;
 use crate::varlen::check_gqa;
+
+pub use backward::{RingGradInputs, RingGrads, ring_backward};
+pub use ulysses::{UlyssesRank, ulysses_backward, ulysses_forward};
 
 /// The shape of one rank's shard: `q`, `o` `(batch, seqlen_local, nheads,
 /// headdim)`, `k`, `v` `(batch, seqlen_local, nheads_k, headdim)`, all
@@ -80,6 +93,10 @@ pub struct RingShape {
 }
 
 impl RingShape {
+    /// `(argument, length, expected)` of a forward's `q, k, v, o`.
+    fn lens_fwd(&self, [q, k, v, o]: [usize; 4]) -> [(&'static str, usize, usize); 4] {
+        [("q", q, self.q_len()), ("k", k, self.kv_len()), ("v", v, self.kv_len()), ("o", o, self.q_len())]
+    }
     fn q_len(&self) -> usize {
         self.batch * self.seqlen_local * self.nheads * self.headdim
     }
@@ -88,6 +105,43 @@ impl RingShape {
     }
     fn acc(&self) -> AccShape {
         AccShape { batch: self.batch, seqlen: self.seqlen_local, nheads: self.nheads, headdim: self.headdim }
+    }
+}
+
+/// Checks `(argument, length, expected)` triples: a rank's shards are
+/// contiguous and exactly their [`RingShape`]'s sizes.
+fn check_shard_lens(lens: &[(&'static str, usize, usize)]) -> Result<()> {
+    for &(argument, len, want) in lens {
+        if len != want {
+            return Err(FlashAttnError::InvalidArgument {
+                argument,
+                value: format!("{len} elements, expected {want}"),
+                reason: "a rank's shard is contiguous and exactly its RingShape's size (the LSE: batch·nheads·seqlen_local)",
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The end of a rank's last NCCL group, for its compute stream to wait for.
+#[derive(Default)]
+struct Transfers(Option<CudaEvent>);
+
+impl Transfers {
+    /// Records, on the comm stream, the end of the NCCL group just ended
+    /// (call after `group_end`, whose transfers NCCL enqueues only then).
+    fn record(&mut self, comm: &Comm) -> Result<()> {
+        self.0 = Some(comm.stream().record_event(Some(CUevent_flags::CU_EVENT_DISABLE_TIMING))?);
+        Ok(())
+    }
+
+    /// Makes `compute` wait for the recorded group's transfers (what it
+    /// enqueues next may read what they received).
+    fn wait(&mut self, compute: &CudaStream) -> Result<()> {
+        if let Some(e) = self.0.take() {
+            compute.wait(&e)?;
+        }
+        Ok(())
     }
 }
 
@@ -109,6 +163,10 @@ pub struct RingRank<T> {
     lse_part: CudaSlice<f32>,
     o_acc: CudaSlice<f32>,
     lse_acc: CudaSlice<f32>,
+    /// The backward's buffers, allocated by the first [`ring_backward`].
+    bwd: Option<backward::BwdBuffers<T>>,
+    /// The end of the last step's NCCL group.
+    transfers: Transfers,
 }
 
 impl<T: AttnElem + NcclType> RingRank<T> {
@@ -154,7 +212,7 @@ impl<T: AttnElem + NcclType> RingRank<T> {
         let (o_part, o_acc) = (alloc(q)?, compute.alloc_zeros::<f32>(q)?);
         let acc = shape.acc();
         let (lse_part, lse_acc) = (compute.alloc_zeros::<f32>(acc.lse_len())?, compute.alloc_zeros::<f32>(acc.lse_len())?);
-        Ok(Self { fa, comm, compute, shape, sharding, params: *params, kv, o_part, lse_part, o_acc, lse_acc })
+        Ok(Self { fa, comm, compute, shape, sharding, params: *params, kv, o_part, lse_part, o_acc, lse_acc, bwd: None, transfers: Transfers::default() })
     }
 
     /// This rank's index in the communicator.
@@ -179,17 +237,7 @@ impl<T: AttnElem + NcclType> RingRank<T> {
     }
 
     fn check_inputs(&self, [q, k, v]: [&CudaSlice<T>; 3], o: &CudaSlice<T>) -> Result<()> {
-        let s = self.shape;
-        for (argument, len, want) in [("q", q.len(), s.q_len()), ("k", k.len(), s.kv_len()), ("v", v.len(), s.kv_len()), ("o", o.len(), s.q_len())] {
-            if len != want {
-                return Err(FlashAttnError::InvalidArgument {
-                    argument,
-                    value: format!("{len} elements"),
-                    reason: "a rank's shard is contiguous and exactly its RingShape's size (NCCL sends whole buffers)",
-                });
-            }
-        }
-        Ok(())
+        check_shard_lens(&self.shape.lens_fwd([q.len(), k.len(), v.len(), o.len()]))
     }
 
     /// Step `step`'s transfers (inside the caller's NCCL group): the held
@@ -268,9 +316,12 @@ pub fn ring_forward<T: AttnElem + NcclType>(
             let sent: Result<()> = ranks.iter_mut().zip(inputs).try_for_each(|(r, &inp)| r.exchange(step, inp));
             group_end()?;
             sent?;
+            ranks.iter_mut().try_for_each(|r| r.transfers.record(&r.comm))?;
         }
         for (r, &inp) in ranks.iter_mut().zip(inputs) {
             r.compute_step(step, inp)?;
+            // The next step's shard arrives while this step computes.
+            r.transfers.wait(&r.compute)?;
         }
     }
     for (r, out) in ranks.iter_mut().zip(outs.iter_mut()) {

@@ -87,3 +87,72 @@ pub fn ring_block(sharding: Sharding, causal: bool, ranks: usize, rank: usize, s
         (std::cmp::Ordering::Greater, Sharding::Zigzag) => full(Span::SecondHalf, Span::Whole),
     }
 }
+
+/// The ring backward's travelling `dK`/`dV` sums live in two buffers per
+/// rank: step `step` adds the held shard's gradients into this one (which
+/// the step's transfers filled, from the previous rank's step `step − 1`),
+/// while the other one, step `step − 1`'s, is sent on.
+pub fn grad_sums_buffer(step: usize) -> usize {
+    step % 2
+}
+
+/// The buffer holding a rank's own complete `dK`/`dV` sums after the ring
+/// backward's last hop (on one rank: the only step's).
+pub fn grad_sums_home(ranks: usize) -> usize {
+    if ranks == 1 { grad_sums_buffer(0) } else { grad_sums_buffer(ranks) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Per rank, its two sums buffers: `(owner of the shard whose sums it
+    /// holds, ranks that added to them)`.
+    type Bufs = Vec<[Option<(usize, Vec<usize>)>; 2]>;
+
+    /// The GPU ring backward's buffer choreography, replayed with the same
+    /// index functions: every shard's sums meet every rank exactly once, in
+    /// the step at which that rank holds the shard, and end at their owner
+    /// in [`grad_sums_home`]; a buffer is never sent and received in one step.
+    #[test]
+    fn travelling_sums_visit_every_rank_and_come_home() {
+        for n in 1..=8 {
+            let mut bufs: Bufs = vec![[None, None]; n];
+            let hop = |bufs: &mut Bufs, from: usize, to: usize| {
+                assert_ne!(from, to, "a buffer sent and received in one step");
+                let sent: Vec<_> = (0..n).map(|r| bufs[r][from].take()).collect();
+                for (r, msg) in sent.into_iter().enumerate() {
+                    bufs[(r + 1) % n][to] = msg;
+                }
+            };
+            for step in 0..n {
+                if step >= 1 {
+                    hop(&mut bufs, grad_sums_buffer(step - 1), grad_sums_buffer(step));
+                }
+                for (rank, b) in bufs.iter_mut().enumerate() {
+                    let owner = kv_owner(n, rank, step);
+                    let slot = &mut b[grad_sums_buffer(step)];
+                    match slot {
+                        None => {
+                            assert_eq!(step, 0, "n {n}: rank {rank} has no sums at step {step}");
+                            *slot = Some((owner, vec![rank]));
+                        }
+                        Some((o, adders)) => {
+                            assert_eq!(*o, owner, "n {n}: rank {rank} step {step} holds another shard's sums");
+                            adders.push(rank);
+                        }
+                    }
+                }
+            }
+            if n > 1 {
+                hop(&mut bufs, grad_sums_buffer(n - 1), grad_sums_home(n));
+            }
+            for (rank, b) in bufs.iter().enumerate() {
+                let (owner, mut adders) = b[grad_sums_home(n)].clone().expect("sums at home");
+                adders.sort_unstable();
+                assert_eq!(owner, rank, "n {n}");
+                assert_eq!(adders, (0..n).collect::<Vec<_>>(), "n {n}: rank {rank}'s sums");
+            }
+        }
+    }
+}

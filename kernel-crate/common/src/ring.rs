@@ -43,6 +43,18 @@ pub mod merge_mode {
     /// `out[r] = acc[r]` rounded to the element type, every row of `acc`
     /// (`rows = seqlen_acc`, `row0 = 0`; `part` unused).
     pub const FINALIZE: u32 = 2;
+    /// `acc[row0 + r] = part[r]` as plain f32 sums, no LSE (a gradient's
+    /// first partial: the ring's backward; `lse_*` unused).
+    pub const COPY: u32 = 3;
+    /// `acc[row0 + r] += part[r]`, no LSE (the gradients' partials of the
+    /// ring's backward summed in f32).
+    pub const ADD: u32 = 4;
+
+    /// Whether `mode` weighs its rows by their LSEs (and writes `lse_acc`).
+    #[inline(always)]
+    pub fn uses_lse(mode: u32) -> bool {
+        mode == INIT || mode == MERGE
+    }
 }
 
 /// Parameters of `ring_merge_{f16,bf16}`: one warp per (batch, head, row)
