@@ -15,9 +15,10 @@
 //!   ring's order (or Ulysses' all-to-all) over the CPU reference: forward
 //!   ([`cp_forward`], [`cp_forward_varlen`]) and backward ([`cp_backward`],
 //!   [`cp_backward_varlen`]). Exact against one-rank attention; runs in CI.
-//! * [`gpu_merge`]: the merge on the GPU (`ring_merge_*`), and, with the
-//!   cargo feature `nccl`, `nccl`: the ring forward across GPUs over NCCL
-//!   (one process driving every GPU, or one process per GPU).
+//! * [`gpu_merge`]: the merge on the GPU (`ring_merge_*`, also the f32 sums
+//!   of the backward's gradients), and, with the cargo feature `nccl`,
+//!   `nccl`: the ring forward and backward and Ulysses across GPUs over
+//!   NCCL (one process driving every GPU, or one process per GPU).
 //!
 //! ```
 //! use flash_attn::ForwardParams;

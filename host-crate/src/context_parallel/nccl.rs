@@ -5,7 +5,10 @@
 //! while step `s` computes), each step's partial `(O, LSE)` merged into an
 //! f32 accumulator by `ring_merge_*`, the result rounded once at the end.
 //! The schedule is [`super::ring_block`], the one the CPU simulation
-//! ([`super::cp_forward`]) checks against one-rank attention.
+//! ([`super::cp_forward`]) checks against one-rank attention. Its backward
+//! is [`ring_backward`]; the other strategy, Ulysses' all-to-all over
+//! heads, is [`UlyssesRank`] with [`ulysses_forward`] and
+//! [`ulysses_backward`].
 //!
 //! Both ways trainers launch:
 //!

@@ -43,9 +43,10 @@ use crate::varlen::check_gqa;
 
 /// One rank of Ulysses: its GPU's kernels, its NCCL communicator (whose
 /// stream carries the all-to-alls), its compute stream and buffers: the
-/// packed head groups and the whole-sequence tensors of its heads, about
-/// `3·(q + 2·kv)` elements of `T` for the forward (`q`, `kv` a shard's
-/// sizes), more for the backward (allocated by its first call).
+/// packed head groups and the whole-sequence tensors of its heads: `3·q +
+/// 4·kv` elements of `T` and two LSEs for the forward (`q`, `kv` a shard's
+/// sizes), `5·q + 2·kv` more and the backward's scratch for the backward
+/// (allocated by its first call).
 pub struct UlyssesRank<T> {
     fa: Arc<FlashAttention>,
     comm: Comm,
