@@ -28,13 +28,19 @@ mod pack;
 
 use cubins::{CubinManifest, PINNED_PTXAS, ShippedCubins};
 
-const HELP: &str = "usage: cargo xtask ship-cubins
+const HELP: &str = "usage: cargo xtask ship-cubins [--check]
 
 Assembles every kernel of the shipped PTX (host-crate/ptx/flash_attn_*.ptx.xz) into a
 cubin with ptxas {PINNED} (python3 -m pip install nvidia-cuda-nvcc=={PINNED}) and
-rewrites host-crate/ptx/flash_attn_*.cubins.xz and cubins.txt. Needs no nightly.";
+rewrites host-crate/ptx/flash_attn_*.cubins.xz and cubins.txt. Needs no nightly.
+--check: only compare the shipped cubins with the shipped PTX and, with that ptxas,
+with what it assembles (the check `cargo xtask test` runs).";
 
 pub fn main(args: &[String]) -> Result<(), String> {
+    if args.len() == 1 && args[0] == "--check" {
+        println!("xtask: {}", check()?);
+        return Ok(());
+    }
     if !args.is_empty() {
         println!("{}", HELP.replace("{PINNED}", PINNED_PTXAS));
         return if args.iter().any(|a| a == "-h" || a == "--help") { Ok(()) } else { Err("no arguments expected".into()) };
@@ -99,7 +105,9 @@ pub fn assemble(ptxas: &Path, arch: &str, ptx: &str) -> Result<Vec<(String, Vec<
     let dir = std::env::temp_dir().join(format!("fa-cubins-{}-{arch}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let next = Mutex::new(0usize);
-    let results: Mutex<Vec<Option<Result<Vec<u8>, String>>>> = Mutex::new(vec![None; entries.len()]);
+    // One slot per entry: its cubin or why ptxas failed, once assembled.
+    type Slot = Option<Result<Vec<u8>, String>>;
+    let results: Mutex<Vec<Slot>> = Mutex::new(vec![None; entries.len()]);
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     std::thread::scope(|s| {
         for _ in 0..threads {
