@@ -44,10 +44,13 @@ pub(crate) struct Cubins {
     pack: Pack<'static>,
 }
 
+/// One build's embedded pack, parsed: `Ok(None)` where none is embedded.
+type Parsed = (&'static str, Result<Option<Cubins>, String>);
+
 /// Each embedded pack, parsed on first use (the index only: a few hundred
-/// lines): `Ok(None)` where none is embedded.
-fn parsed() -> &'static [(&'static str, Result<Option<Cubins>, String>)] {
-    static PACKS: OnceLock<Vec<(&'static str, Result<Option<Cubins>, String>)>> = OnceLock::new();
+/// lines).
+fn parsed() -> &'static [Parsed] {
+    static PACKS: OnceLock<Vec<Parsed>> = OnceLock::new();
     PACKS.get_or_init(|| EMBEDDED.iter().map(|&(arch, bytes, ptx_sha)| (arch, parse(arch, bytes, ptx_sha))).collect())
 }
 
