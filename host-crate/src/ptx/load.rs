@@ -4,8 +4,8 @@
 //! ([`super::SplitPtx::module`]), so the driver JIT-compiles only the
 //! kernels a process runs (a fraction of a second each) instead of the
 //! whole build. A cubin the driver refuses (one of a newer CUDA release than
-//! the driver's) turns the cubins off for the rest of the process' use of
-//! this build: every kernel then comes from the PTX.
+//! the driver's) turns the cubins off for this `LazyKernels` (one
+//! `FlashAttention`): every kernel it loads after that comes from the PTX.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
