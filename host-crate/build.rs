@@ -18,6 +18,15 @@
 //! `FLASH_ATTN_BUILD_PTX=1` forces the build from source; `=0` forbids it
 //! (an error when the shipped PTX does not match the sources).
 //!
+//! Beside each PTX it puts the **cubins** assembled from it ahead of time
+//! (`ptx/flash_attn_*.cubins.xz`, [`embed_cubins`]): one per kernel, each
+//! re-encoded on its own (LZ4) so that the library decompresses only the
+//! kernel it loads. Only cubins assembled from the very PTX embedded (the
+//! SHA-256 `ptx/cubins.txt` records) are used: PTX built from changed
+//! sources runs without them (JIT-compiled, as on GPUs the cubins do not
+//! serve). `FLASH_ATTN_CUBINS=0` leaves them out (binaries about 20 MB
+//! smaller; every kernel JIT-compiled on first use).
+//!
 //! After changing a kernel, `cargo xtask ship-ptx` rebuilds the PTX from
 //! source and rewrites `ptx/` (the compressed files and the manifest);
 //! `cargo xtask test` fails while the shipped PTX is not exactly what the
@@ -29,6 +38,10 @@
 //! `DEP_FLASH_ATTN_COMMON_ROOT`): `kernel-crate/` in the repository, or the
 //! registry copies of the published crates.
 
+// `CubinManifest::render` is for `cargo xtask ship-cubins`, which shares the file.
+#[allow(dead_code)]
+#[path = "build/cubins.rs"]
+mod cubins;
 // `Manifest::render` is for `cargo xtask ship-ptx`, which shares the file.
 #[allow(dead_code)]
 #[path = "build/inputs.rs"]
@@ -41,6 +54,10 @@ mod sha256;
 #[allow(dead_code)]
 #[path = "build/toolchain.rs"]
 mod toolchain;
+// The cubin pack format (the library reads what this writes).
+#[allow(dead_code)]
+#[path = "src/ptx/pack.rs"]
+mod pack;
 
 use std::env;
 use std::path::{Path, PathBuf};
@@ -93,6 +110,12 @@ fn run() -> Result<(), String> {
         println!("cargo:rerun-if-changed={}", p.display());
     }
     println!("cargo:rerun-if-env-changed=FLASH_ATTN_BUILD_PTX");
+    println!("cargo:rerun-if-env-changed=FLASH_ATTN_CUBINS");
+    let with_cubins = match env::var("FLASH_ATTN_CUBINS").as_deref() {
+        Err(_) | Ok("") | Ok("1") => true,
+        Ok("0") => false,
+        Ok(v) => return Err(format!("FLASH_ATTN_CUBINS={v}: use 0 (no prebuilt cubins) or 1 (the default)")),
+    };
     let policy = match env::var("FLASH_ATTN_BUILD_PTX").as_deref() {
         Err(_) | Ok("") => Policy::Auto,
         Ok("1") => Policy::Source,
@@ -106,7 +129,10 @@ fn run() -> Result<(), String> {
     let fresh = shipped.as_ref().is_some_and(|m| m.inputs == hash);
 
     if policy != Policy::Source && fresh {
-        return unpack_shipped(&ship_dir, shipped.as_ref().unwrap(), &out_dir);
+        let m = shipped.as_ref().unwrap();
+        unpack_shipped(&ship_dir, m, &out_dir)?;
+        let shas: Vec<(String, String)> = m.ptx.iter().map(|p| (p.arch.clone(), p.sha256.clone())).collect();
+        return embed_cubins(&ship_dir, &out_dir, &shas, with_cubins);
     }
     let why = match &shipped {
         None => "there is no shipped PTX (ptx/manifest.txt)".to_string(),
@@ -127,10 +153,70 @@ fn run() -> Result<(), String> {
     }
     let tc = toolchain::find(&channel)?;
     let kernel_dir = source_tree(&roots, &out_dir)?;
+    // The hash only matters where cubins may be embedded (hashing ~90 MB
+    // in an unoptimized build script takes seconds).
+    let hash_ptx = with_cubins && ship_dir.join("cubins.txt").is_file();
+    let mut shas = Vec::new();
     for (arch, ptx) in kernels::build(&kernel_dir, &tc, &out_dir)? {
         write_if_changed(&out_dir.join(format!("flash_attn_{arch}.ptx")), ptx.as_bytes())?;
+        shas.push((arch.to_string(), if hash_ptx { sha256::hex(ptx.as_bytes()) } else { String::new() }));
+    }
+    embed_cubins(&ship_dir, &out_dir, &shas, with_cubins)
+}
+
+/// Writes `flash_attn_{arch}.cubins` (and `flash_attn_{arch}.ptx.sha256`,
+/// which the library checks the pack's header against) for every embedded
+/// PTX `(arch, SHA-256)`: the shipped cubins of exactly that PTX, each
+/// re-encoded with LZ4 on its own; an empty file (no cubins: the library
+/// JIT-compiles the PTX) when none are shipped for it, when they were
+/// assembled from other PTX (a build from changed sources), or with
+/// `FLASH_ATTN_CUBINS=0`.
+fn embed_cubins(ship_dir: &Path, out_dir: &Path, ptx: &[(String, String)], enabled: bool) -> Result<(), String> {
+    let manifest = match std::fs::read_to_string(ship_dir.join("cubins.txt")) {
+        Ok(text) => Some(cubins::CubinManifest::parse(&text)?),
+        Err(_) => None,
+    };
+    for (arch, sha) in ptx {
+        write_if_changed(&out_dir.join(format!("flash_attn_{arch}.ptx.sha256")), sha.as_bytes())?;
+        let out = out_dir.join(format!("flash_attn_{arch}.cubins"));
+        let shipped = manifest.as_ref().and_then(|m| m.pack(arch));
+        let pack = match shipped {
+            Some(p) if enabled && &p.ptx_sha256 == sha => reencode(ship_dir, p, sha)?,
+            Some(_) if enabled => {
+                println!(
+                    "cargo:warning=the prebuilt {arch} cubins were assembled from other PTX than the one built here: \
+                     every {arch} kernel will be JIT-compiled on first use (`cargo xtask ship-ptx` refreshes them)"
+                );
+                Vec::new()
+            }
+            _ => Vec::new(),
+        };
+        write_if_changed(&out, &pack)?;
     }
     Ok(())
+}
+
+/// The shipped raw pack `p` (of the PTX whose SHA-256 is `sha`),
+/// decompressed, checked and re-encoded one cubin at a time with LZ4.
+fn reencode(ship_dir: &Path, p: &cubins::ShippedCubins, sha: &str) -> Result<Vec<u8>, String> {
+    let path = ship_dir.join(p.file_name());
+    let file = std::fs::File::open(&path).map_err(|e| format!("open {}: {e}", path.display()))?;
+    let mut raw = Vec::with_capacity(p.len);
+    lzma_rs::xz_decompress(&mut std::io::BufReader::new(file), &mut raw)
+        .map_err(|e| format!("decompress {}: {e:?}", path.display()))?;
+    let pk = pack::Pack::parse(&raw).map_err(|e| format!("{}: {e}", path.display()))?;
+    if raw.len() != p.len || pk.arch != p.arch || pk.ptx_sha256 != sha || pk.codec != pack::Codec::Raw {
+        return Err(format!(
+            "{} does not hold the {} cubins of the PTX ptx/cubins.txt names ({} bytes): run `cargo xtask ship-cubins`, \
+             or build without them (FLASH_ATTN_CUBINS=0)",
+            path.display(),
+            p.arch,
+            p.len
+        ));
+    }
+    let stored: Vec<Vec<u8>> = pk.entries.iter().map(|e| lz4_flex::block::compress(e.stored)).collect();
+    let entries: Vec<(&str, &[u8], usize)> = pk.entries.iter().zip(&stored).map(|(e, s)| (e.name, s.as_slice(), e.len)).collect();
+    Ok(pack::render(pk.arch, pk.ptx_sha256, pk.ptxas, pack::Codec::Lz4, &entries))
 }
 
 /// Decompresses the shipped PTX into `out_dir`, checking each file's length

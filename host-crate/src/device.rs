@@ -126,7 +126,7 @@ impl FlashAttention {
             (Ok(khz), Ok(bits)) if khz > 0 && bits > 0 => Some(2.0 * khz as f64 * 1e3 * bits as f64 / 8.0),
             _ => None,
         };
-        let kernels = LazyKernels::new(ctx, build, max_smem)
+        let kernels = LazyKernels::new(ctx, build, (major, minor), max_smem)
             .map_err(|reason| FlashAttnError::Ptx { build: build.arch, reason })?;
         let kernels = Arc::new(kernels);
         Ok(Self { ctx: ctx.clone(), build, cc: (major, minor), device_name, limits, num_sms, peak_mem_bandwidth, kernels, occupancy: Mutex::new(HashMap::new()), split_counters: Mutex::new(HashMap::new()) })
@@ -202,6 +202,22 @@ impl FlashAttention {
     /// How many kernels this `FlashAttention` has loaded so far.
     pub fn loaded_kernels(&self) -> usize {
         self.kernels.loaded()
+    }
+
+    /// How many of the loaded kernels came from the prebuilt cubins (the
+    /// others were JIT-compiled from their PTX).
+    pub fn loaded_cubins(&self) -> usize {
+        self.kernels.loaded_from_cubins()
+    }
+
+    /// Where kernels come from: `Ok` with the `ptxas` release of the
+    /// prebuilt cubins this device loads (no JIT compilation), or `Err`
+    /// saying why every kernel is JIT-compiled from its PTX instead
+    /// (`FLASH_ATTN_FORCE_PTX=1`; no cubin of this build runs on the
+    /// device's compute capability; a build without cubins; or the driver
+    /// refused one, e.g. a driver older than CUDA 13.0).
+    pub fn cubins(&self) -> std::result::Result<&'static str, String> {
+        self.kernels.cubin_status()
     }
 
     /// The lazily loaded kernels, shared with [`crate::tc::TcModule`].

@@ -18,15 +18,19 @@ impl FlashAttention {
     /// # What the first call costs
     /// `new` reads a few device attributes and indexes the embedded PTX
     /// (split per kernel, once per process: a few milliseconds in release
-    /// builds). The first launch of each kernel then loads that kernel's own
-    /// PTX module, which the driver JIT-compiles for the GPU — typically
-    /// 0.1–1 s per kernel on an H100 with an empty JIT cache (the f32
-    /// kernels are small, the tensor-core and Hopper kernels large) — and
-    /// caches on disk (`~/.nv/ComputeCache`), so later processes pay only
-    /// milliseconds. A call runs one to three kernels (decode: the kernel
-    /// and its split combine; paged caches: the page-order kernel), so the
-    /// first call of a kernel family costs about a second on a fresh
-    /// machine, not the minutes that JIT-compiling the whole build took.
+    /// builds). The first launch of each kernel then loads that kernel
+    /// alone: its cubin, assembled ahead of time by ptxas and shipped in
+    /// the package, where it runs on the device (sm_80 cubins on compute
+    /// capability 8.x, sm_90a on 9.0; a driver of CUDA 13.0 or newer) — the
+    /// driver compiles nothing, and the library decompresses that one cubin
+    /// (about a millisecond). Elsewhere (newer GPUs, older drivers, or
+    /// `FLASH_ATTN_FORCE_PTX=1`) the kernel's own PTX module, which the
+    /// driver JIT-compiles — 0.1–3 s per kernel on an H100 with an empty JIT
+    /// cache (the f32 kernels are small, the flash-decoding kernel the
+    /// largest) — and caches on disk (`~/.nv/ComputeCache`), so later
+    /// processes pay only milliseconds. [`FlashAttention::cubins`] says which
+    /// of the two applies. A call runs one to three kernels (decode: the
+    /// kernel and its split combine; paged caches: the page-order kernel).
     ///
     /// Errors: [`FlashAttnError::UnsupportedDevice`] below sm_80,
     /// [`FlashAttnError::Driver`] if the device cannot be queried,

@@ -9,7 +9,11 @@
 //!   -v` report of every kernel.
 //! * `cargo xtask ship-ptx`: rebuild the PTX from source and rewrite the
 //!   prebuilt PTX the package ships (`host-crate/ptx/`, [`ship`]); run it
-//!   after changing a kernel (`cargo xtask test` fails until then).
+//!   after changing a kernel (`cargo xtask test` fails until then); it
+//!   also reassembles the cubins when the pinned ptxas is found.
+//! * `cargo xtask ship-cubins`: assemble the shipped PTX into cubins, one
+//!   per kernel, with the pinned ptxas and rewrite `host-crate/ptx/*.cubins.xz`
+//!   ([`cubin`]).
 //! * `cargo xtask stage [DIR]`: a self-contained folder for a GPU machine
 //!   (test binaries, `fa-run`, the `fa-bench*` benchmarks, `run.sh`) ([`stage`]).
 //! * `cargo xtask bench [ARGS]`, `bench-decode [OUT] [ARGS]`: the prefill
@@ -39,6 +43,7 @@ mod bench_cp;
 mod bench_infer;
 mod candle;
 mod cargo;
+mod cubin;
 mod ptx;
 mod ptx_build;
 mod run;
@@ -58,6 +63,11 @@ const COMMANDS: &[(&str, &str, Command)] = &[
         "ship-ptx",
         "rebuild the PTX from source (pinned nightly) and rewrite the prebuilt PTX shipped in host-crate/ptx/",
         ship::main,
+    ),
+    (
+        "ship-cubins",
+        "assemble the shipped PTX into cubins (pinned ptxas from PyPI) and rewrite host-crate/ptx/*.cubins.xz",
+        cubin::main,
     ),
     ("run", "the main job: standard, FA1, FA2 on the GPU (GPT-2 shape, N=8192) vs the CPU reference; plan + HBM model", run::main),
     ("stage", "release test binaries, fa-run, the fa-bench* benchmarks and a run.sh in one folder for a GPU box (default bundle/)", stage::main),

@@ -17,7 +17,7 @@ use crate::cargo;
 /// use), shared by path so that xtask needs no dependency on the library.
 #[path = "../../host-crate/src/ptx/split.rs"]
 #[allow(dead_code)]
-mod split;
+pub mod split;
 
 /// Every `SPLIT_SAMPLE_STRIDE`-th entry of each build (and the first of
 /// each family prefix in [`SPLIT_SAMPLE_FAMILIES`]) is assembled on its own.

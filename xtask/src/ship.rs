@@ -1,7 +1,9 @@
 //! `cargo xtask ship-ptx`: rebuild the kernels' PTX from source and rewrite
 //! the prebuilt PTX shipped in the package (`host-crate/ptx/`: one
 //! `flash_attn_ARCH.ptx.xz` per target and `manifest.txt`, which records the
-//! hash of the sources it was built from; see `host-crate/build.rs`).
+//! hash of the sources it was built from; see `host-crate/build.rs`), then
+//! the cubins assembled from it ([`crate::cubin`]) when the pinned ptxas is
+//! found (else it removes them).
 //!
 //! Run it after changing anything under `kernel-crate/` or
 //! `host-crate/build/kernels.rs`; `cargo xtask test` fails until then.
@@ -11,6 +13,7 @@
 use std::io::Write;
 use std::process::{Command, Stdio};
 
+use crate::cubin;
 use crate::ptx_build::{self, inputs, sha256};
 
 pub fn main(args: &[String]) -> Result<(), String> {
@@ -39,7 +42,22 @@ pub fn main(args: &[String]) -> Result<(), String> {
     let m = inputs::Manifest { toolchain: channel, inputs: inputs::combined(&files), ptx, files };
     let path = dir.join("manifest.txt");
     std::fs::write(&path, m.render()).map_err(|e| format!("write {}: {e}", path.display()))?;
-    println!("xtask: {} (inputs {})\nxtask: commit host-crate/ptx/", path.display(), m.inputs);
+    println!("xtask: {} (inputs {})", path.display(), m.inputs);
+    // The cubins follow the PTX: reassembled with the pinned ptxas, or
+    // removed (stale cubins are never embedded, but `cargo xtask test`
+    // refuses them; without cubins the library JIT-compiles the PTX).
+    match cubin::pinned_ptxas() {
+        Some(ptxas) => cubin::ship(&ptxas, &cubin::shipped_ptx()?)?,
+        None => {
+            cubin::remove_shipped()?;
+            println!(
+                "xtask: cubins removed: ptxas {} not found (`python3 -m pip install --user nvidia-cuda-nvcc=={}`, then `cargo xtask ship-cubins`)",
+                cubin::cubins::PINNED_PTXAS,
+                cubin::cubins::PINNED_PTXAS
+            );
+        }
+    }
+    println!("xtask: commit host-crate/ptx/");
     Ok(())
 }
 

@@ -7,17 +7,20 @@
 //!    was built from other sources (run `cargo xtask ship-ptx`), else build
 //!    the kernels from source (`target/kernels-ptx`) and fail unless every
 //!    PTX is byte for byte the shipped one ([`shipped_ptx_check`]);
-//! 4. when `ptxas` is found, assemble every embedded PTX for its arch and fail
+//! 4. the shipped cubins (`host-crate/ptx/*.cubins.xz`) against the shipped
+//!    PTX: assembled from it (its hash), every kernel present, and with the
+//!    pinned ptxas byte for byte what it assembles now ([`cubin::check`]);
+//! 5. when `ptxas` is found, assemble every embedded PTX for its arch and fail
 //!    on spills, stack frames or missing instructions ([`crate::ptx`]);
 //!    otherwise say `skipped: ptxas not found`;
-//! 5. one summary line.
+//! 6. one summary line.
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::Stdio;
 use std::time::Instant;
 
 use crate::ptx_build::{self, inputs, sha256};
-use crate::{cargo, ptx, ship};
+use crate::{cargo, cubin, ptx, ship};
 
 /// Totals of the `test result:` lines of `cargo test`.
 #[derive(Default, Debug, PartialEq)]
@@ -89,6 +92,16 @@ pub fn main(args: &[String]) -> Result<(), String> {
         }
     };
 
+    // The shipped cubins against the shipped PTX (and, with the pinned
+    // ptxas, against what it assembles).
+    let cubin_line = match cubin::check() {
+        Ok(line) => line,
+        Err(e) => {
+            println!("\nxtask test: FAILED: {e} (tests: {tests}) [{:.0} s]", t0.elapsed().as_secs_f64());
+            return Err(e);
+        }
+    };
+
     // PTX checks.
     let ptx_line = match ptx::find_ptxas() {
         None => "PTX checks skipped: ptxas not found".to_string(),
@@ -120,7 +133,7 @@ pub fn main(args: &[String]) -> Result<(), String> {
             )
         }
     };
-    println!("\nxtask test: OK: {tests}; {shipped_line}; {ptx_line} [{:.0} s]", t0.elapsed().as_secs_f64());
+    println!("\nxtask test: OK: {tests}; {shipped_line}; {cubin_line}; {ptx_line} [{:.0} s]", t0.elapsed().as_secs_f64());
     Ok(())
 }
 

@@ -1,8 +1,11 @@
 //! The PTX built by `build.rs` from `kernel-crate`, embedded in the library,
 //! split per kernel entry ([`split`]) and loaded kernel by kernel on first
-//! use (`load`).
+//! use (`load`), from the cubins assembled from it ahead of time (`cubin`,
+//! in the format of `pack`) where they run on the device.
 
+pub(crate) mod cubin;
 pub(crate) mod load;
+pub(crate) mod pack;
 pub mod split;
 
 use std::sync::{Mutex, OnceLock};

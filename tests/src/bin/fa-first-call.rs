@@ -6,10 +6,15 @@
 //! FAMILY: `f32` (f32 FA2), `tc` (bf16 FA2 on the mma.sync tensor-core
 //! kernels), `hopper` (bf16 FA2 on the Hopper-native kernels, sm_90a),
 //! `decode` (bf16 KV-cache decode). Measure with an empty JIT cache, one
-//! fresh process per family:
+//! fresh process per family, with the prebuilt cubins (the default where
+//! they run on the GPU) and with every kernel JIT-compiled from its PTX
+//! (`FLASH_ATTN_FORCE_PTX=1`):
 //!
 //! ```text
-//! for f in f32 tc hopper decode; do CUDA_CACHE_DISABLE=1 target/release/fa-first-call $f; done
+//! for f in f32 tc hopper decode; do
+//!   CUDA_CACHE_DISABLE=1 target/release/fa-first-call $f
+//!   CUDA_CACHE_DISABLE=1 FLASH_ATTN_FORCE_PTX=1 target/release/fa-first-call $f
+//! done
 //! ```
 
 use std::sync::Arc;
@@ -52,11 +57,11 @@ fn run(family: &str) -> Result<(), Box<dyn std::error::Error>> {
     let (b, n, h, d) = (1, 256, 4, 128);
     let p = ForwardParams { causal: true, loop_order: LoopOrder::Fa2, ..Default::default() };
     let t2 = Instant::now();
-    let (checksum, loaded) = match family {
+    let (checksum, loaded, from_cubins) = match family {
         "f32" => {
             let (q, k, v) = (ramp((b, n, h, d), |x| x), ramp((b, n, h, d), |x| -x), ramp((b, n, h, d), |x| x * x));
             let (o, _) = flash_attn_func_on(&fa, &stream, q.view(), k.view(), v.view(), &p)?;
-            (o.iter().map(|x| *x as f64).sum::<f64>(), fa.loaded_kernels())
+            (o.iter().map(|x| *x as f64).sum::<f64>(), fa.loaded_kernels(), fa.loaded_cubins())
         }
         "tc" | "hopper" => {
             let (q, k, v) = (
@@ -65,7 +70,7 @@ fn run(family: &str) -> Result<(), Box<dyn std::error::Error>> {
                 ramp((b, n, h, d), |x| bf16::from_f32(x * x)),
             );
             let (o, _) = flash_attn_func_on(&fa, &stream, q.view(), k.view(), v.view(), &p)?;
-            (o.iter().map(|x| x.to_f64()).sum::<f64>(), fa.loaded_kernels())
+            (o.iter().map(|x| x.to_f64()).sum::<f64>(), fa.loaded_kernels(), fa.loaded_cubins())
         }
         _ => {
             // One decode step: 1 query against a 1024-row cache (the
@@ -76,14 +81,24 @@ fn run(family: &str) -> Result<(), Box<dyn std::error::Error>> {
             let mut v_cache = ramp((b, s_cache, h, d), |x| bf16::from_f32(x * x));
             let cache = HostKvCache::Contiguous { k_cache: &mut k_cache, v_cache: &mut v_cache, cache_batch_idx: None };
             let (o, _) = flash_attn_with_kvcache(q.view(), cache, &[s_cache as i32], None, None, &p, None, None)?;
-            let loaded = flash_attn::default_flash_attention().map(|f| f.loaded_kernels()).unwrap_or(0);
-            (o.iter().map(|x| x.to_f64()).sum::<f64>(), loaded)
+            let (loaded, from_cubins) =
+                flash_attn::default_flash_attention().map(|f| (f.loaded_kernels(), f.loaded_cubins())).unwrap_or((0, 0));
+            (o.iter().map(|x| x.to_f64()).sum::<f64>(), loaded, from_cubins)
         }
     };
     let t_call = t2.elapsed().as_secs_f64();
+    // The decode step runs on the process-wide FlashAttention: ask it.
+    let status = match family {
+        "decode" => flash_attn::default_flash_attention().map_err(|e| e.to_string()).and_then(|f| f.cubins().map_err(|e| e.to_string())),
+        _ => fa.cubins().map_err(|e| e.to_string()),
+    };
+    let source = match status {
+        Ok(ptxas) => format!("cubins of ptxas {ptxas}"),
+        Err(why) => format!("PTX JIT: {why}"),
+    };
     println!(
-        "fa-first-call {family}: {} ({} PTX), CUDA_CACHE_DISABLE={}: context {t_ctx:.3} s, FlashAttention::new {t_new:.3} s, \
-         first call {t_call:.3} s ({loaded} kernel(s) loaded), total {:.3} s; checksum {checksum:.4}",
+        "fa-first-call {family}: {} ({} build, {source}), CUDA_CACHE_DISABLE={}: context {t_ctx:.3} s, FlashAttention::new {t_new:.3} s, \
+         first call {t_call:.3} s ({loaded} kernel(s) loaded, {from_cubins} from cubins), total {:.3} s; checksum {checksum:.4}",
         fa.device_name(),
         fa.ptx_build().arch,
         u8::from(cache),
