@@ -126,6 +126,15 @@ fn check_shard_lens(lens: &[(&'static str, usize, usize)]) -> Result<()> {
     Ok(())
 }
 
+/// One input set and one output set per rank: `what` names the outputs,
+/// `reason` the entry point's shapes.
+fn check_counts(ranks: usize, inputs: usize, outputs: usize, what: &str, reason: &'static str) -> Result<()> {
+    if inputs != ranks || outputs != ranks {
+        return Err(FlashAttnError::InvalidArgument { argument: "inputs", value: format!("{inputs} inputs, {outputs} {what} for {ranks} ranks"), reason });
+    }
+    Ok(())
+}
+
 /// The end of a rank's last NCCL group, for its compute stream to wait for.
 #[derive(Default)]
 struct Transfers(Option<CudaEvent>);
@@ -300,13 +309,7 @@ pub fn ring_forward<T: AttnElem + NcclType>(
     inputs: &[[&CudaSlice<T>; 3]],
     outs: &mut [&mut CudaSlice<T>],
 ) -> Result<()> {
-    if inputs.len() != ranks.len() || outs.len() != ranks.len() {
-        return Err(FlashAttnError::InvalidArgument {
-            argument: "inputs",
-            value: format!("{} inputs, {} outputs for {} ranks", inputs.len(), outs.len(), ranks.len()),
-            reason: "one [q, k, v] and one output per rank",
-        });
-    }
+    check_counts(ranks.len(), inputs.len(), outs.len(), "outputs", "one [q, k, v] and one output per rank")?;
     let Some(n) = ranks.first().map(RingRank::ranks) else { return Ok(()) };
     for ((r, &inp), out) in ranks.iter().zip(inputs).zip(outs.iter()) {
         r.check_inputs(inp, out)?;

@@ -29,12 +29,12 @@ use cudarc::driver::CudaSlice;
 use cudarc::nccl::NcclType;
 use cudarc::nccl::result::{group_end, group_start};
 
-use super::{RingRank, RingShape, check_shard_lens};
+use super::{RingRank, RingShape, check_counts, check_shard_lens};
 use crate::backward::{BackwardParams, BackwardScratch, ScratchSizes};
 use crate::context_parallel::gpu_merge::AccShape;
 use crate::context_parallel::schedule::{Mask, Span, grad_sums_buffer, grad_sums_home, ring_block};
 use crate::context_parallel::sharding::Sharding;
-use crate::error::{FlashAttnError, Result};
+use crate::error::Result;
 use crate::params::ForwardParams;
 use crate::tensor::{AttnElem, Extras, RowStats, Tensor, TensorLayout, TensorMut};
 
@@ -298,13 +298,7 @@ pub fn ring_backward<T: AttnElem + NcclType>(
     grads: &mut [RingGrads<'_, T>],
     deterministic: bool,
 ) -> Result<()> {
-    if inputs.len() != ranks.len() || grads.len() != ranks.len() {
-        return Err(FlashAttnError::InvalidArgument {
-            argument: "inputs",
-            value: format!("{} inputs, {} gradient sets for {} ranks", inputs.len(), grads.len(), ranks.len()),
-            reason: "one RingGradInputs and one RingGrads per rank",
-        });
-    }
+    check_counts(ranks.len(), inputs.len(), grads.len(), "gradient sets", "one RingGradInputs and one RingGrads per rank")?;
     let Some(n) = ranks.first().map(RingRank::ranks) else { return Ok(()) };
     for ((r, x), g) in ranks.iter_mut().zip(inputs).zip(grads.iter()) {
         r.check_grad_inputs(x, g)?;

@@ -28,12 +28,12 @@
 use std::sync::Arc;
 
 use cudarc::driver::sys::{CUDA_MEMCPY2D, CUmemorytype, cuMemcpy2DAsync_v2};
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DriverError};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 use cudarc::nccl::result::{group_end, group_start};
 use cudarc::nccl::{Comm, NcclType};
 
 use super::backward::grad_lens;
-use super::{RingGradInputs, RingGrads, RingShape, Transfers, check_shard_lens};
+use super::{RingGradInputs, RingGrads, RingShape, Transfers, check_counts, check_shard_lens};
 use crate::backward::{BackwardParams, BackwardScratch};
 use crate::device::FlashAttention;
 use crate::error::{FlashAttnError, Result};
@@ -117,7 +117,7 @@ fn copy_2d<T: AttnElem>(
     };
     // SAFETY: both ranges checked inside their allocations above; the
     // pointers' guards live until after the copy is enqueued on `stream`.
-    unsafe { cuMemcpy2DAsync_v2(&copy, stream.cu_stream()) }.result().map_err(|e: DriverError| FlashAttnError::from(e))?;
+    unsafe { cuMemcpy2DAsync_v2(&copy, stream.cu_stream()) }.result()?;
     Ok(())
 }
 
@@ -169,28 +169,36 @@ fn send_to_heads<T: NcclType>(comm: &Comm, shape: RingShape, full: &CudaSlice<T>
     Ok(())
 }
 
-/// The LSE between `(batch, nheads, seqlen_local)` of the rank's tokens
-/// (`local`) and `(batch, nheads / N, seqlen)` of its heads (`full`):
-/// `to_full` sends the local rows of each peer's heads and receives
-/// this rank's heads' rows of each peer's tokens; else the reverse.
-fn send_lse(comm: &Comm, shape: RingShape, local: &mut CudaSlice<f32>, full: &mut CudaSlice<f32>, to_full: bool) -> Result<()> {
-    let n = comm.world_size();
+/// The LSE rows one (peer, sequence, head of the peer's group) exchange
+/// moves: `(offset in the local (batch, nheads, seqlen_local), offset in the
+/// full (batch, nheads / N, seqlen))`, each `seqlen_local` long.
+fn lse_rows(shape: RingShape, n: usize) -> impl Iterator<Item = (i32, usize, usize)> {
     let (b, s, h) = (shape.batch, shape.seqlen_local, shape.nheads);
     let per = h / n;
-    for peer in 0..n {
-        for bi in 0..b {
-            for hh in 0..per {
-                let l = (bi * h + peer * per + hh) * s;
-                let f = (bi * per + hh) * n * s + peer * s;
-                if to_full {
-                    comm.send(&local.slice(l..l + s), peer as i32)?;
-                    comm.recv(&mut full.slice_mut(f..f + s), peer as i32)?;
-                } else {
-                    comm.send(&full.slice(f..f + s), peer as i32)?;
-                    comm.recv(&mut local.slice_mut(l..l + s), peer as i32)?;
-                }
-            }
-        }
+    (0..n).flat_map(move |peer| {
+        (0..b).flat_map(move |bi| (0..per).map(move |hh| (peer as i32, (bi * h + peer * per + hh) * s, (bi * per + hh) * n * s + peer * s)))
+    })
+}
+
+/// The LSE of the rank's tokens (`local`) to the ranks holding their heads;
+/// this rank's heads' rows of every peer's tokens into `full` (inside the
+/// caller's group).
+fn lse_to_full(comm: &Comm, shape: RingShape, local: &CudaSlice<f32>, full: &mut CudaSlice<f32>) -> Result<()> {
+    let s = shape.seqlen_local;
+    for (peer, l, f) in lse_rows(shape, comm.world_size()) {
+        comm.send(&local.slice(l..l + s), peer)?;
+        comm.recv(&mut full.slice_mut(f..f + s), peer)?;
+    }
+    Ok(())
+}
+
+/// The inverse of [`lse_to_full`]: each peer's tokens of `full` back, every
+/// head of this rank's tokens into `local`.
+fn lse_to_local(comm: &Comm, shape: RingShape, full: &CudaSlice<f32>, local: &mut CudaSlice<f32>) -> Result<()> {
+    let s = shape.seqlen_local;
+    for (peer, l, f) in lse_rows(shape, comm.world_size()) {
+        comm.send(&full.slice(f..f + s), peer)?;
+        comm.recv(&mut local.slice_mut(l..l + s), peer)?;
     }
     Ok(())
 }
@@ -294,13 +302,7 @@ fn all_to_all<T: AttnElem + NcclType>(ranks: &mut [UlyssesRank<T>], mut f: impl 
 /// Errors: slices of the wrong length, mismatched counts, and every error
 /// of the forward and NCCL.
 pub fn ulysses_forward<T: AttnElem + NcclType>(ranks: &mut [UlyssesRank<T>], inputs: &[[&CudaSlice<T>; 3]], outs: &mut [&mut CudaSlice<T>]) -> Result<()> {
-    if inputs.len() != ranks.len() || outs.len() != ranks.len() {
-        return Err(FlashAttnError::InvalidArgument {
-            argument: "inputs",
-            value: format!("{} inputs, {} outputs for {} ranks", inputs.len(), outs.len(), ranks.len()),
-            reason: "one [q, k, v] and one output per rank",
-        });
-    }
+    check_counts(ranks.len(), inputs.len(), outs.len(), "outputs", "one [q, k, v] and one output per rank")?;
     for ((r, [q, k, v]), o) in ranks.iter_mut().zip(inputs).zip(outs.iter()) {
         check_shard_lens(&r.shape.lens_fwd([q.len(), k.len(), v.len(), o.len()]))?;
         let (hq, hk) = r.heads();
@@ -334,7 +336,7 @@ pub fn ulysses_forward<T: AttnElem + NcclType>(ranks: &mut [UlyssesRank<T>], inp
     all_to_all(ranks, |r, _| {
         let (hq, _) = r.heads();
         send_to_heads(&r.comm, r.shape, &r.full[3], &mut r.pack[0], hq)?;
-        send_lse(&r.comm, r.shape, &mut r.lse, &mut r.lse_full, false)
+        lse_to_local(&r.comm, r.shape, &r.lse_full, &mut r.lse)
     })?;
     for (r, o) in ranks.iter_mut().zip(outs.iter_mut()) {
         r.transfers.wait(&r.compute)?;
@@ -357,13 +359,7 @@ pub fn ulysses_backward<T: AttnElem + NcclType>(
     grads: &mut [RingGrads<'_, T>],
     deterministic: bool,
 ) -> Result<()> {
-    if inputs.len() != ranks.len() || grads.len() != ranks.len() {
-        return Err(FlashAttnError::InvalidArgument {
-            argument: "inputs",
-            value: format!("{} inputs, {} gradient sets for {} ranks", inputs.len(), grads.len(), ranks.len()),
-            reason: "one RingGradInputs and one RingGrads per rank",
-        });
-    }
+    check_counts(ranks.len(), inputs.len(), grads.len(), "gradient sets", "one RingGradInputs and one RingGrads per rank")?;
     let bp = |r: &UlyssesRank<T>| BackwardParams { forward: r.params, deterministic };
     for ((r, x), g) in ranks.iter_mut().zip(inputs).zip(grads.iter()) {
         check_shard_lens(&grad_lens(r.shape, x, g))?;
@@ -391,11 +387,6 @@ pub fn ulysses_backward<T: AttnElem + NcclType>(
         pack_heads(&stream, shape, n, x.out, po, hq)?;
         pack_heads(&stream, shape, n, x.dout, pdo, hq)?;
     }
-    // The forward's LSE to this rank's heads: into the backward's statistics.
-    let mut lses: Vec<CudaSlice<f32>> = Vec::with_capacity(ranks.len());
-    for (r, x) in ranks.iter().zip(inputs) {
-        lses.push(r.compute.clone_dtod(x.lse)?);
-    }
     all_to_all(ranks, |r, i| {
         let (hq, hk) = r.heads();
         let (comm, shape) = (&r.comm, r.shape);
@@ -408,7 +399,8 @@ pub fn ulysses_backward<T: AttnElem + NcclType>(
         let [fdo, ..] = &mut b.full;
         send_to_sequence(comm, shape, &b.pack[1], fdo, hq)?;
         let RowStats::LogSumExp(stats) = &mut b.stats else { unreachable!("allocated as LogSumExp") };
-        send_lse(comm, shape, &mut lses[i], stats, true)
+        // The forward's LSE to this rank's heads: into the backward's statistics.
+        lse_to_full(comm, shape, inputs[i].lse, stats)
     })?;
     for r in ranks.iter_mut() {
         r.transfers.wait(&r.compute)?;
