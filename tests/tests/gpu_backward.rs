@@ -17,6 +17,8 @@
 //!   backward takes (8..=256 step 8: 16-bit above 128 runs the f32 kernels,
 //!   as the ndarray API converts) with the features and (sq, sk) pairs
 //!   (1-row sequences, sq ≠ sk both ways) cycled;
+//! * several key and query blocks (sequences of 200..520) for the 16-bit
+//!   kernels, causal, GQA, a window;
 //! * varlen = each sequence alone (the reference's per-sequence definition);
 //! * deterministic mode: the same bits over 10 runs (f32 and bf16, several
 //!   key blocks, GQA).
@@ -134,6 +136,14 @@ fn sweep<T: AttnElem>(test: &str) {
     // Every head dim, the features and shapes cycled.
     for (i, d) in (8..=256).step_by(8).enumerate() {
         worst = worst.max(run_case::<T>(g, &mut rng, &cases(d, i * 7 + 1)));
+    }
+    // Several key and query blocks of the 16-bit kernels (Hopper: 128 keys
+    // × 64 queries per step): long tails both ways, causal, GQA, window.
+    if T::DTYPE != DType::F32 {
+        for (i, &(sq, sk, d)) in [(300, 520, 128), (520, 300, 64), (257, 257, 128), (200, 391, 96)].iter().enumerate() {
+            let c = Case { shape: (2, sq, sk, 4, if i % 2 == 0 { 2 } else { 4 }, d), causal: i != 1, window: i == 3, softcap: false, alibi: false };
+            worst = worst.max(run_case::<T>(g, &mut rng, &c));
+        }
     }
     println!("{test}: largest max|g − ref| / (1 + max|ref|) = {worst:.3e}");
 }

@@ -202,10 +202,18 @@ impl FlashAttention {
                 // deterministic mode the grid is at most the resident blocks.
                 unsafe { stream.launch_builder(f).arg(&arg).launch(cfg) }?;
             }
-            // SAFETY: the same validated block; the tensor-core kernel's
-            // contract (delta computed, accumulator and semaphores zeroed)
-            // is met by the preprocess launch above on the same stream.
-            None => unsafe { super::tc::launch_tc_backward(self, stream, &p, T::DTYPE) }?,
+            None => {
+                // The Hopper kernel unless the call asks for what only the
+                // tensor-core kernel does (deterministic mode, a block size).
+                let hopper = !params.deterministic && params.forward.block.is_none();
+                // SAFETY: the same validated block; the kernels' contract
+                // (delta computed, accumulator and semaphores zeroed) is met
+                // by the preprocess launch above on the same stream; the
+                // accumulator is a whole allocation (256-byte aligned).
+                if !(hopper && unsafe { super::hopper::launch_hopper_backward(self, stream, &p, T::DTYPE) }?) {
+                    unsafe { super::tc::launch_tc_backward(self, stream, &p, T::DTYPE) }?
+                }
+            }
         }
         let (f, cfg) = self.prepare(&plan.convert)?;
         // SAFETY: `bwd_dq_convert_*(p: BwdParams)`: reads the accumulator

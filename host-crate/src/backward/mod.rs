@@ -5,8 +5,9 @@
 //!
 //! * f32: the readable kernels of `kernel-crate/src/bwd/` in the loop order
 //!   of `params.forward.loop_order` (FA2: the LSE; FA1: `l`, `m`).
-//! * f16/bf16: the tensor-core backward (`tc`); the dtype-generic
-//!   preprocess and dQ-convert kernels around it.
+//! * f16/bf16: the Hopper backward (`hopper`: `wgmma`, sm_90a) where it
+//!   applies, else the tensor-core backward (`tc`, sm_80+); the
+//!   dtype-generic preprocess and dQ-convert kernels around either.
 //!
 //! * varlen ([`FlashAttention::backward_varlen`]): packed batches through
 //!   `cu_seqlens`, FA2 order, both kernel families.
@@ -15,6 +16,7 @@
 //! and the deterministic mode's semaphores, allocated by the call or handed
 //! in (CUDA-graph capture: no allocation inside the call).
 
+pub(crate) mod hopper;
 pub mod launch;
 pub mod plan;
 pub(crate) mod tc;

@@ -7,7 +7,8 @@ hand; run `python3 kernel-crate/src/arch/gen_wgmma.py` after changing NS.
 import os
 
 SS_NS = [64, 128, 176, 192]    # S = Q·Kᵀ: N = Bc
-RS_NS = [64, 128, 256]    # O += P·V: N = d
+RS_NS = [64, 128, 256, 192]    # O += P·V: N = d
+TT_NS = [64]    # the backward's dQ = dS·K: A and B both MN-major
 ACC_NS = sorted(set(SS_NS + RS_NS))
 DTS = [("f16", "f16"), ("bf16", "bf16")]
 
@@ -126,6 +127,30 @@ pub unsafe fn wgmma_rs_m64n%(n)dk16_%(name)s(d: &mut [[f32; 4]; %(n8)d], a: [u32
             %(ops)s,
             a0 = in(reg32) a[0], a1 = in(reg32) a[1], a2 = in(reg32) a[2], a3 = in(reg32) a[3],
             db = in(reg64) desc_b, sd = in(reg32) scale_d,
+            options(nostack)
+        )
+    }
+}
+''' % dict(n=n, n8=n // 8, dt=dt, name=name, list=regs(n), ops=operands(n)))
+
+for n in TT_NS:
+    for name, dt in DTS:
+        out.append('''
+/// `wgmma.mma_async.sync.aligned.m64n%(n)dk16.f32.%(dt)s.%(dt)s d, descA, descB, p, 1, 1, 1, 1;`:
+/// `d = A·B (+ d when scale_d != 0)`, A (64×16) and B (16×%(n)d) from shared memory,
+/// both read MN-major (`trans-a = trans-b = 1`: A's 64 rows and B's %(n)d columns contiguous).
+///
+/// # Safety
+/// As [`wgmma_ss_m64n128k16_f16`].
+#[inline(always)]
+pub unsafe fn wgmma_tt_m64n%(n)dk16_%(name)s(d: &mut [[f32; 4]; %(n8)d], desc_a: u64, desc_b: u64, scale_d: u32) {
+    // SAFETY: forwarded to the caller.
+    unsafe {
+        core::arch::asm!(
+            "{{ .reg .pred p; setp.ne.b32 p, {sd}, 0;",
+            "wgmma.mma_async.sync.aligned.m64n%(n)dk16.f32.%(dt)s.%(dt)s {{%(list)s}}, {da}, {db}, p, 1, 1, 1, 1; }}",
+            %(ops)s,
+            da = in(reg64) desc_a, db = in(reg64) desc_b, sd = in(reg32) scale_d,
             options(nostack)
         )
     }

@@ -69,3 +69,49 @@ pub fn fence_proxy_async_shared() {
     // SAFETY: a fence has no preconditions.
     unsafe { core::arch::asm!("fence.proxy.async.shared::cta;", options(nostack)) }
 }
+
+/// `cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [dst], [src], bytes;`
+/// (PTX ISA §9.7.9.25.4.2, sm_90): adds `bytes / 4` f32 of shared memory at
+/// `src` to global memory at `dst`, element by element and atomically with
+/// respect to other reductions; completes asynchronously (bulk async-group).
+///
+/// # Safety
+/// `dst` a global address of `bytes` writable f32, 16-byte aligned; `src`
+/// a shared-window address of this block, 16-byte aligned, written before
+/// (and made visible to the async proxy by [`fence_proxy_async_shared`]
+/// and a barrier) and not rewritten until [`bulk_wait_group_read`]; `bytes`
+/// a positive multiple of 16.
+#[inline(always)]
+pub unsafe fn bulk_reduce_add_f32(dst: u64, src: u32, bytes: u32) {
+    // SAFETY: forwarded to the caller.
+    unsafe {
+        core::arch::asm!(
+            "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [{d}], [{s}], {n};",
+            d = in(reg64) dst, s = in(reg32) src, n = in(reg32) bytes,
+            options(nostack)
+        )
+    }
+}
+
+/// `cp.async.bulk.commit_group;` — closes this thread's bulk async-group.
+#[inline(always)]
+pub fn bulk_commit_group() {
+    // SAFETY: no memory access of its own.
+    unsafe { core::arch::asm!("cp.async.bulk.commit_group;", options(nostack)) }
+}
+
+/// `cp.async.bulk.wait_group.read 0;` — waits until this thread's bulk
+/// operations have finished reading their shared-memory sources.
+#[inline(always)]
+pub fn bulk_wait_group_read() {
+    // SAFETY: a wait has no preconditions.
+    unsafe { core::arch::asm!("cp.async.bulk.wait_group.read 0;", options(nostack)) }
+}
+
+/// `cp.async.bulk.wait_group 0;` — waits until this thread's bulk
+/// operations are complete (their global writes performed).
+#[inline(always)]
+pub fn bulk_wait_group() {
+    // SAFETY: a wait has no preconditions.
+    unsafe { core::arch::asm!("cp.async.bulk.wait_group 0;", options(nostack)) }
+}

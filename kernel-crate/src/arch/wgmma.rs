@@ -1822,7 +1822,7 @@ pub unsafe fn wgmma_rs_m64n256k16_bf16(d: &mut [[f32; 4]; 32], a: [u32; 4], desc
 
 /// `wgmma.mma_async.sync.aligned.m64n192k16.f32.f16.f16 d, {a0..a3}, descB, p, 1, 1, 1;`:
 /// `d = A·B (+ d when scale_d != 0)`, A (64×16) from registers, B (16×192) from shared memory read
-/// MN-major (`trans-b = 1`: the 192 columns contiguous, in 64-column panels).
+/// MN-major (`trans-b = 1`: the 192 columns contiguous).
 ///
 /// # Safety
 /// As [`wgmma_ss_m64n128k16_f16`].
@@ -1938,7 +1938,7 @@ pub unsafe fn wgmma_rs_m64n192k16_f16(d: &mut [[f32; 4]; 24], a: [u32; 4], desc_
 
 /// `wgmma.mma_async.sync.aligned.m64n192k16.f32.bf16.bf16 d, {a0..a3}, descB, p, 1, 1, 1;`:
 /// `d = A·B (+ d when scale_d != 0)`, A (64×16) from registers, B (16×192) from shared memory read
-/// MN-major (`trans-b = 1`: the 192 columns contiguous, in 64-column panels).
+/// MN-major (`trans-b = 1`: the 192 columns contiguous).
 ///
 /// # Safety
 /// As [`wgmma_ss_m64n128k16_f16`].
@@ -2047,6 +2047,108 @@ pub unsafe fn wgmma_rs_m64n192k16_bf16(d: &mut [[f32; 4]; 24], a: [u32; 4], desc
             d95 = inout(reg32) d[23][3],
             a0 = in(reg32) a[0], a1 = in(reg32) a[1], a2 = in(reg32) a[2], a3 = in(reg32) a[3],
             db = in(reg64) desc_b, sd = in(reg32) scale_d,
+            options(nostack)
+        )
+    }
+}
+
+/// `wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 d, descA, descB, p, 1, 1, 1, 1;`:
+/// `d = A·B (+ d when scale_d != 0)`, A (64×16) and B (16×64) from shared memory,
+/// both read MN-major (`trans-a = trans-b = 1`: A's 64 rows and B's 64 columns contiguous).
+///
+/// # Safety
+/// As [`wgmma_ss_m64n128k16_f16`].
+#[inline(always)]
+pub unsafe fn wgmma_tt_m64n64k16_f16(d: &mut [[f32; 4]; 8], desc_a: u64, desc_b: u64, scale_d: u32) {
+    // SAFETY: forwarded to the caller.
+    unsafe {
+        core::arch::asm!(
+            "{{ .reg .pred p; setp.ne.b32 p, {sd}, 0;",
+            "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}, {d16}, {d17}, {d18}, {d19}, {d20}, {d21}, {d22}, {d23}, {d24}, {d25}, {d26}, {d27}, {d28}, {d29}, {d30}, {d31}}}, {da}, {db}, p, 1, 1, 1, 1; }}",
+            d0 = inout(reg32) d[0][0],
+            d1 = inout(reg32) d[0][1],
+            d2 = inout(reg32) d[0][2],
+            d3 = inout(reg32) d[0][3],
+            d4 = inout(reg32) d[1][0],
+            d5 = inout(reg32) d[1][1],
+            d6 = inout(reg32) d[1][2],
+            d7 = inout(reg32) d[1][3],
+            d8 = inout(reg32) d[2][0],
+            d9 = inout(reg32) d[2][1],
+            d10 = inout(reg32) d[2][2],
+            d11 = inout(reg32) d[2][3],
+            d12 = inout(reg32) d[3][0],
+            d13 = inout(reg32) d[3][1],
+            d14 = inout(reg32) d[3][2],
+            d15 = inout(reg32) d[3][3],
+            d16 = inout(reg32) d[4][0],
+            d17 = inout(reg32) d[4][1],
+            d18 = inout(reg32) d[4][2],
+            d19 = inout(reg32) d[4][3],
+            d20 = inout(reg32) d[5][0],
+            d21 = inout(reg32) d[5][1],
+            d22 = inout(reg32) d[5][2],
+            d23 = inout(reg32) d[5][3],
+            d24 = inout(reg32) d[6][0],
+            d25 = inout(reg32) d[6][1],
+            d26 = inout(reg32) d[6][2],
+            d27 = inout(reg32) d[6][3],
+            d28 = inout(reg32) d[7][0],
+            d29 = inout(reg32) d[7][1],
+            d30 = inout(reg32) d[7][2],
+            d31 = inout(reg32) d[7][3],
+            da = in(reg64) desc_a, db = in(reg64) desc_b, sd = in(reg32) scale_d,
+            options(nostack)
+        )
+    }
+}
+
+/// `wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 d, descA, descB, p, 1, 1, 1, 1;`:
+/// `d = A·B (+ d when scale_d != 0)`, A (64×16) and B (16×64) from shared memory,
+/// both read MN-major (`trans-a = trans-b = 1`: A's 64 rows and B's 64 columns contiguous).
+///
+/// # Safety
+/// As [`wgmma_ss_m64n128k16_f16`].
+#[inline(always)]
+pub unsafe fn wgmma_tt_m64n64k16_bf16(d: &mut [[f32; 4]; 8], desc_a: u64, desc_b: u64, scale_d: u32) {
+    // SAFETY: forwarded to the caller.
+    unsafe {
+        core::arch::asm!(
+            "{{ .reg .pred p; setp.ne.b32 p, {sd}, 0;",
+            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}, {d16}, {d17}, {d18}, {d19}, {d20}, {d21}, {d22}, {d23}, {d24}, {d25}, {d26}, {d27}, {d28}, {d29}, {d30}, {d31}}}, {da}, {db}, p, 1, 1, 1, 1; }}",
+            d0 = inout(reg32) d[0][0],
+            d1 = inout(reg32) d[0][1],
+            d2 = inout(reg32) d[0][2],
+            d3 = inout(reg32) d[0][3],
+            d4 = inout(reg32) d[1][0],
+            d5 = inout(reg32) d[1][1],
+            d6 = inout(reg32) d[1][2],
+            d7 = inout(reg32) d[1][3],
+            d8 = inout(reg32) d[2][0],
+            d9 = inout(reg32) d[2][1],
+            d10 = inout(reg32) d[2][2],
+            d11 = inout(reg32) d[2][3],
+            d12 = inout(reg32) d[3][0],
+            d13 = inout(reg32) d[3][1],
+            d14 = inout(reg32) d[3][2],
+            d15 = inout(reg32) d[3][3],
+            d16 = inout(reg32) d[4][0],
+            d17 = inout(reg32) d[4][1],
+            d18 = inout(reg32) d[4][2],
+            d19 = inout(reg32) d[4][3],
+            d20 = inout(reg32) d[5][0],
+            d21 = inout(reg32) d[5][1],
+            d22 = inout(reg32) d[5][2],
+            d23 = inout(reg32) d[5][3],
+            d24 = inout(reg32) d[6][0],
+            d25 = inout(reg32) d[6][1],
+            d26 = inout(reg32) d[6][2],
+            d27 = inout(reg32) d[6][3],
+            d28 = inout(reg32) d[7][0],
+            d29 = inout(reg32) d[7][1],
+            d30 = inout(reg32) d[7][2],
+            d31 = inout(reg32) d[7][3],
+            da = in(reg64) desc_a, db = in(reg64) desc_b, sd = in(reg32) scale_d,
             options(nostack)
         )
     }

@@ -18,6 +18,7 @@
 //! sm_90a PTX (`--cfg fa_sm90a`), and `host-crate/build.rs` adds `.maxntid`
 //! and `.minnctapersm 1` to their entries so that `setmaxnreg` is honoured.
 
+pub mod bwd;
 pub mod fwd;
 pub mod probe;
 
@@ -109,6 +110,23 @@ pub unsafe fn mma_rs<T: Elem16, const N8: usize>(d: &mut [[f32; 4]; N8], a: [u32
     }
 }
 
+/// `d (64 × 64) = A·B (+ d)` with A and B both MN-major in shared memory
+/// (the backward's `dQ = dS·K`: `dSᵀ` and K stored with the k rows).
+///
+/// # Safety
+/// As `wgmma::wgmma_tt_*`.
+#[inline(always)]
+pub unsafe fn mma_tt<T: Elem16>(d: &mut [[f32; 4]; 8], da: u64, db: u64, scale_d: u32) {
+    // SAFETY: forwarded to the caller.
+    unsafe {
+        if T::IS_BF16 {
+            wgmma::wgmma_tt_m64n64k16_bf16(d, da, db, scale_d)
+        } else {
+            wgmma::wgmma_tt_m64n64k16_f16(d, da, db, scale_d)
+        }
+    }
+}
+
 /// The accumulator fence (see `wgmma::acc_fence_n*`) for `N8 · 8` columns.
 #[inline(always)]
 pub fn acc_fence<const N8: usize>(d: &mut [[f32; 4]; N8]) {
@@ -195,6 +213,34 @@ hopper_kernels! {
     flash_fwd_hopper_bf16_d192_bc64_ov: Bf16, d = 192, bc = 64, ov = true, pp = false, wgs = 2, ps = false;
     flash_fwd_hopper_f16_d192_bc64_ov_vw: F16, d = 192, bc = 64, ov = true, pp = false, wgs = 2, ps = false, vw = true;
     flash_fwd_hopper_bf16_d192_bc64_ov_vw: Bf16, d = 192, bc = 64, ov = true, pp = false, wgs = 2, ps = false, vw = true;
+}
+
+/// Backward entry points: `flash_bwd_hopper_{dtype}_d{D}` ([`bwd`]).
+macro_rules! hopper_bwd_kernels {
+    ($( $name:ident : $t:ty, d = $d:literal; )*) => {$(
+        /// Hopper backward main kernel (see [`bwd`]).
+        ///
+        /// # Safety
+        /// `p` describes valid device buffers for the shapes and strides it
+        /// states (host-checked), 16-byte aligned, strides multiples of 8
+        /// elements, dq_accum zeroed and delta computed (the preprocess
+        /// kernel); launched with `HOPPER_BWD_THREADS` threads,
+        /// `HopperBwdSmem::new(D).request_bytes()` of dynamic shared memory
+        /// and `batch · nheads_k · ceil(seqlen_k / 128)` blocks.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $name(p: flash_attn_common::BwdParams) {
+            // SAFETY: forwarded to the caller (the host's launch).
+            unsafe { bwd::backward::<$t, $d, { $d / 8 }, 64, 8, 4>(&p) }
+        }
+    )*};
+}
+
+// Keep in step with `HOPPER_BWD_KERNELS` in host-crate/src/backward/hopper.rs.
+hopper_bwd_kernels! {
+    flash_bwd_hopper_f16_d64: F16, d = 64;
+    flash_bwd_hopper_bf16_d64: Bf16, d = 64;
+    flash_bwd_hopper_f16_d128: F16, d = 128;
+    flash_bwd_hopper_bf16_d128: Bf16, d = 128;
 }
 
 /// The probe kernels (one warpgroup, d = 128, one 64 × 128 tile).

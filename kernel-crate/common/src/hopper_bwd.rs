@@ -1,0 +1,106 @@
+//! The Hopper (sm_90a) FA2-order backward main kernel
+//! (`kernel-crate/src/hopper/bwd.rs`): its compiled head dims, tiles,
+//! threads and shared-memory layout, shared by the kernel and the host.
+//!
+//! One block per (K/V block `j` of [`HOPPER_BWD_BC`] keys, batch, KV head),
+//! two warpgroups of 64 keys each. Tiles live in shared memory as the
+//! forward's: 64-column panels of 128-byte rows, 128B-swizzled, every tile
+//! 1024-byte aligned.
+
+/// Keys per block (`Bc`): two warpgroups of 64 (the `wgmma` M).
+pub const HOPPER_BWD_BC: usize = 128;
+
+/// Threads per block: two warpgroups.
+pub const HOPPER_BWD_THREADS: usize = 256;
+
+/// Bytes per row of a warpgroup's `64 × 64` f32 dQ staging block (64 f32
+/// and 8 more: the rows of one store fall on different banks; a multiple
+/// of 16, as the bulk reduction's source must be).
+pub const HOPPER_BWD_DQ_ROW_BYTES: usize = 64 * 4 + 32;
+
+/// The compiled head dim that runs a caller's `d` (a multiple of 8): 64 for
+/// `d ≤ 64`, 128 for `d ≤ 128`; `None` above (the tensor-core kernel runs
+/// those).
+pub const fn hopper_bwd_head_dim(d: usize) -> Option<usize> {
+    if d == 0 || d % 8 != 0 {
+        None
+    } else if d <= 64 {
+        Some(64)
+    } else if d <= 128 {
+        Some(128)
+    } else {
+        None
+    }
+}
+
+/// Query rows per step (`Br`): 64 for every head dim (the registers of
+/// `Sᵀ`, `dPᵀ`, `dK`, `dV` fill a consumer thread at d 128). Each
+/// warpgroup's share of `dQ_i = dS·K_j` is one `64 × 64` block: at d 128
+/// a column half over all keys, at d 64 all columns over its own keys.
+pub const fn hopper_bwd_br(_d: usize) -> usize {
+    64
+}
+
+/// Shared-memory layout (byte offsets from the 1024-aligned base) of
+/// compiled head dim `d`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HopperBwdSmem {
+    pub k: usize,
+    pub v: usize,
+    /// `Q_i` and `dO_i`, double-buffered.
+    pub q: [usize; 2],
+    pub dout: [usize; 2],
+    /// `dSᵀ` (`Bc` rows of `Br` 16-bit elements, in `Br/64` panels).
+    pub ds: usize,
+    /// Two warpgroups' dQ staging blocks (64 rows of
+    /// [`HOPPER_BWD_DQ_ROW_BYTES`] each).
+    pub dq: usize,
+    /// `LSE_i` (buffers 0, 1) then `D_i` (buffers 2, 3), `Br` f32 each.
+    pub rows: usize,
+    /// Bytes from the base to the end of the layout.
+    pub end: usize,
+}
+
+impl HopperBwdSmem {
+    pub const fn new(d: usize) -> Self {
+        let br = hopper_bwd_br(d);
+        let kv = HOPPER_BWD_BC * d * 2;
+        let qt = br * d * 2;
+        let k = 0;
+        let v = k + kv;
+        let q = [v + kv, v + kv + qt];
+        let dout = [q[1] + qt, q[1] + 2 * qt];
+        let ds = dout[1] + qt;
+        let dq = ds + HOPPER_BWD_BC * br * 2;
+        let rows = dq + 2 * 64 * HOPPER_BWD_DQ_ROW_BYTES;
+        let end = rows + 4 * br * 4;
+        Self { k, v, q, dout, ds, dq, rows, end }
+    }
+
+    /// Dynamic shared memory to request: the layout plus the slack of
+    /// aligning the base to 1024 bytes.
+    pub const fn request_bytes(&self) -> usize {
+        self.end + 1024
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layouts_fit_and_align() {
+        for d in [64, 128] {
+            let l = HopperBwdSmem::new(d);
+            for off in [l.k, l.v, l.q[0], l.q[1], l.dout[0], l.dout[1], l.ds] {
+                assert_eq!(off % 1024, 0, "d {d}: swizzled tiles are 1024-byte aligned");
+            }
+            assert_eq!(l.dq % 16, 0);
+            assert!(l.request_bytes() <= 227 * 1024, "d {d}: {} B", l.request_bytes());
+        }
+        assert_eq!(hopper_bwd_head_dim(8), Some(64));
+        assert_eq!(hopper_bwd_head_dim(72), Some(128));
+        assert_eq!(hopper_bwd_head_dim(136), None);
+        assert_eq!(hopper_bwd_head_dim(60), None);
+    }
+}
