@@ -6,7 +6,9 @@
 #  2. compute-sanitizer memcheck over the varlen and deterministic tests;
 #  3. fa-bench-bwd: Hopper backward with PyTorch flash/cuDNN in the same
 #     run, then the tensor-core (mma.sync) backward alone.
-# Usage: OUT=/tmp/out bash scripts/microbench/hopper-backward.sh [quick|tests|bench]
+# Usage: OUT=/tmp/out bash scripts/microbench/hopper-backward.sh [quick|tests|bench|check]
+# (check: the Hopper tests, memcheck and the quick benchmark with PyTorch,
+# without the tensor-core rows)
 set -u
 mkdir -p /tmp/h && tar xJf .stage-hb/bins.tar.xz -C /tmp/h || exit 1
 export FA_REQUIRE_GPU=1
@@ -17,16 +19,19 @@ if [ "$mode" != bench ]; then
   echo "=== gpu_backward (Hopper) rc=$?: $(grep -E 'test result|largest' $OUT/tests-hopper.txt | tr '\n' ' ')"
   grep -E "FAILED|panicked" $OUT/tests-hopper.txt | head -5
 fi
-if [ "$mode" = tests ]; then
-  FLASH_ATTN_BACKWARD_KERNEL=tc timeout 200 /tmp/h/gpu_backward --test-threads 1 --nocapture > $OUT/tests-tc.txt 2>&1
+if [ "$mode" = tests ] || [ "$mode" = check ]; then
+  [ "$mode" = tests ] && FLASH_ATTN_BACKWARD_KERNEL=tc timeout 200 /tmp/h/gpu_backward --test-threads 1 --nocapture > $OUT/tests-tc.txt 2>&1
   echo "=== gpu_backward (tc) rc=$?: $(grep -E 'test result|largest' $OUT/tests-tc.txt | tr '\n' ' ')"
-  timeout 200 compute-sanitizer --tool memcheck /tmp/h/gpu_backward --test-threads 1 varlen > $OUT/memcheck.txt 2>&1
-  echo "=== memcheck rc=$?: $(grep -E 'ERROR SUMMARY|test result' $OUT/memcheck.txt | tr '\n' ' ')"
+  for t in varlen bf16_gradients; do
+    timeout 150 compute-sanitizer --tool memcheck /tmp/h/gpu_backward --test-threads 1 $t > $OUT/memcheck-$t.txt 2>&1
+    echo "=== memcheck $t rc=$?: $(grep -E 'ERROR SUMMARY|test result' $OUT/memcheck-$t.txt | tr '\n' ' ')"
+  done
 fi
 if [ "$mode" != tests ]; then
-  q=""; [ "$mode" = quick ] && q="--quick"
+  q=""; [ "$mode" != bench ] && q="--quick"
   timeout 300 /tmp/h/fa-bench-bwd $q --sets 2 --dtypes bf16,f16 --dims 64,128 --seqlens 4096,16384 --out $OUT/bwd-hopper.md 2> $OUT/bwd-hopper.log
   echo "fa-bench-bwd (Hopper) rc=$?"; cat $OUT/bwd-hopper.md
+  [ "$mode" = check ] && exit 0
   FLASH_ATTN_BACKWARD_KERNEL=tc timeout 120 /tmp/h/fa-bench-bwd $q --no-torch --sets 2 --dtypes bf16,f16 --dims 64,128 --seqlens 4096,16384 --out $OUT/bwd-tc.md 2> $OUT/bwd-tc.log
   echo "fa-bench-bwd (tc) rc=$?"; grep -E "^\[ours\]" $OUT/bwd-tc.log
 fi

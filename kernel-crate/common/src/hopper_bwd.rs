@@ -18,6 +18,9 @@ pub const HOPPER_BWD_THREADS: usize = 256;
 /// of 16, as the bulk reduction's source must be).
 pub const HOPPER_BWD_DQ_ROW_BYTES: usize = 64 * 4 + 32;
 
+/// u64 words of [`HopperBwdSmem::uni`].
+pub const HOPPER_BWD_UNI_WORDS: usize = 12;
+
 /// The compiled head dim that runs a caller's `d` (a multiple of 8): 64 for
 /// `d ≤ 64`, 128 for `d ≤ 128`; `None` above (the tensor-core kernel runs
 /// those).
@@ -57,6 +60,9 @@ pub struct HopperBwdSmem {
     pub dq: usize,
     /// `LSE_i` (buffers 0, 1) then `D_i` (buffers 2, 3), `Br` f32 each.
     pub rows: usize,
+    /// The block's loop-invariant addresses and strides ([`HOPPER_BWD_UNI_WORDS`]
+    /// u64), written once, read where used.
+    pub uni: usize,
     /// Bytes from the base to the end of the layout.
     pub end: usize,
 }
@@ -73,8 +79,9 @@ impl HopperBwdSmem {
         let ds = dout[1] + qt;
         let dq = ds + HOPPER_BWD_BC * br * 2;
         let rows = dq + 2 * 64 * HOPPER_BWD_DQ_ROW_BYTES;
-        let end = rows + 4 * br * 4;
-        Self { k, v, q, dout, ds, dq, rows, end }
+        let uni = rows + 4 * br * 4;
+        let end = uni + 8 * HOPPER_BWD_UNI_WORDS;
+        Self { k, v, q, dout, ds, dq, rows, uni, end }
     }
 
     /// Dynamic shared memory to request: the layout plus the slack of
@@ -96,6 +103,7 @@ mod tests {
                 assert_eq!(off % 1024, 0, "d {d}: swizzled tiles are 1024-byte aligned");
             }
             assert_eq!(l.dq % 16, 0);
+            assert_eq!(l.uni % 8, 0);
             assert!(l.request_bytes() <= 227 * 1024, "d {d}: {} B", l.request_bytes());
         }
         assert_eq!(hopper_bwd_head_dim(8), Some(64));

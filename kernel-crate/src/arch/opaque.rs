@@ -28,3 +28,14 @@ pub fn u32_fresh(x: u32) -> u32 {
     unsafe { core::arch::asm!("mov.b32 {y}, {x};", y = out(reg32) y, x = in(reg32) x, options(nomem, nostack)) };
     y
 }
+
+/// [`u32_fresh`] for 64-bit values (global addresses advanced row by row:
+/// each step's sum stays in the loop instead of a hoisted multiple of the
+/// stride per row).
+#[inline(always)]
+pub fn u64_fresh(x: u64) -> u64 {
+    let y: u64;
+    // SAFETY: a register move.
+    unsafe { core::arch::asm!("mov.b64 {y}, {x};", y = out(reg64) y, x = in(reg64) x, options(nomem, nostack)) };
+    y
+}

@@ -52,6 +52,29 @@ pub unsafe fn ld_volatile_shared_u32(addr: u32) -> u32 {
     v
 }
 
+/// `st.shared.u64 [addr], v`.
+///
+/// # Safety
+/// `addr` 8-byte aligned inside the block's shared memory.
+#[inline(always)]
+pub unsafe fn st_shared_u64(addr: u32, v: u64) {
+    // SAFETY: caller.
+    unsafe { core::arch::asm!("st.shared.u64 [{a}], {v};", a = in(reg32) addr, v = in(reg64) v, options(nostack)) };
+}
+
+/// [`ld_volatile_shared_u32`] for 64-bit values (addresses, strides).
+///
+/// # Safety
+/// `addr` 8-byte aligned inside the block's shared memory, written before
+/// a barrier that this thread passed.
+#[inline(always)]
+pub unsafe fn ld_volatile_shared_u64(addr: u32) -> u64 {
+    let v: u64;
+    // SAFETY: caller.
+    unsafe { core::arch::asm!("ld.volatile.shared.u64 {v}, [{a}];", v = out(reg64) v, a = in(reg32) addr, options(nostack, readonly)) };
+    v
+}
+
 /// `ld.shared.v4.u32`: 16 bytes from a 32-bit shared-window address.
 ///
 /// # Safety

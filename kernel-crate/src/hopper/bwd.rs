@@ -35,42 +35,56 @@ use super::{acc_fence, desc_kmajor, desc_mnmajor, mma_rs, mma_ss, mma_tt};
 use crate::arch::cp_async::{cp_async_ca_4, cp_async_cg_16, cp_async_commit, cp_async_wait};
 use crate::arch::named_barrier::named_bar_sync;
 use crate::arch::opaque;
-use crate::arch::smem::{dynamic_smem, smem_addr, st_shared_u32};
+use crate::arch::smem::{dynamic_smem, ld_volatile_shared_u64, smem_addr, st_shared_u32, st_shared_u64};
 use crate::arch::sreg;
 use crate::arch::sync::sync_threads;
 use crate::arch::tma::{bulk_commit_group, bulk_reduce_add_f32, bulk_wait_group, bulk_wait_group_read, fence_proxy_async_shared};
 use crate::arch::wgmma::{wgmma_commit, wgmma_fence, wgmma_wait};
 use crate::tc::fa2::mask;
 use crate::tc::{Elem16, pack};
-use flash_attn_common::hopper_bwd::{HOPPER_BWD_BC, HOPPER_BWD_DQ_ROW_BYTES, HOPPER_BWD_THREADS, HopperBwdSmem};
+use flash_attn_common::hopper_bwd::{HOPPER_BWD_BC, HOPPER_BWD_DQ_ROW_BYTES, HOPPER_BWD_THREADS, HOPPER_BWD_UNI_WORDS, HopperBwdSmem};
 use flash_attn_common::tc_bwd::{bwd_key_blocks, bwd_query_blocks, bwd_query_range};
 use flash_attn_common::{BwdParams, LOG2_E, Real};
 
 /// Bytes per row of a 64-column panel.
 const PANEL_ROW: usize = 128;
 
-/// Issues the `cp.async` copies of a `rows × D` tile of 16-bit elements
+/// The 128B swizzle of a shared-memory address inside a 1024-byte aligned
+/// tile: the 16-byte chunk bits 4–6 XOR the row bits 7–9.
+#[inline(always)]
+fn swizzle128(a: u32) -> u32 {
+    a ^ ((a >> 3) & 0x70)
+}
+
+/// Issues the `cp.async` copies of a `ROWS × D` tile of 16-bit elements
 /// (row `r` at `g + r·row_stride`; rows ≥ `rows_valid` and columns ≥
 /// `cols_valid` zero-filled) into the 128B-swizzled 64-column panels at
-/// `dst`: chunk `c` (8 elements) of row `r` at `(c/8)·rows·128 + r·128 +
-/// ((c%8) ^ (r%8))·16`, the layout TMA writes for the forward.
+/// `dst`: chunk `c` (8 elements) of row `r` at `(c/8)·ROWS·128 + r·128 +
+/// ((c%8) ^ (r%8))·16`, the layout TMA writes for the forward. Thread `tid`
+/// copies chunk `tid % (D/8)` of rows `tid / (D/8)` + multiples of
+/// `256 / (D/8)` (a multiple of 8: one swizzle for all its rows); its
+/// addresses advance row group by row group through [`opaque`] moves, so
+/// that no per-row offset is held across the caller's loop.
 ///
 /// # Safety
 /// Rows `< rows_valid` are readable for `cols_valid` elements at 16-byte
-/// aligned addresses; `dst` is 1024-byte aligned with `rows · 2D` bytes of
+/// aligned addresses; `dst` is 1024-byte aligned with `ROWS · 2D` bytes of
 /// this block's shared memory free until the copies are waited for.
 #[inline(always)]
-unsafe fn load_panels<const D: usize>(dst: u32, g: *const u16, row_stride: u64, rows: usize, rows_valid: usize, cols_valid: usize, tid: usize) {
-    let cpr = D / 8;
-    let mut i = tid;
-    while i < rows * cpr {
-        let (r, c) = (i / cpr, i % cpr);
-        let ok = r < rows_valid && c * 8 < cols_valid;
-        let src = if ok { g.wrapping_add(r * row_stride as usize + c * 8) } else { g };
-        let at = dst + ((c / 8) * rows * PANEL_ROW + r * PANEL_ROW + ((c % 8) ^ (r % 8)) * 16) as u32;
+unsafe fn load_panels<const D: usize, const ROWS: usize>(dst: u32, g: *const u16, row_stride: u64, rows_valid: usize, cols_valid: usize, tid: usize) {
+    let cpr = const { D / 8 };
+    let rstep = const { HOPPER_BWD_THREADS / (D / 8) };
+    const { assert!(HOPPER_BWD_THREADS % (D / 8) == 0 && (HOPPER_BWD_THREADS / (D / 8)) % 8 == 0 && ROWS % (HOPPER_BWD_THREADS / (D / 8)) == 0) };
+    let (r0, c) = (tid / cpr, tid % cpr);
+    let ok_c = c * 8 < cols_valid;
+    let s0 = opaque::u32_fresh(dst + ((c / 8) * ROWS * PANEL_ROW + r0 * PANEL_ROW + ((c % 8) ^ (r0 % 8)) * 16) as u32);
+    let mut src = g.wrapping_add(r0 * row_stride as usize + c * 8) as u64;
+    let step = (rstep as u64 * row_stride) * 2;
+    for k in 0..ROWS / rstep {
+        let ok = ok_c && r0 + k * rstep < rows_valid;
         // SAFETY: see the function's contract; src_size 0 reads nothing.
-        unsafe { cp_async_cg_16(at, src as *const u8, if ok { 16 } else { 0 }) };
-        i += HOPPER_BWD_THREADS;
+        unsafe { cp_async_cg_16(s0 + (k * rstep * PANEL_ROW) as u32, if ok { src as *const u8 } else { g as *const u8 }, if ok { 16 } else { 0 }) };
+        src = opaque::u64_fresh(src.wrapping_add(step));
     }
 }
 
@@ -81,10 +95,10 @@ unsafe fn load_panels<const D: usize>(dst: u32, g: *const u16, row_stride: u64, 
 fn issue_abt<T: Elem16, const D: usize, const BR: usize, const BRN: usize>(acc: &mut [[f32; 4]; BRN], s_a: u32, r0: usize, s_b: u32) {
     // Bases unknown to LLVM here: the descriptors are built at their use
     // instead of one hoisted 64-bit register each across the loop.
-    let (s_a, s_b) = (opaque::u32_fresh(s_a), opaque::u32_fresh(s_b));
+    let (s_a, s_b) = (opaque::u32_fresh(s_a + (r0 * PANEL_ROW) as u32), opaque::u32_fresh(s_b));
     wgmma_fence();
     for kk in 0..D / 16 {
-        let da = desc_kmajor(s_a + (r0 * PANEL_ROW + (kk / 4) * HOPPER_BWD_BC * PANEL_ROW + (kk % 4) * 32) as u32);
+        let da = desc_kmajor(s_a + ((kk / 4) * HOPPER_BWD_BC * PANEL_ROW + (kk % 4) * 32) as u32);
         let db = desc_kmajor(s_b + ((kk / 4) * BR * PANEL_ROW + (kk % 4) * 32) as u32);
         // SAFETY: both tiles landed and a barrier passed; neither is
         // rewritten before this warpgroup waits for the group.
@@ -193,31 +207,60 @@ pub unsafe fn backward<T: Elem16, const D: usize, const DN: usize, const BR: usi
     let s_dq = base + (lay.dq + wg * 64 * HOPPER_BWD_DQ_ROW_BYTES) as u32;
     let rows_f32 = |k: usize| base_ptr.wrapping_add(lay.rows + k * BR * 4) as *const f32;
 
-    let [qs0, qs1, qs2] = f.q_stride;
-    let [ds0, ds1, ds2] = p.do_stride;
+    // The step copies' sources from per-(batch, KV head) bases, kept in
+    // shared memory (`uni`, written by thread 0, read with volatile loads
+    // where used): held in registers across the loop they spilled.
+    let uni = base + lay.uni as u32;
+    if tid == 0 {
+        let [qs0, qs1, qs2] = f.q_stride;
+        let [ds0, ds1, ds2] = p.do_stride;
+        let words = [
+            f.q_ptr + 2 * (b as u64 * qs0 + seq.q_row0 * qs1 + h0 as u64 * qs2),
+            p.do_ptr + 2 * (b as u64 * ds0 + seq.q_row0 * ds1 + h0 as u64 * ds2),
+            f.lse_ptr + 4 * seq.lse_base,
+            p.delta_ptr + 4 * seq.lse_base,
+            qs1,
+            qs2,
+            ds1,
+            ds2,
+            lse_head_stride,
+            p.dq_accum_ptr + 4 * seq.lse_base * d as u64,
+            full_lo as u64,
+            full_hi as u64,
+        ];
+        // (An index loop: an array iterator is not unrolled and puts the
+        // words in a stack frame.)
+        for w in 0..HOPPER_BWD_UNI_WORDS {
+            // SAFETY: inside `uni`, read after the barrier below.
+            unsafe { st_shared_u64(uni + 8 * w as u32, words[w]) };
+        }
+    }
+    sync_threads();
+    // SAFETY: written above, before the barrier.
+    let u = |w: u32| unsafe { ld_volatile_shared_u64(uni + 8 * w) };
     // Issue the copies of step `n`: Q_i, dO_i of head h, LSE_i and D_i.
     let load_step = |n: usize| {
-        let (h, i) = (h0 + n / ni, ia + n % ni);
+        let (hh, i) = (n / ni, ia + n % ni);
         let (q0, buf) = (i * BR, n & 1);
         let valid = (nq - q0).min(BR);
-        let row = seq.q_row0 + q0 as u64;
-        let g_q = (f.q_ptr as *const u16).wrapping_add((b as u64 * qs0 + row * qs1 + h as u64 * qs2) as usize);
-        let g_do = (p.do_ptr as *const u16).wrapping_add((b as u64 * ds0 + row * ds1 + h as u64 * ds2) as usize);
+        let (qs1, ds1) = (u(4), u(6));
+        let g_q = (u(0) + 2 * (q0 as u64 * qs1 + hh as u64 * u(5))) as *const u16;
+        let g_do = (u(1) + 2 * (q0 as u64 * ds1 + hh as u64 * u(7))) as *const u16;
         // SAFETY: rows q0..q0+valid of q and dO exist (host-checked shapes,
         // varlen segments clamped); the tiles lie in the dynamic shared memory.
         unsafe {
-            load_panels::<D>(s_q(buf), g_q, qs1, BR, valid, d, tid);
-            load_panels::<D>(s_do(buf), g_do, ds1, BR, valid, d, tid);
+            load_panels::<D, BR>(s_q(buf), g_q, qs1, valid, d, tid);
+            load_panels::<D, BR>(s_do(buf), g_do, ds1, valid, d, tid);
         }
         if tid < 2 * BR {
             let (k, r) = (tid / BR, tid % BR);
-            let src = if k == 0 { f.lse_ptr } else { p.delta_ptr } as *const f32;
+            let src = u(2 + k as u32) as *const f32;
             let ok = r < valid;
-            let at = seq.lse_base + (h - h0) as u64 * lse_head_stride + (q0 + r) as u64;
+            let at = hh * u(8) as usize + q0 + r;
             let dst = smem_addr(rows_f32(2 * k + buf).wrapping_add(r));
             // SAFETY: rows < valid lie in the LSE / delta buffers (indexed
             // like the forward's LSE); src_size 0 reads nothing (zero).
-            unsafe { cp_async_ca_4(dst, if ok { src.wrapping_add(at as usize) } else { src } as *const u8, if ok { 4 } else { 0 }) };
+            unsafe { cp_async_ca_4(dst, if ok { src.wrapping_add(at) } else { src } as *const u8, if ok { 4 } else { 0 }) };
         }
         cp_async_commit();
     };
@@ -229,8 +272,8 @@ pub unsafe fn backward<T: Elem16, const D: usize, const DN: usize, const BR: usi
     let [vs0, vs1, vs2] = f.v_stride;
     // SAFETY: rows k0..k0+kvalid of k and v exist (host-checked).
     unsafe {
-        load_panels::<D>(s_k, (f.k_ptr as *const u16).wrapping_add((b as u64 * ks0 + krow * ks1 + kvh as u64 * ks2) as usize), ks1, BC, kvalid, d, tid);
-        load_panels::<D>(s_v, (f.v_ptr as *const u16).wrapping_add((b as u64 * vs0 + krow * vs1 + kvh as u64 * vs2) as usize), vs1, BC, kvalid, d, tid);
+        load_panels::<D, BC>(s_k, (f.k_ptr as *const u16).wrapping_add((b as u64 * ks0 + krow * ks1 + kvh as u64 * ks2) as usize), ks1, kvalid, d, tid);
+        load_panels::<D, BC>(s_v, (f.v_ptr as *const u16).wrapping_add((b as u64 * vs0 + krow * vs1 + kvh as u64 * vs2) as usize), vs1, kvalid, d, tid);
     }
     cp_async_commit();
     if steps > 0 {
@@ -264,14 +307,17 @@ pub unsafe fn backward<T: Elem16, const D: usize, const DN: usize, const BR: usi
         issue_abt::<T, D, BR, BRN>(&mut r_ds, s_v, wg * 64, s_do(buf));
         wgmma_wait::<1>();
         acc_fence(&mut r_p);
-        let key = [(k0 + kw + g) as i64, (k0 + kw + g + 8) as i64];
         for nn in 0..BRN {
             for e in 0..4 {
                 r_p[nn][e] *= f.softmax_scale_log2;
             }
         }
-        if !(full_lo <= q0 as i64 && (q0 + BR) as i64 <= full_hi) {
-            // Boundary block (window, causal diagonal, sequence ends).
+        if !(u(10) as i64 <= q0 as i64 && (q0 + BR) as i64 <= u(11) as i64) {
+            // Boundary block (window, causal diagonal, sequence ends). The
+            // rows' query ranges are recomputed here (an opaque key), not
+            // held across the loop.
+            let k_row = opaque::u32_fresh((k0 + kw + g) as u32) as i64;
+            let key = [k_row, k_row + 8];
             let r0 = bwd_query_range(&win, key[0], nq as i64);
             let r1 = bwd_query_range(&win, key[1], nq as i64);
             mask::<BRN>(&mut r_p, q0, t, [r0.0, r1.0], [r0.1, r1.1]);
@@ -309,13 +355,16 @@ pub unsafe fn backward<T: Elem16, const D: usize, const DN: usize, const BR: usi
         // The previous step's dQ reductions have read their staging (the
         // barrier below orders this before the staging is rewritten).
         bulk_wait_group_read();
-        let s_dsf = opaque::u32_fresh(s_ds);
+        // The swizzle is applied to each address (`swizzle128`) rather than
+        // folded into per-thread constants: 16 of those held across the
+        // loop spilled.
+        let row0 = opaque::u32_fresh(s_ds + ((kw + g) * PANEL_ROW + 4 * t) as u32);
         for kk in 0..BRK {
             for (e, v) in a_ds[kk].iter().enumerate() {
-                let (c, kr) = (2 * kk + (e >> 1), kw + g + 8 * (e & 1));
-                let at = s_dsf + ((c / 8) * BC * PANEL_ROW + kr * PANEL_ROW + ((c % 8) ^ g) * 16 + 4 * t) as u32;
+                let c = 2 * kk + (e >> 1);
+                let lin = row0 + ((c / 8) * BC * PANEL_ROW + 8 * (e & 1) * PANEL_ROW + (c % 8) * 16) as u32;
                 // SAFETY: inside the dSᵀ tile; read after the barrier below.
-                unsafe { st_shared_u32(at, *v) };
+                unsafe { st_shared_u32(swizzle128(lin), *v) };
             }
         }
         fence_proxy_async_shared();
@@ -323,25 +372,23 @@ pub unsafe fn backward<T: Elem16, const D: usize, const DN: usize, const BR: usi
 
         // dQ_i block += dS·K_j over the 128 keys.
         let mut r_dq = [[0f32; 4]; 8];
-        let (s_dsf, s_kf) = (opaque::u32_fresh(s_ds), opaque::u32_fresh(s_k));
+        let (s_dsf, s_kf) = (opaque::u32_fresh(s_ds + (kk0 * 16 * PANEL_ROW) as u32), opaque::u32_fresh(s_k + (b_panel * BC * PANEL_ROW + kk0 * 16 * PANEL_ROW) as u32));
         wgmma_fence();
         for kq in 0..dq_ksteps {
-            let kk = kk0 + kq;
-            let da = desc_mnmajor(s_dsf + (kk * 16 * PANEL_ROW) as u32, (BC * PANEL_ROW) as u32);
-            let db = desc_mnmajor(s_kf + (b_panel * BC * PANEL_ROW + kk * 16 * PANEL_ROW) as u32, (BC * PANEL_ROW) as u32);
+            let da = desc_mnmajor(s_dsf + (kq * 16 * PANEL_ROW) as u32, (BC * PANEL_ROW) as u32);
+            let db = desc_mnmajor(s_kf + (kq * 16 * PANEL_ROW) as u32, (BC * PANEL_ROW) as u32);
             // SAFETY: dSᵀ written (fenced, barrier passed), K_j landed.
-            unsafe { mma_tt::<T>(&mut r_dq, da, db, (kk > 0) as u32) };
+            unsafe { mma_tt::<T>(&mut r_dq, da, db, (kq > 0) as u32) };
         }
         wgmma_commit();
         wgmma_wait::<0>();
         acc_fence(&mut r_dq);
         acc_fence(&mut r_dv);
         acc_fence(&mut r_dk);
-        let s_dqf = opaque::u32_fresh(s_dq);
+        let s_dqf = opaque::u32_fresh(s_dq + ((ww * 16 + g) * HOPPER_BWD_DQ_ROW_BYTES + 8 * t) as u32);
         for nn in 0..8 {
             for r in 0..2 {
-                let row = ww * 16 + g + 8 * r;
-                let at = s_dqf + (row * HOPPER_BWD_DQ_ROW_BYTES + (nn * 8 + 2 * t) * 4) as u32;
+                let at = s_dqf + (8 * r * HOPPER_BWD_DQ_ROW_BYTES + nn * 32) as u32;
                 // SAFETY: inside this warpgroup's staging block, whose last
                 // reduction finished reading (waited above, barrier since).
                 unsafe {
@@ -356,8 +403,8 @@ pub unsafe fn backward<T: Elem16, const D: usize, const DN: usize, const BR: usi
         if wl < 64 {
             let (row, col0) = (q0 + wl, dq_col0);
             if row < nq && col0 < d {
-                let lse_row = seq.lse_base + (h - h0) as u64 * lse_head_stride + row as u64;
-                let dst = p.dq_accum_ptr + (lse_row * d as u64 + col0 as u64) * 4;
+                let lse_row = (h - h0) as u64 * u(8) + row as u64;
+                let dst = u(9) + (lse_row * d as u64 + col0 as u64) * 4;
                 let bytes = ((d - col0).min(64) * 4) as u32;
                 // SAFETY: row < nq and columns col0.. < d of the
                 // accumulator (`lse index · d + column`); d a multiple of
