@@ -36,12 +36,13 @@ pub const fn hopper_bwd_head_dim(d: usize) -> Option<usize> {
     }
 }
 
-/// Query rows per step (`Br`): 64 for every head dim (the registers of
-/// `Sᵀ`, `dPᵀ`, `dK`, `dV` fill a consumer thread at d 128). Each
-/// warpgroup's share of `dQ_i = dS·K_j` is one `64 × 64` block: at d 128
-/// a column half over all keys, at d 64 all columns over its own keys.
-pub const fn hopper_bwd_br(_d: usize) -> usize {
-    64
+/// Query rows per step (`Br`) of compiled head dim `d`: `Br · d = 8192`
+/// (64 at d 128, 128 at d 64: the registers of `Sᵀ`, `dPᵀ`, `dK`, `dV`
+/// fill a consumer thread alike), so that each warpgroup's share of
+/// `dQ_i = dS·K_j` is one `64 × 64` block over all 128 keys (d 128: a
+/// column half; d 64: a row half).
+pub const fn hopper_bwd_br(d: usize) -> usize {
+    8192 / d
 }
 
 /// Shared-memory layout (byte offsets from the 1024-aligned base) of
@@ -104,6 +105,7 @@ mod tests {
             }
             assert_eq!(l.dq % 16, 0);
             assert_eq!(l.uni % 8, 0);
+            assert_eq!(hopper_bwd_br(d) * d, 8192);
             assert!(l.request_bytes() <= 227 * 1024, "d {d}: {} B", l.request_bytes());
         }
         assert_eq!(hopper_bwd_head_dim(8), Some(64));

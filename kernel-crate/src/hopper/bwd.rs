@@ -9,7 +9,7 @@
 //! block `j` (`flash_attn_common::tc_bwd`'s block ranges). Two warpgroups,
 //! 64 keys each; everything is computed transposed (keys as the `wgmma` M)
 //! so that `Pᵀ` and `dSᵀ` leave the accumulators as register A operands.
-//! Per step `(h, i)` (`Br` = 64 queries):
+//! Per step `(h, i)` (`Br` = 64 queries at d 128, 128 at d 64):
 //! 1. wait for `Q_i`, `dO_i`, `LSE_i`, `D_i` (`cp.async`, issued one step
 //!    earlier into the swizzled panels `wgmma` reads), barrier, issue the
 //!    next step's copies into the other buffers;
@@ -21,9 +21,9 @@
 //!    registers, B MN-major);
 //! 4. `dSᵀ` (16-bit) to shared memory in the same swizzled panels; barrier;
 //! 5. `dQ_i += scale · dS·K_j`: warpgroup `w` computes one `64 × 64` block
-//!    (d 128: columns `64w..` over all keys; d 64: all columns over its
-//!    own 64 keys, both warpgroups adding) with A = `dS` and B = `K_j` both
-//!    MN-major (`wgmma` with both transposes), stages it in
+//!    over all 128 keys (d 128: columns `64w..`; d 64: rows `64w..`) with
+//!    A = `dS` and B = `K_j` both MN-major (`wgmma` with both transposes),
+//!    stages it in
 //!    shared memory (f32) and adds it to the f32 accumulator with one bulk
 //!    reduction per row (`cp.reduce.async.bulk .add.f32`, 256 bytes each):
 //!    no per-element atomics.
@@ -147,7 +147,7 @@ fn issue_xb<T: Elem16, const BR: usize, const BRK: usize, const DN: usize>(acc: 
 /// blocks.
 #[inline(always)]
 pub unsafe fn backward<T: Elem16, const D: usize, const DN: usize, const BR: usize, const BRN: usize, const BRK: usize>(p: &BwdParams) {
-    const { assert!(DN * 8 == D && BRN * 8 == BR && BRK * 16 == BR && BR == 64 && (D == 64 || D == 128)) };
+    const { assert!(DN * 8 == D && BRN * 8 == BR && BRK * 16 == BR && ((D == 128 && BR == 64) || (D == 64 && BR == 128))) };
     const BC: usize = HOPPER_BWD_BC;
     let lay = const { HopperBwdSmem::new(D) };
     let f = &p.fwd;
@@ -284,11 +284,11 @@ pub unsafe fn backward<T: Elem16, const D: usize, const DN: usize, const BR: usi
     let mut r_dv = [[0f32; 4]; DN];
     let kw = wg * 64 + ww * 16; // this warp's first key, in the block
     let scale = f.softmax_scale;
-    // dQ: d 128: this warpgroup's column half of `dS·K_j` over all 128
-    // keys (K's panel wg); d 64: all 64 columns over its own 64 keys (the
-    // two warpgroups' partial sums both go to the accumulator).
-    let dq_ksteps = const { if D == 128 { HOPPER_BWD_BC / 16 } else { 4 } };
-    let (dq_col0, b_panel, kk0) = if D == 128 { (64 * wg, wg, 0) } else { (0, 0, 4 * wg) };
+    // dQ: each warpgroup one 64 × 64 block of `dS·K_j` over all 128 keys:
+    // d 128 (Br 64) its column half (K's panel wg), d 64 (Br 128) its row
+    // half (dSᵀ's panel wg).
+    let (dq_row0, dq_col0) = if D == 128 { (0, 64 * wg) } else { (64 * wg, 0) };
+    let (a_panel, b_panel) = if D == 128 { (0, wg) } else { (wg, 0) };
 
     // ---- main loop over (query head, Q block) --------------------------------
     for n in 0..steps {
@@ -372,9 +372,9 @@ pub unsafe fn backward<T: Elem16, const D: usize, const DN: usize, const BR: usi
 
         // dQ_i block += dS·K_j over the 128 keys.
         let mut r_dq = [[0f32; 4]; 8];
-        let (s_dsf, s_kf) = (opaque::u32_fresh(s_ds + (kk0 * 16 * PANEL_ROW) as u32), opaque::u32_fresh(s_k + (b_panel * BC * PANEL_ROW + kk0 * 16 * PANEL_ROW) as u32));
+        let (s_dsf, s_kf) = (opaque::u32_fresh(s_ds + (a_panel * BC * PANEL_ROW) as u32), opaque::u32_fresh(s_k + (b_panel * BC * PANEL_ROW) as u32));
         wgmma_fence();
-        for kq in 0..dq_ksteps {
+        for kq in 0..BC / 16 {
             let da = desc_mnmajor(s_dsf + (kq * 16 * PANEL_ROW) as u32, (BC * PANEL_ROW) as u32);
             let db = desc_mnmajor(s_kf + (kq * 16 * PANEL_ROW) as u32, (BC * PANEL_ROW) as u32);
             // SAFETY: dSᵀ written (fenced, barrier passed), K_j landed.
@@ -401,7 +401,7 @@ pub unsafe fn backward<T: Elem16, const D: usize, const DN: usize, const BR: usi
         // SAFETY: the 128 threads of this warpgroup (barriers 1, 2).
         unsafe { named_bar_sync(1 + wg as u32, 128) };
         if wl < 64 {
-            let (row, col0) = (q0 + wl, dq_col0);
+            let (row, col0) = (q0 + dq_row0 + wl, dq_col0);
             if row < nq && col0 < d {
                 let lse_row = (h - h0) as u64 * u(8) + row as u64;
                 let dst = u(9) + (lse_row * d as u64 + col0 as u64) * 4;

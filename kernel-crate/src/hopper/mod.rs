@@ -230,7 +230,7 @@ macro_rules! hopper_bwd_kernels {
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(p: flash_attn_common::BwdParams) {
             // SAFETY: forwarded to the caller (the host's launch).
-            unsafe { bwd::backward::<$t, $d, { $d / 8 }, 64, 8, 4>(&p) }
+            unsafe { bwd::backward::<$t, $d, { $d / 8 }, { 8192 / $d }, { 1024 / $d }, { 512 / $d }>(&p) }
         }
     )*};
 }
