@@ -112,17 +112,32 @@ pub const REQUIRED: &[(&str, &[&str])] = &[
 /// products, TMA copies, mbarrier waits and the register reallocation of the
 /// warp-specialized roles. The sm_90a file itself must exist
 /// ([`HOPPER_TARGET`]).
-pub const REQUIRED_SM90A: &[(&str, &[&str])] = &[(
-    "flash_fwd_hopper_",
-    &[
-        "wgmma.mma_async.sync.aligned",
-        "cp.async.bulk.tensor",
-        "mbarrier.try_wait",
-        "mbarrier.arrive",
-        "setmaxnreg.inc",
-        "setmaxnreg.dec",
-    ],
-)];
+pub const REQUIRED_SM90A: &[(&str, &[&str])] = &[
+    (
+        "flash_fwd_hopper_",
+        &[
+            "wgmma.mma_async.sync.aligned",
+            "cp.async.bulk.tensor",
+            "mbarrier.try_wait",
+            "mbarrier.arrive",
+            "setmaxnreg.inc",
+            "setmaxnreg.dec",
+        ],
+    ),
+    // Hopper backward (kernel-crate/src/hopper/bwd.rs): wgmma products (the
+    // dQ product with both operands transposed), cp.async copies into the
+    // swizzled panels, dQ added by bulk reductions from shared memory.
+    (
+        "flash_bwd_hopper_",
+        &[
+            "wgmma.mma_async.sync.aligned.m64n64k16",
+            "p, 1, 1, 1, 1;",
+            "cp.async.cg.shared.global",
+            "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32",
+            "cp.async.bulk.wait_group.read",
+        ],
+    ),
+];
 /// The `.target` of the Hopper-native build.
 pub const HOPPER_TARGET: &str = "sm_90a";
 
@@ -450,13 +465,19 @@ ptxas info    : Used 255 registers, used 1 barriers, 8192 bytes smem
     #[test]
     fn requires_hopper_instructions_per_kernel() {
         let full = "wgmma.mma_async.sync.aligned.m64n128k16 x; cp.async.bulk.tensor.4d y; mbarrier.try_wait.parity z; mbarrier.arrive w; setmaxnreg.inc.sync.aligned.u32 240; setmaxnreg.dec.sync.aligned.u32 24;";
+        let bwd = "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {..}, d, e, p, 1, 1, 1, 1; cp.async.cg.shared.global a; cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [b], [c], 256; cp.async.bulk.wait_group.read 0;";
         let e = |name: &str, body: &str| (name.to_string(), body.to_string());
-        assert!(missing_instructions(&[e("flash_fwd_hopper_f16_d128_bc128", full)], REQUIRED_SM90A).is_empty());
+        let b = e("flash_bwd_hopper_bf16_d128", bwd);
+        assert!(missing_instructions(&[e("flash_fwd_hopper_f16_d128_bc128", full), b.clone()], REQUIRED_SM90A).is_empty());
         let no_setmaxnreg = full.replace("setmaxnreg.inc", "nop");
-        let p = missing_instructions(&[e("flash_fwd_hopper_f16_d128_bc128", &no_setmaxnreg)], REQUIRED_SM90A);
+        let p = missing_instructions(&[e("flash_fwd_hopper_f16_d128_bc128", &no_setmaxnreg), b.clone()], REQUIRED_SM90A);
         assert_eq!(p.len(), 1, "{p:?}");
         assert!(p[0].contains("setmaxnreg.inc"));
-        assert_eq!(missing_instructions(&[e("flash_fwd_tc_fa2_f16_d64", "x")], REQUIRED_SM90A).len(), 1);
+        let no_reduce = bwd.replace("cp.reduce", "red");
+        let p = missing_instructions(&[e("flash_fwd_hopper_f16_d128_bc128", full), e("flash_bwd_hopper_f16_d64", &no_reduce)], REQUIRED_SM90A);
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert!(p[0].contains("cp.reduce.async.bulk"));
+        assert_eq!(missing_instructions(&[e("flash_fwd_tc_fa2_f16_d64", "x")], REQUIRED_SM90A).len(), 2);
     }
 
     #[test]
