@@ -53,7 +53,11 @@ impl FlashAttention {
         let tc_names = crate::tc::TC_KERNELS.iter().map(|k| k.name).chain(dec_names);
         let hopper_names: &[&'static str] = if fa.ptx_build().arch == "sm_90a" { crate::hopper::PROBE_KERNELS } else { &[] };
         let hopper_names = hopper_names.iter().copied().chain(
-            crate::hopper::HOPPER_KERNELS.iter().map(|k| k.name).filter(|_| fa.ptx_build().arch == "sm_90a"),
+            crate::hopper::HOPPER_KERNELS
+                .iter()
+                .map(|k| k.name)
+                .chain(crate::backward::hopper::HOPPER_BWD_KERNELS.iter().map(|k| k.0))
+                .filter(|_| fa.ptx_build().arch == "sm_90a"),
         );
         // The FP8 KV-cache kernels: the sm_90 builds (e4m3 conversions need sm_89+, PTX ISA 7.8).
         let fp8_names = crate::decode_kernels::DEC_F8_KERNELS

@@ -164,28 +164,32 @@ fn bf16_gradients() {
 }
 
 /// Varlen: each sequence's gradients = the reference's per-sequence
-/// definition (empty and 1-row sequences included), f32 and bf16.
+/// definition (empty and 1-row sequences included), f32 and bf16, with
+/// softcap (the tensor-core kernel) and without (on Hopper, the wgmma
+/// kernel; sequences over several of its 64/128-row blocks).
 #[test]
 fn varlen_is_each_sequence_alone() {
     let Some(_) = gpu("varlen_is_each_sequence_alone") else { return };
     let mut rng = Rng::fresh("varlen_is_each_sequence_alone");
-    varlen_case::<f32>(&mut rng);
-    varlen_case::<bf16>(&mut rng);
+    varlen_case::<f32>(&mut rng, Some(4.0), 64);
+    varlen_case::<bf16>(&mut rng, Some(4.0), 64);
+    varlen_case::<bf16>(&mut rng, None, 64);
+    varlen_case::<f16>(&mut rng, None, 128);
 }
 
-fn varlen_case<T: AttnElem>(rng: &mut Rng) {
-    let (lq, lk) = ([1usize, 40, 0, 77, 5], [9usize, 33, 4, 130, 1]);
+fn varlen_case<T: AttnElem>(rng: &mut Rng, softcap: Option<f32>, d: usize) {
+    let (lq, lk) = ([1usize, 40, 0, 77, 5, 300], [9usize, 33, 4, 130, 1, 260]);
     let cum = |l: &[usize]| std::iter::once(0).chain(l.iter().scan(0i32, |a, &x| {
         *a += x as i32;
         Some(*a)
     })).collect::<Vec<i32>>();
     let (cq, ck) = (cum(&lq), cum(&lk));
-    let (tq, tk, h, hk, d) = (*cq.last().unwrap() as usize, *ck.last().unwrap() as usize, 4, 2, 64);
+    let (tq, tk, h, hk) = (*cq.last().unwrap() as usize, *ck.last().unwrap() as usize, 4, 2);
     let t = |rng: &mut Rng, n, hh| rng.tensor((1, n, hh, d), 1.0).index_axis_move(Axis(0), 0).mapv(|x| T::from_f32(x as f32));
     let (q, k, v, dout) = (t(rng, tq, h), t(rng, tk, hk), t(rng, tk, hk), t(rng, tq, h));
     for causal in [false, true] {
-        let p = ForwardParams { causal, softcap: Some(4.0), ..Default::default() };
-        let max = (77, 130);
+        let p = ForwardParams { causal, softcap, ..Default::default() };
+        let max = (300, 260);
         let (out, lse) = flash_attn_varlen_func(q.view(), k.view(), v.view(), &cq, &ck, None, max, &p, None).unwrap();
         let vl = HostVarlen { cu_seqlens_q: &cq, cu_seqlens_k: &ck, seqused_k: None, max_seqlen: max };
         let bp = BackwardParams { forward: p.clone(), deterministic: false };
@@ -195,7 +199,7 @@ fn varlen_case<T: AttnElem>(rng: &mut Rng) {
         for (b, (&nq, &nk)) in lq.iter().zip(&lk).enumerate() {
             let (rq, rk) = (cq[b] as usize..cq[b] as usize + nq, ck[b] as usize..ck[b] as usize + nk);
             let one = |a: &ndarray::Array3<f64>, r: std::ops::Range<usize>| a.slice(s![r, .., ..]).to_owned().insert_axis(Axis(0));
-            let what = format!("varlen {:?} causal {causal} sequence {b}", T::DTYPE);
+            let what = format!("varlen {:?} d {d} softcap {softcap:?} causal {causal} sequence {b}", T::DTYPE);
             for (name, got, want, r) in [("dq", &g.dq, &r.dq, rq.clone()), ("dk", &g.dk, &r.dk, rk.clone()), ("dv", &g.dv, &r.dv, rk)] {
                 check::<T>(&format!("{what} {name}"), &one(&u(got), r.clone()), &one(want, r), None);
             }
