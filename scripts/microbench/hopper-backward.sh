@@ -20,11 +20,17 @@ if [ "$mode" != bench ]; then
   grep -E "FAILED|panicked" $OUT/tests-hopper.txt | head -5
 fi
 if [ "$mode" = tests ] || [ "$mode" = check ]; then
-  [ "$mode" = tests ] && FLASH_ATTN_BACKWARD_KERNEL=tc timeout 200 /tmp/h/gpu_backward --test-threads 1 --nocapture > $OUT/tests-tc.txt 2>&1
-  echo "=== gpu_backward (tc) rc=$?: $(grep -E 'test result|largest' $OUT/tests-tc.txt | tr '\n' ' ')"
+  if [ "$mode" = tests ]; then
+    FLASH_ATTN_BACKWARD_KERNEL=tc timeout 200 /tmp/h/gpu_backward --test-threads 1 --nocapture > $OUT/tests-tc.txt 2>&1
+    echo "=== gpu_backward (tc) rc=$?: $(grep -E 'test result|largest' $OUT/tests-tc.txt | tr '\n' ' ')"
+  fi
   for t in varlen bf16_gradients; do
     timeout 150 compute-sanitizer --tool memcheck /tmp/h/gpu_backward --test-threads 1 $t > $OUT/memcheck-$t.txt 2>&1
     echo "=== memcheck $t rc=$?: $(grep -E 'ERROR SUMMARY|test result' $OUT/memcheck-$t.txt | tr '\n' ' ')"
+  done
+  for tool in racecheck synccheck; do
+    timeout 150 compute-sanitizer --tool $tool /tmp/h/gpu_backward --test-threads 1 varlen > $OUT/$tool-varlen.txt 2>&1
+    echo "=== $tool varlen rc=$?: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|test result' $OUT/$tool-varlen.txt | tr '\n' ' ')"
   done
 fi
 if [ "$mode" != tests ]; then
