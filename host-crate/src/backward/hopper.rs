@@ -13,14 +13,15 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::driver::CudaStream;
 use flash_attn_common::BwdParams;
 use flash_attn_common::hopper_bwd::{HOPPER_BWD_BC, HOPPER_BWD_THREADS, HopperBwdSmem, hopper_bwd_br, hopper_bwd_head_dim};
 
 use crate::device::FlashAttention;
 use crate::dispatch::DType;
-use crate::error::{FlashAttnError, Result};
-use crate::tc::KernelArg;
+use crate::error::Result;
+
+use super::tc::launch_key_blocks;
 
 /// Every Hopper backward kernel compiled into the sm_90a PTX (mirrors the
 /// `hopper_bwd_kernels!` list of `kernel-crate/src/hopper/mod.rs`):
@@ -32,10 +33,11 @@ pub(crate) const HOPPER_BWD_KERNELS: &[(&str, bool, usize)] = &[
     ("flash_bwd_hopper_bf16_d128", true, 128),
 ];
 
-/// The Hopper kernel of a call, or `None` when the tensor-core kernel runs
-/// it (see the module docs): `sm90a` whether the loaded PTX is the sm_90a
-/// build, `cc` the device's compute capability, `mods` softcap or ALiBi.
-pub(crate) fn hopper_backward_kernel(sm90a: bool, cc: (i32, i32), dtype: DType, headdim: usize, mods: bool, max_smem: usize) -> Option<&'static str> {
+/// The Hopper kernel of a call (its table entry: name, bf16, compiled head
+/// dim), or `None` when the tensor-core kernel runs it (see the module
+/// docs): `sm90a` whether the loaded PTX is the sm_90a build, `cc` the
+/// device's compute capability, `mods` softcap or ALiBi.
+pub(crate) fn hopper_backward_kernel(sm90a: bool, cc: (i32, i32), dtype: DType, headdim: usize, mods: bool, max_smem: usize) -> Option<&'static (&'static str, bool, usize)> {
     let bf16 = match dtype {
         DType::F16 => false,
         DType::BF16 => true,
@@ -48,7 +50,7 @@ pub(crate) fn hopper_backward_kernel(sm90a: bool, cc: (i32, i32), dtype: DType, 
     if HopperBwdSmem::new(d).request_bytes() > max_smem {
         return None;
     }
-    HOPPER_BWD_KERNELS.iter().find(|k| k.1 == bf16 && k.2 == d).map(|k| k.0)
+    HOPPER_BWD_KERNELS.iter().find(|k| k.1 == bf16 && k.2 == d)
 }
 
 /// Launches the Hopper backward main kernel on `stream` for `p` when it
@@ -65,33 +67,17 @@ pub(crate) unsafe fn launch_hopper_backward(fa: &FlashAttention, stream: &Arc<Cu
     if *TC_ONLY.get_or_init(|| std::env::var("FLASH_ATTN_BACKWARD_KERNEL").is_ok_and(|v| v == "tc")) {
         return Ok(false);
     }
-    let d = p.fwd.headdim as usize;
     let mods = p.fwd.softcap != 0.0 || p.fwd.alibi_ptr != 0;
-    let Some(name) = hopper_backward_kernel(fa.has_hopper_kernels(), fa.compute_capability(), dtype, d, mods, fa.limits().max_smem_per_block) else {
+    let max_smem = fa.limits().max_smem_per_block;
+    let Some(&(name, _, d)) = hopper_backward_kernel(fa.has_hopper_kernels(), fa.compute_capability(), dtype, p.fwd.headdim as usize, mods, max_smem) else {
         return Ok(false);
     };
     let Some(f) = fa.kernel(name)? else { return Ok(false) };
-    let dc = hopper_bwd_head_dim(d).unwrap_or(128);
-    let smem = HopperBwdSmem::new(dc).request_bytes();
-    let blocks = p.fwd.batch as u64 * p.fwd.kv_heads() as u64 * (p.fwd.seqlen_k as u64).div_ceil(HOPPER_BWD_BC as u64);
-    if blocks == 0 {
-        return Ok(true);
-    }
-    if blocks > i32::MAX as u64 {
-        return Err(FlashAttnError::DimTooLarge { argument: "k", axis: "batch · nheads_k · key blocks", value: blocks as usize, max: i32::MAX as usize });
-    }
-    let mut p = *p;
-    p.br = hopper_bwd_br(dc) as u32;
-    p.bc = HOPPER_BWD_BC as u32;
-    let cfg = LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (HOPPER_BWD_THREADS as u32, 1, 1), shared_mem_bytes: smem as u32 };
-    let arg = KernelArg(p);
-    let mut b = stream.launch_builder(f);
-    b.arg(&arg);
-    // SAFETY: the kernel takes exactly one `BwdParams` by value (`arg`,
-    // `#[repr(C)]` on both sides); grid, threads and shared memory are
-    // `hopper_bwd`'s (as the kernel's const generics); the buffers it names
-    // are the caller's contract (see `# Safety`).
-    unsafe { b.launch(cfg) }?;
+    let tiles = (hopper_bwd_br(d), HOPPER_BWD_BC);
+    // SAFETY: threads and shared memory are `hopper_bwd`'s for compiled
+    // head dim `d` (as the kernel's const generics); `p` is the caller's
+    // contract (see `# Safety`).
+    unsafe { launch_key_blocks(stream, f, p, tiles, HOPPER_BWD_THREADS, HopperBwdSmem::new(d).request_bytes()) }?;
     Ok(true)
 }
 
@@ -113,9 +99,9 @@ mod tests {
     #[test]
     fn runs_what_it_can() {
         let big = 227 * 1024;
-        assert_eq!(hopper_backward_kernel(true, (9, 0), DType::BF16, 128, false, big), Some("flash_bwd_hopper_bf16_d128"));
-        assert_eq!(hopper_backward_kernel(true, (9, 0), DType::F16, 40, false, big), Some("flash_bwd_hopper_f16_d64"));
-        assert_eq!(hopper_backward_kernel(true, (9, 0), DType::F16, 96, false, big), Some("flash_bwd_hopper_f16_d128"));
+        assert_eq!(hopper_backward_kernel(true, (9, 0), DType::BF16, 128, false, big), Some(&("flash_bwd_hopper_bf16_d128", true, 128)));
+        assert_eq!(hopper_backward_kernel(true, (9, 0), DType::F16, 40, false, big), Some(&("flash_bwd_hopper_f16_d64", false, 64)));
+        assert_eq!(hopper_backward_kernel(true, (9, 0), DType::F16, 96, false, big), Some(&("flash_bwd_hopper_f16_d128", false, 128)));
         assert_eq!(hopper_backward_kernel(true, (9, 0), DType::F16, 136, false, big), None);
         assert_eq!(hopper_backward_kernel(true, (9, 0), DType::F16, 128, true, big), None, "softcap/ALiBi");
         assert_eq!(hopper_backward_kernel(false, (9, 0), DType::F16, 128, false, big), None, "sm_90 PTX");

@@ -125,7 +125,20 @@ pub(crate) unsafe fn launch_tc_backward(fa: &crate::FlashAttention, stream: &Arc
     let k = kernel_for(bf16, &cfg).ok_or(FlashAttnError::Unsupported { argument: "q", dtype: dtype.name(), what })?;
     let f = function(fa, k, smem)?;
 
-    let bc = cfg.bc();
+    // SAFETY: threads and shared memory are the configuration's (`tc_bwd`,
+    // as the kernel's const generics); `p` is the caller's contract.
+    unsafe { launch_key_blocks(stream, &f, p, (cfg.br, cfg.bc()), cfg.threads(), smem) }
+}
+
+/// Launches a backward main kernel of the FA2 order, one block per (K/V
+/// block of `bc` keys, batch, KV head) — the grid of the tensor-core and the
+/// Hopper kernels — with `p.br`, `p.bc` set to `(br, bc)`.
+///
+/// # Safety
+/// `f` takes exactly one [`BwdParams`] by value and runs with `threads`
+/// threads and `smem` bytes of dynamic shared memory at tiles `(br, bc)`;
+/// `p` satisfies its contract (as [`launch_tc_backward`]'s).
+pub(crate) unsafe fn launch_key_blocks(stream: &Arc<CudaStream>, f: &CudaFunction, p: &BwdParams, (br, bc): (usize, usize), threads: usize, smem: usize) -> Result<()> {
     let blocks = p.fwd.batch as u64 * p.fwd.kv_heads() as u64 * (p.fwd.seqlen_k as u64).div_ceil(bc as u64);
     if blocks == 0 {
         return Ok(());
@@ -134,17 +147,16 @@ pub(crate) unsafe fn launch_tc_backward(fa: &crate::FlashAttention, stream: &Arc
         return Err(FlashAttnError::DimTooLarge { argument: "k", axis: "batch · nheads_k · key blocks", value: blocks as usize, max: i32::MAX as usize });
     }
     let mut p = *p;
-    p.br = cfg.br as u32;
+    p.br = br as u32;
     p.bc = bc as u32;
-    let cfg_launch = LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (cfg.threads() as u32, 1, 1), shared_mem_bytes: smem as u32 };
+    let cfg = LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (threads as u32, 1, 1), shared_mem_bytes: smem as u32 };
     let arg = KernelArg(p);
-    let mut b = stream.launch_builder(&f);
+    let mut b = stream.launch_builder(f);
     b.arg(&arg);
-    // SAFETY: the kernel takes exactly one `BwdParams` by value (`arg`,
-    // `#[repr(C)]` on both sides); grid, threads and shared memory are the
-    // configuration's (`tc_bwd`, as the kernel's const generics); the
-    // buffers it names are the caller's contract (see `# Safety`).
-    unsafe { b.launch(cfg_launch) }?;
+    // SAFETY: `f` takes exactly one `BwdParams` by value (`arg`,
+    // `#[repr(C)]` on both sides); threads, shared memory and the buffers
+    // it names are the caller's contract (see `# Safety`).
+    unsafe { b.launch(cfg) }?;
     Ok(())
 }
 
