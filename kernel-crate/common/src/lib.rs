@@ -22,6 +22,7 @@ pub mod bwd_params;
 pub mod decode_params;
 pub mod hopper;
 pub mod hopper_bwd;
+pub mod hopper_fp8;
 pub mod mask;
 pub mod page_order;
 pub mod params;

@@ -139,15 +139,18 @@ pub struct AttnParams {
     pub vnew_ptr: u64,
     pub knew_stride: [u64; 3],
     pub vnew_stride: [u64; 3],
-    /// FP8 (e4m3) KV cache (the `_e4m3` flash-decoding kernels): f32
-    /// dequantization scales of K and V, `k = k_scale · e4m3(k_cache)`; the
-    /// scale of KV head `h` is at `h · descale_head_stride` (0: one scale
-    /// per tensor, 1: one per KV head). 0 for 16-bit caches.
+    /// FP8 (e4m3) inputs: f32 dequantization scales, `k = k_descale ·
+    /// e4m3(k)`. The `_e4m3` flash-decoding kernels (K and V caches): the
+    /// scale of KV head `h` at `h · descale_head_stride` (0: one scale per
+    /// tensor, 1: one per KV head). The FP8 prefill kernels (q, k and v,
+    /// FA3's `(batch, nheads_k)` scales): the scale of (sequence `b`, KV
+    /// head `h`) at `b · descale_batch_stride + h · descale_head_stride`; a
+    /// null pointer reads as 1. 0 for 16-bit inputs.
     pub k_descale_ptr: u64,
     pub v_descale_ptr: u64,
     pub descale_head_stride: u32,
-    /// Keeps the block a multiple of 8 bytes with no implicit padding.
-    pub descale_pad: u32,
+    pub descale_batch_stride: u32,
+    pub q_descale_ptr: u64,
 }
 
 /// [`AttnParams::split_tickets`] bit 1: fixed split shares interleaved over
@@ -217,7 +220,8 @@ impl Default for AttnParams {
             k_descale_ptr: 0,
             v_descale_ptr: 0,
             descale_head_stride: 0,
-            descale_pad: 0,
+            descale_batch_stride: 0,
+            q_descale_ptr: 0,
         }
     }
 }

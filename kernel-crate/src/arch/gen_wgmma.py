@@ -9,6 +9,8 @@ import os
 SS_NS = [64, 128, 176, 192]    # S = Q·Kᵀ: N = Bc
 RS_NS = [64, 128, 256, 192]    # O += P·V: N = d
 TT_NS = [64]    # the backward's dQ = dS·K: A and B both MN-major
+E4M3_SS_NS = [64, 128]    # FP8 S = Q·Kᵀ (k32): N = Bc
+E4M3_RS_NS = [64, 128, 256]    # FP8 O += P·V (k32, Vᵀ K-major): N = d
 ACC_NS = sorted(set(SS_NS + RS_NS))
 DTS = [("f16", "f16"), ("bf16", "bf16")]
 
@@ -156,6 +158,54 @@ pub unsafe fn wgmma_tt_m64n%(n)dk16_%(name)s(d: &mut [[f32; 4]; %(n8)d], desc_a:
     }
 }
 ''' % dict(n=n, n8=n // 8, dt=dt, name=name, list=regs(n), ops=operands(n)))
+
+for n in E4M3_SS_NS:
+    out.append('''
+/// `wgmma.mma_async.sync.aligned.m64n%(n)dk32.f32.e4m3.e4m3 d, descA, descB, p, 1, 1;`:
+/// `d = A·B (+ d when scale_d != 0)`, A (64×32) and B (32×%(n)d) e4m3 from shared memory,
+/// both K-major (8-bit types take no transpose: the 32 k of each row contiguous).
+///
+/// # Safety
+/// As [`wgmma_ss_m64n128k16_f16`].
+#[inline(always)]
+pub unsafe fn wgmma_ss_m64n%(n)dk32_e4m3(d: &mut [[f32; 4]; %(n8)d], desc_a: u64, desc_b: u64, scale_d: u32) {
+    // SAFETY: forwarded to the caller.
+    unsafe {
+        core::arch::asm!(
+            "{{ .reg .pred p; setp.ne.b32 p, {sd}, 0;",
+            "wgmma.mma_async.sync.aligned.m64n%(n)dk32.f32.e4m3.e4m3 {{%(list)s}}, {da}, {db}, p, 1, 1; }}",
+            %(ops)s,
+            da = in(reg64) desc_a, db = in(reg64) desc_b, sd = in(reg32) scale_d,
+            options(nostack)
+        )
+    }
+}
+''' % dict(n=n, n8=n // 8, list=regs(n), ops=operands(n)))
+
+for n in E4M3_RS_NS:
+    out.append('''
+/// `wgmma.mma_async.sync.aligned.m64n%(n)dk32.f32.e4m3.e4m3 d, {a0..a3}, descB, p, 1, 1;`:
+/// `d = A·B (+ d when scale_d != 0)`, A (64×32 e4m3) from registers (as `mma.m16n8k32`'s
+/// 8-bit A: `a0 = A[g][4t..4t+4]`, `a1 = A[g+8][4t..]`, `a2 = A[g][16+4t..]`,
+/// `a3 = A[g+8][16+4t..]`, byte 0 the lowest column), B (32×%(n)d e4m3) K-major in shared memory.
+///
+/// # Safety
+/// As [`wgmma_ss_m64n128k16_f16`].
+#[inline(always)]
+pub unsafe fn wgmma_rs_m64n%(n)dk32_e4m3(d: &mut [[f32; 4]; %(n8)d], a: [u32; 4], desc_b: u64, scale_d: u32) {
+    // SAFETY: forwarded to the caller.
+    unsafe {
+        core::arch::asm!(
+            "{{ .reg .pred p; setp.ne.b32 p, {sd}, 0;",
+            "wgmma.mma_async.sync.aligned.m64n%(n)dk32.f32.e4m3.e4m3 {{%(list)s}}, {{{a0}, {a1}, {a2}, {a3}}}, {db}, p, 1, 1; }}",
+            %(ops)s,
+            a0 = in(reg32) a[0], a1 = in(reg32) a[1], a2 = in(reg32) a[2], a3 = in(reg32) a[3],
+            db = in(reg64) desc_b, sd = in(reg32) scale_d,
+            options(nostack)
+        )
+    }
+}
+''' % dict(n=n, n8=n // 8, list=regs(n), ops=operands(n)))
 
 path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "wgmma.rs")
 with open(path, "w") as f:

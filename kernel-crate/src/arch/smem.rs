@@ -37,6 +37,19 @@ pub unsafe fn st_shared_u32(addr: u32, v: u32) {
     unsafe { core::arch::asm!("st.shared.u32 [{a}], {v};", a = in(reg32) addr, v = in(reg32) v, options(nostack)) };
 }
 
+/// `ld.shared.u32` (a 32-bit shared-window address).
+///
+/// # Safety
+/// `addr` 4-byte aligned inside the block's shared memory, its content
+/// written before a barrier (or fence) that orders it for this thread.
+#[inline(always)]
+pub unsafe fn ld_shared_u32(addr: u32) -> u32 {
+    let v: u32;
+    // SAFETY: caller.
+    unsafe { core::arch::asm!("ld.shared.u32 {v}, [{a}];", v = out(reg32) v, a = in(reg32) addr, options(nostack, readonly, preserves_flags)) };
+    v
+}
+
 /// `ld.volatile.shared.u32`: a block-uniform value kept in shared memory
 /// and read where it is used, so it holds no register across a loop (the
 /// compiler may not hoist a volatile load).

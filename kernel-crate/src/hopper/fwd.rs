@@ -441,11 +441,11 @@ pub unsafe fn forward<
 /// One tile's coordinates: (batch·head, batch, head), first query row (in
 /// the sequence), the K/V blocks it visits, the keys every row of it sees,
 /// and (varlen) where its sequence lies in the packed tensors.
-struct Tile {
-    bh: usize,
-    b: usize,
-    h: usize,
-    q0: usize,
+pub(super) struct Tile {
+    pub(super) bh: usize,
+    pub(super) b: usize,
+    pub(super) h: usize,
+    pub(super) q0: usize,
     /// Key blocks `j_first..j_first + n_blocks` (visited last first).
     j_first: usize,
     n_blocks: usize,
@@ -508,7 +508,7 @@ impl Tile {
     /// # Safety
     /// As [`AttnParams::seq`].
     #[inline(always)]
-    unsafe fn new_vw(p: &AttnParams, tile: u32, num_m: u32, br: usize, bc: usize) -> Self {
+    pub(super) unsafe fn new_vw(p: &AttnParams, tile: u32, num_m: u32, br: usize, bc: usize) -> Self {
         let bh = tile / num_m;
         let r = tile - bh * num_m;
         let mb = if p.causal != 0 { num_m - 1 - r } else { r };
@@ -546,7 +546,7 @@ impl Tile {
 /// merge with the prologue's: a value live across `setmaxnreg` is spilled,
 /// so each role derives it again after its register reallocation.
 #[inline(always)]
-fn uni_addr_fresh(uni_off: usize) -> u32 {
+pub(super) fn uni_addr_fresh(uni_off: usize) -> u32 {
     let a: u32;
     // SAFETY: address arithmetic only (no `pure`: not merged across the
     // register reallocation).
@@ -566,24 +566,24 @@ fn uni_addr_fresh(uni_off: usize) -> u32 {
 /// uses them, so the compiler holds none of them in registers across the
 /// K/V loop (the varlen and window state pushed the d = 64 and d = 256
 /// consumers into spills when it lived in registers).
-struct Uni;
+pub(super) struct Uni;
 
 impl Uni {
-    const Q0: u32 = 0;
-    const NQ: u32 = 4;
-    const NK: u32 = 8;
-    const J_FIRST: u32 = 12;
-    const N_BLOCKS: u32 = 16;
+    pub(super) const Q0: u32 = 0;
+    pub(super) const NQ: u32 = 4;
+    pub(super) const NK: u32 = 8;
+    pub(super) const J_FIRST: u32 = 12;
+    pub(super) const N_BLOCKS: u32 = 16;
     const FULL_START: u32 = 20;
     const FULL_END: u32 = 24;
-    const Q_ROW0: u32 = 28;
-    const K_ROW0: u32 = 32;
-    const TMA_B: u32 = 36;
+    pub(super) const Q_ROW0: u32 = 28;
+    pub(super) const K_ROW0: u32 = 32;
+    pub(super) const TMA_B: u32 = 36;
 
     /// # Safety
     /// Written (by [`Tile::store`]) before a barrier this thread passed.
     #[inline(always)]
-    unsafe fn get(uni: u32, off: u32) -> u32 {
+    pub(super) unsafe fn get(uni: u32, off: u32) -> u32 {
         // SAFETY: caller; inside the block's shared memory.
         unsafe { ld_volatile_shared_u32(uni + off) }
     }
@@ -595,7 +595,7 @@ impl Tile {
     /// # Safety
     /// `uni` is the block's uniform area, read by no one before a barrier.
     #[inline(always)]
-    unsafe fn store(&self, uni: u32) {
+    pub(super) unsafe fn store(&self, uni: u32) {
         let vals = [
             (Uni::Q0, self.q0 as u32),
             (Uni::NQ, self.nq),
@@ -617,7 +617,7 @@ impl Tile {
     /// The coordinates that follow from the tile index alone (batch·head,
     /// batch, head, first query row); the other fields are zero.
     #[inline(always)]
-    fn coords(p: &AttnParams, tile: u32, num_m: u32, br: usize) -> Self {
+    pub(super) fn coords(p: &AttnParams, tile: u32, num_m: u32, br: usize) -> Self {
         let bh = tile / num_m;
         let r = tile - bh * num_m;
         let mb = if p.causal != 0 { num_m - 1 - r } else { r };
@@ -674,7 +674,7 @@ impl Tile {
 /// # Safety
 /// As [`Uni::get`]; called by consumer threads only.
 #[inline(always)]
-unsafe fn vw_mask<const BC: usize>(p: &AttnParams, uni: u32, j: usize) -> (bool, [i64; 2], [i64; 2]) {
+pub(super) unsafe fn vw_mask<const BC: usize>(p: &AttnParams, uni: u32, j: usize) -> (bool, [i64; 2], [i64; 2]) {
     let k0 = (j * BC) as u32;
     // SAFETY: caller.
     let masked = unsafe { k0 < Uni::get(uni, Uni::FULL_START) || k0 + BC as u32 > Uni::get(uni, Uni::FULL_END) };
@@ -805,7 +805,7 @@ fn issue_pv<T: Elem16, const BC: usize, const DN: usize, const BCK: usize>(
 /// accumulators are no longer in flight).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn softmax_block<const BC: usize, const BCN: usize>(
+pub(super) fn softmax_block<const BC: usize, const BCN: usize>(
     r_s: &mut [[f32; 4]; BCN],
     st: &mut [[RowState<f32>; 2]; 1],
     j: usize,
@@ -835,7 +835,7 @@ fn softmax_block<const BC: usize, const BCN: usize>(
 /// `O *= alpha` per row (thread rows g, g + 8), skipped when no row maximum
 /// moved in the whole warp (one vote instead of `4·DN` multiplies).
 #[inline(always)]
-fn rescale_o<const DN: usize>(r_o: &mut [[f32; 4]; DN], alpha: [f32; 2]) {
+pub(super) fn rescale_o<const DN: usize>(r_o: &mut [[f32; 4]; DN], alpha: [f32; 2]) {
     if !vote_all(alpha[0] == 1.0 && alpha[1] == 1.0) {
         for n in 0..DN {
             for e in 0..4 {

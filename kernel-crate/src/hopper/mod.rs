@@ -19,6 +19,7 @@
 //! and `.minnctapersm 1` to their entries so that `setmaxnreg` is honoured.
 
 pub mod bwd;
+pub mod fp8;
 pub mod fwd;
 pub mod probe;
 
@@ -213,6 +214,48 @@ hopper_kernels! {
     flash_fwd_hopper_bf16_d192_bc64_ov: Bf16, d = 192, bc = 64, ov = true, pp = false, wgs = 2, ps = false;
     flash_fwd_hopper_f16_d192_bc64_ov_vw: F16, d = 192, bc = 64, ov = true, pp = false, wgs = 2, ps = false, vw = true;
     flash_fwd_hopper_bf16_d192_bc64_ov_vw: Bf16, d = 192, bc = 64, ov = true, pp = false, wgs = 2, ps = false, vw = true;
+}
+
+/// FP8 (e4m3) forward entry points: `flash_fwd_hopper_e4m3_{out}_d{D}`, O
+/// in `out` (f16/bf16) ([`fp8`]).
+macro_rules! hopper_fp8_kernels {
+    ($( $name:ident : $t:ty, d = $d:literal; )*) => {$(
+        /// Hopper FP8 forward kernel (see [`fp8`]).
+        ///
+        /// # Safety
+        /// The tensor maps describe q, k (e4m3, boxes `min(d, 128) × 128`
+        /// and `min(d, 128) × Bc`, 128B swizzle, 64B at d = 64) and v (box
+        /// `d × Bc`, no swizzle) as `host-crate/src/hopper/fp8.rs` encodes
+        /// them; `p` valid as for the 16-bit kernels, its descale pointers
+        /// null or valid; launched with `HOPPER_FP8_THREADS` threads,
+        /// `HopperFp8Smem::new(D).request_bytes()` bytes of dynamic shared
+        /// memory, `ceil(seqlen_q / 128)·batch·nheads` blocks.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $name(_tq: TensorMap, _tk: TensorMap, _tv: TensorMap, p: AttnParams, g_tmaps: u64) {
+            let (tq, tk, tv) = if g_tmaps != 0 {
+                (g_tmaps, g_tmaps + 128, g_tmaps + 256)
+            } else {
+                (
+                    crate::param_generic_addr!(concat!(stringify!($name), "_param_0")),
+                    crate::param_generic_addr!(concat!(stringify!($name), "_param_1")),
+                    crate::param_generic_addr!(concat!(stringify!($name), "_param_2")),
+                )
+            };
+            const BC: usize = flash_attn_common::hopper_fp8::hopper_fp8_bc($d);
+            // SAFETY: forwarded to the host's launch.
+            unsafe { fp8::forward::<$t, $d, BC, { $d / 8 }, { BC / 8 }, { BC / 32 }>(tq, tk, tv, &p) }
+        }
+    )*};
+}
+
+// Keep in step with `HOPPER_FP8_KERNELS` in host-crate/src/hopper/fp8.rs.
+hopper_fp8_kernels! {
+    flash_fwd_hopper_e4m3_f16_d64: F16, d = 64;
+    flash_fwd_hopper_e4m3_bf16_d64: Bf16, d = 64;
+    flash_fwd_hopper_e4m3_f16_d128: F16, d = 128;
+    flash_fwd_hopper_e4m3_bf16_d128: Bf16, d = 128;
+    flash_fwd_hopper_e4m3_f16_d256: F16, d = 256;
+    flash_fwd_hopper_e4m3_bf16_d256: Bf16, d = 256;
 }
 
 /// Backward entry points: `flash_bwd_hopper_{dtype}_d{D}` ([`bwd`]).
