@@ -25,7 +25,7 @@ pub mod tc {
 /// and launches.
 pub mod hopper {
     pub use crate::hopper::{
-        HOPPER_KERNELS, HopperKernel, PROBE_KERNELS, PROBE_SMEM_BYTES, TensorMap, hopper_head_dim, launch_params,
+        HOPPER_FP8_KERNELS, HOPPER_KERNELS, HopperFp8Kernel, HopperKernel, PROBE_KERNELS, PROBE_SMEM_BYTES, TensorMap, hopper_head_dim, launch_params,
         launch_with_maps, tensor_maps, tensor_maps_in_global_memory,
     };
 }

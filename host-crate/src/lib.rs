@@ -113,6 +113,7 @@ mod ndarray_kvcache_fp8;
 mod open;
 mod page_order;
 mod params;
+mod prefill_fp8;
 mod ptx;
 pub mod reference;
 #[allow(missing_docs)] // see above
@@ -139,6 +140,7 @@ pub use ndarray_kvcache::{HostKvCache, flash_attn_varlen_paged_func, flash_attn_
 pub use ndarray_kvcache_fp8::flash_attn_with_kvcache_fp8;
 pub use open::default_flash_attention;
 pub use page_order::{KvCacheCall, MAX_DEVICE_ORDER_BLOCKS, order_block_table};
+pub use prefill_fp8::Fp8Descales;
 pub use params::{AlibiShape, ForwardParams, LoopOrder, Resolved, default_softmax_scale};
 pub use tensor::{
     AlibiSlopes, AttnElem, Extras, ForwardOutput, RowStats, StatsMut, Tensor, TensorLayout, TensorMut, Varlen,

@@ -137,6 +137,18 @@ pub const REQUIRED_SM90A: &[(&str, &[&str])] = &[
             "cp.async.bulk.wait_group.read",
         ],
     ),
+    // FP8 forward (kernel-crate/src/hopper/fp8.rs): e4m3 products k32 (both
+    // forms), P rounded to e4m3, V transposed by byte permutes.
+    (
+        "flash_fwd_hopper_e4m3_",
+        &[
+            "k32.f32.e4m3.e4m3",
+            "cvt.rn.satfinite.e4m3x2.f32",
+            "prmt.b32",
+            "cp.async.bulk.tensor",
+            "setmaxnreg.dec",
+        ],
+    ),
 ];
 /// The `.target` of the Hopper-native build.
 pub const HOPPER_TARGET: &str = "sm_90a";

@@ -84,6 +84,53 @@ impl TensorMap {
     }
 }
 
+impl TensorMap {
+    /// Encodes a tiled tensor map of a `(batch, seqlen, nheads, headdim)`
+    /// tensor of one-byte e4m3 codes (`UINT8`) with element (= byte)
+    /// `strides` of `[batch, seqlen, nheads]`: box `{box_cols, box_rows, 1,
+    /// 1}`, `swizzle_bytes` 128, 64 or 0 (none), out-of-range bytes read as
+    /// zero.
+    ///
+    /// Errors: the driver's (an address not 16-byte aligned, strides not
+    /// multiples of 16 bytes, …).
+    pub fn encode_bshd_e4m3(ptr: u64, shape: [usize; 4], strides: [usize; 3], box_cols: u32, box_rows: u32, swizzle_bytes: u32) -> std::result::Result<Self, DriverError> {
+        let [b, s, h, d] = shape;
+        let stride_bytes = |n: usize, st: usize| if n == 1 { d.next_multiple_of(16) as u64 } else { st as u64 };
+        let dims: [u64; 4] = [d as u64, s as u64, h as u64, b as u64];
+        let gstrides: [u64; 3] = [stride_bytes(s, strides[1]), stride_bytes(h, strides[2]), stride_bytes(b, strides[0])];
+        let boxes: [u32; 4] = [box_cols, box_rows, 1, 1];
+        let estrides: [u32; 4] = [1; 4];
+        let swizzle = match swizzle_bytes {
+            128 => CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+            64 => CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_64B,
+            _ => CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
+        };
+        let mut map = std::mem::MaybeUninit::<CUtensorMap>::zeroed();
+        // SAFETY: as in `encode_bshd`.
+        let r = unsafe {
+            sys::cuTensorMapEncodeTiled(
+                map.as_mut_ptr(),
+                CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
+                4,
+                ptr as *mut std::ffi::c_void,
+                dims.as_ptr(),
+                gstrides.as_ptr(),
+                boxes.as_ptr(),
+                estrides.as_ptr(),
+                CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+                swizzle,
+                CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+            )
+        };
+        if r != cudaError_enum::CUDA_SUCCESS {
+            return Err(DriverError(r));
+        }
+        // SAFETY: initialized (zeroed, then written by the driver on success).
+        Ok(Self(unsafe { map.assume_init() }))
+    }
+}
+
 /// The tensor maps of q, k and v of one launch (boxes `64 × Br` for Q and
 /// `64 × Bc` for K and V), in the kernel's parameter order. Varlen: the
 /// packed tensors as one batch of `total_q` / `total_k` rows (the kernels

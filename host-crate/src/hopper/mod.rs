@@ -15,12 +15,14 @@
 //! variant); everything else (FA1, explicit `(Br, Bc)` choices, softcap,
 //! ALiBi, decode, d ≤ 32, other GPUs) keeps the `mma.sync` kernels.
 
+pub(crate) mod fp8;
 mod launch;
 mod plan;
 mod table;
 
 pub(crate) use launch::launch;
 pub use launch::{TensorMap, launch_params, launch_with_maps, tensor_maps, tensor_maps_in_global_memory};
+pub use fp8::{HOPPER_FP8_KERNELS, HopperFp8Kernel};
 pub use plan::plan;
 pub use table::{HOPPER_KERNELS, HopperKernel, PROBE_KERNELS, PROBE_SMEM_BYTES, hopper_head_dim};
 
