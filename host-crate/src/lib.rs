@@ -107,6 +107,7 @@ mod hopper;
 mod launch;
 mod ndarray_api;
 mod ndarray_backward;
+mod ndarray_fp8;
 #[allow(missing_docs)] // see above
 mod ndarray_kvcache;
 mod ndarray_kvcache_fp8;
@@ -137,6 +138,7 @@ pub use ndarray_backward::{
     flash_attn_varlen_backward,
 };
 pub use ndarray_kvcache::{HostKvCache, flash_attn_varlen_paged_func, flash_attn_with_kvcache};
+pub use ndarray_fp8::flash_attn_fp8_func;
 pub use ndarray_kvcache_fp8::flash_attn_with_kvcache_fp8;
 pub use open::default_flash_attention;
 pub use page_order::{KvCacheCall, MAX_DEVICE_ORDER_BLOCKS, order_block_table};

@@ -131,3 +131,50 @@ fn per_head_scales() {
         assert!(matches!(dequantize_per_head(q.view(), &bad), Err(RefError::BadFp8Scales { .. })), "{bad:?}");
     }
 }
+
+/// FP8 attention over dequantized inputs (`reference::fp8::attention_fp8`,
+/// the CPU side of `flash_attn_fp8_func`) against a direct loop: GQA with
+/// per-(sequence, KV head) scales, causal, seqlen_q ≠ seqlen_k.
+#[test]
+fn fp8_attention_is_attention_of_the_dequantized_inputs() {
+    use flash_attn::reference::fp8::attention_fp8;
+    use flash_attn::{ForwardParams, flash_attn_fp8_func};
+    let (b, sq, sk, h, hk, d) = (2, 5, 9, 4, 2, 16);
+    let code = |i: usize| flash_attn::reference::fp8::e4m3_from_f32(((i * 37 % 23) as f32 - 11.0) * 0.37);
+    let q = ndarray::Array4::from_shape_fn((b, sq, h, d), |(x, i, hh, c)| code(x * 1000 + i * 100 + hh * 20 + c));
+    let k = ndarray::Array4::from_shape_fn((b, sk, hk, d), |(x, j, hh, c)| code(x * 777 + j * 51 + hh * 13 + c + 5));
+    let v = ndarray::Array4::from_shape_fn((b, sk, hk, d), |(x, j, hh, c)| code(x * 313 + j * 29 + hh * 7 + c + 9));
+    let qs = [0.5f32, 0.25, 0.125, 1.0];
+    let ks = [0.3f32, 0.7, 1.1, 0.2];
+    let vs = [2.0f32];
+    let params = ForwardParams { causal: true, ..Default::default() };
+    let r = attention_fp8(q.view(), k.view(), v.view(), [Some(&qs[..]), Some(&ks[..]), Some(&vs[..])], &params).unwrap();
+    let deq = |c: u8| flash_attn::reference::fp8::e4m3_to_f32(c) as f64;
+    let scale = 1.0 / (d as f64).sqrt();
+    for x in 0..b {
+        for hh in 0..h {
+            let kh = hh / (h / hk);
+            for i in 0..sq {
+                let keys: Vec<usize> = (0..sk).filter(|&j| j <= i + sk - sq).collect();
+                let s: Vec<f64> = keys.iter().map(|&j| scale * (0..d).map(|c| deq(q[(x, i, hh, c)]) * qs[x * hk + kh] as f64 * deq(k[(x, j, kh, c)]) * ks[x * hk + kh] as f64).sum::<f64>()).collect();
+                let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let l: f64 = s.iter().map(|t| (t - m).exp()).sum();
+                assert!((r.lse[(x, hh, i)] - (m + l.ln())).abs() < 1e-12);
+                for c in 0..d {
+                    let o: f64 = keys.iter().zip(&s).map(|(&j, t)| (t - m).exp() / l * deq(v[(x, j, kh, c)]) * vs[0] as f64).sum();
+                    assert!((r.o[(x, i, hh, c)] - o).abs() < 1e-12, "({x},{i},{hh},{c})");
+                }
+            }
+        }
+    }
+    // Scales of the wrong length, or not positive, are errors.
+    assert!(attention_fp8(q.view(), k.view(), v.view(), [Some(&qs[..3]), None, None], &params).is_err());
+    assert!(attention_fp8(q.view(), k.view(), v.view(), [None, Some(&[0.0][..]), None], &params).is_err());
+    // The ndarray front door: on the GPU the FP8 kernel, else this reference rounded to T.
+    let (o, lse) = flash_attn_fp8_func::<half::bf16>(q.view(), k.view(), v.view(), [Some(&qs[..]), Some(&ks[..]), Some(&vs[..])], &params).unwrap();
+    assert_eq!((o.dim(), lse.dim()), ((b, sq, h, d), (b, h, sq)));
+    let err = o.iter().zip(r.o.iter()).map(|(a, b)| (a.to_f32() as f64 - b).abs()).fold(0.0, f64::max);
+    let amax = r.o.iter().fold(0.0f64, |a, x| a.max(x.abs()));
+    // bf16 rounding on the CPU; FP8 probabilities (≤ 2⁻⁴ relative each) on a GPU.
+    assert!(err <= 0.07 * amax.max(1e-3), "{err} (max |O| {amax})");
+}

@@ -119,3 +119,33 @@ fn check_scales(scales: &[f32], batch: usize, nheads: usize) -> Result<(), RefEr
     }
     Ok(())
 }
+
+/// FP8 attention as FlashAttention-3 defines it, in f64 over the
+/// **dequantized** inputs: q `(batch, seqlen_q, nheads, d)`, k and v
+/// `(batch, seqlen_k, nheads_k, d)` as e4m3 codes, each descale one f32 or
+/// `(batch, nheads_k)` (a query head reads its KV head's; `None` is 1).
+/// Options as [`super::features::attention`] (causal, window; no softcap in
+/// FP8 calls). What `FlashAttention::forward_fp8` is checked against (up to
+/// its e4m3 rounding of the probabilities).
+pub fn attention_fp8(
+    q: ArrayView4<'_, u8>,
+    k: ArrayView4<'_, u8>,
+    v: ArrayView4<'_, u8>,
+    descales: [Option<&[f32]>; 3],
+    params: &crate::params::ForwardParams,
+) -> crate::error::Result<super::AttnOutput<f64>> {
+    let (b, _, h, _) = q.dim();
+    let hk = k.dim().2;
+    if hk == 0 || h % hk != 0 {
+        return Err(crate::error::FlashAttnError::InvalidArgument { argument: "k", value: format!("nheads_k {hk}"), reason: "must divide q's nheads" });
+    }
+    let [qs, ks, vs] = descales.map(|s| s.unwrap_or(&[1.0]));
+    for s in [qs, ks, vs] {
+        check_scales(s, b, hk)?;
+    }
+    let group = h / hk;
+    let qd = Array4::from_shape_fn(q.dim(), |(bi, s, hi, c)| e4m3_to_f32(q[(bi, s, hi, c)]) as f64 * head_scale(qs, hk, bi, hi / group) as f64);
+    let kd = dequantize_per_head(k, ks)?;
+    let vd = dequantize_per_head(v, vs)?;
+    super::features::attention::<f64>(qd.view(), kd.view(), vd.view(), params, None)
+}
