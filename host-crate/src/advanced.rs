@@ -11,9 +11,8 @@
 
 /// The dispatch rule: problem → kernel family, tiles and grid.
 pub mod dispatch {
-    pub use crate::dispatch::{
-        DeviceLimits, Dims, DispatchKey, F32_KERNELS, Features, Launch, Plan, plan, tc_head_dim, tc_supports,
-    };
+    pub use crate::dispatch::{DeviceLimits, DispatchKey, F32_KERNELS, Launch, Plan, plan, tc_head_dim, tc_supports};
+    pub use crate::types::{Dims, Features};
 }
 
 /// The tensor-core (`mma.sync`, f16/bf16) kernel table and a direct launcher.

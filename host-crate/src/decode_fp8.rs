@@ -28,7 +28,7 @@ use super::{BlockTable, CallerOut, DecodeOptions, NewRows, OwnOut, allocated, ch
 use crate::api::{AttnElem, Extras, ForwardOutput, RowStats, Tensor, TensorLayout, TensorMut};
 use crate::decode_kernels::DecKernel;
 use crate::device::FlashAttention;
-use crate::dispatch::DType;
+use crate::types::DType;
 use crate::error::{FlashAttnError, Result};
 use crate::params::ForwardParams;
 

@@ -11,7 +11,7 @@ use cudarc::driver::{CudaFunction, CudaStream, DeviceRepr, DriverError, LaunchCo
 use flash_attn_common::AttnParams;
 
 use crate::FlashAttention;
-use crate::dispatch::Features;
+use crate::types::Features;
 use crate::ptx::load::LazyKernels;
 use flash_attn_common::tc::{fa1_tc_smem_bytes, fa2_tc_smem_bytes, tc_br};
 

@@ -25,11 +25,9 @@ use std::path::Path;
 /// stays. Removing them from the graph must leave it acyclic.
 const ALLOWED_EDGES: &[(&str, &str, &str)] = &[
     // tc.rs holds the tensor-core kernel table (which dispatch plans from)
-    // and the launch helpers `TcModule` / `KernelArg` (which need the device
-    // and dispatch's `Features`). Splitting it (table below dispatch, launch
-    // above the device) removes both; tc.rs is being edited for the FP8 KV
-    // cache, so it stays whole for now.
-    ("tc", "dispatch", "tc.rs: `TcKernel::serves` takes dispatch's `Features` while dispatch plans from tc's table"),
+    // and the launch helpers `TcModule` / `KernelArg` (which need the
+    // device). Splitting it (table below dispatch, launch above the device)
+    // removes this edge.
     ("tc", "device", "tc.rs: `TcModule::new(&FlashAttention)` (launch) beside the kernel table that device's `DeviceLimits` user dispatch plans from"),
 ];
 
