@@ -15,7 +15,7 @@
 use cudarc::driver::DevicePtr;
 use ndarray::{Array2, Array3, Array4, ArrayView2, ArrayView3, ArrayView4};
 
-use crate::api::{AttnElem, RowStats, Tensor, TensorLayout};
+use crate::tensor::{AttnElem, RowStats, Tensor, TensorLayout};
 use crate::decode::{BlockTable, DecodeOptions, KvCache, MAX_SPLITS, PagedCache};
 use crate::types::DType;
 use crate::error::{FlashAttnError, Result};

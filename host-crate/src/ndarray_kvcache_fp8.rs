@@ -11,7 +11,7 @@
 use cudarc::driver::DevicePtr;
 use ndarray::{Array3, Array4, ArrayView4, s};
 
-use crate::api::{AttnElem, RowStats, Tensor, TensorLayout};
+use crate::tensor::{AttnElem, RowStats, Tensor, TensorLayout};
 use crate::decode::{BlockTable, DecodeOptions, KvCacheFp8};
 use crate::types::DType;
 use crate::error::{FlashAttnError, Result};
