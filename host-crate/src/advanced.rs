@@ -11,9 +11,8 @@
 
 /// The dispatch rule: problem → kernel family, tiles and grid.
 pub mod dispatch {
-    pub use crate::dispatch::{
-        DeviceLimits, Dims, DispatchKey, F32_KERNELS, Features, Launch, Plan, plan, tc_head_dim, tc_supports,
-    };
+    pub use crate::dispatch::{DeviceLimits, DispatchKey, F32_KERNELS, Launch, Plan, plan, tc_head_dim, tc_supports};
+    pub use crate::types::{Dims, Features};
 }
 
 /// The tensor-core (`mma.sync`, f16/bf16) kernel table and a direct launcher.
@@ -34,10 +33,9 @@ pub mod hopper {
 /// per-block timeline of `DecodeOptions::timeline`.
 pub mod decode {
     pub use crate::decode::{
-        MAX_SPLITS, MAX_TICKET_BANDWIDTH_PER_SM, MIN_TICKET_BLOCKS_PER_SPLIT, NO_SPLIT_FILL, SHORT_KEY_BLOCKS,
-        decode_no_split_fill, decode_splits_heuristic, num_splits_heuristic, timeline,
+        DEC_F8_KERNELS, DEC_KERNELS, DecKernel, MAX_SPLITS, MAX_TICKET_BANDWIDTH_PER_SM, MIN_TICKET_BLOCKS_PER_SPLIT,
+        NO_SPLIT_FILL, SHORT_KEY_BLOCKS, decode_no_split_fill, decode_splits_heuristic, num_splits_heuristic, timeline,
     };
-    pub use crate::decode_kernels::{DEC_F8_KERNELS, DEC_KERNELS, DecKernel};
 }
 
 /// The embedded PTX builds (one per target family).

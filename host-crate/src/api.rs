@@ -10,14 +10,8 @@ use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut};
 use crate::device::FlashAttention;
 use crate::error::Result;
 use crate::params::{ForwardParams, LoopOrder};
-use crate::tensor::StatsMut;
+use crate::tensor::{AttnElem, Extras, ForwardOutput, RowStats, StatsMut, Tensor, TensorLayout, TensorMut};
 use crate::validate::validate;
-
-// `pub(crate)`: decode.rs and ndarray_kvcache.rs name these by their old
-// paths (`crate::api::…`); they can name `crate::tensor` and
-// `crate::validate` when those files are next edited.
-pub(crate) use crate::tensor::{AttnElem, Extras, ForwardOutput, RowStats, Tensor, TensorLayout, TensorMut};
-pub(crate) use crate::validate::{MAX_DIM, check_layout, check_output, check_stats, check_tc_alignment};
 
 impl FlashAttention {
     /// Attention forward into freshly allocated outputs (allocated on

@@ -41,37 +41,8 @@
 use crate::params::LoopOrder;
 use crate::error::{FlashAttnError, Result};
 use crate::tc::{TC_HEAD_DIMS, TC_KERNELS, TcKernel, TcLoop};
+use crate::types::{DType, Dims, Features};
 use flash_attn_common::smem_layout::{F32_THREADS, F32_WARPS, Fa1Smem, Fa2Smem, STD_TILE, StdSmem};
-
-/// Element type of q, k, v and o.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum DType {
-    F32,
-    F16,
-    BF16,
-}
-
-impl DType {
-    pub const fn name(self) -> &'static str {
-        match self {
-            DType::F32 => "f32",
-            DType::F16 => "f16",
-            DType::BF16 => "bf16",
-        }
-    }
-}
-
-/// The features of a call that need their own kernel variants (GQA,
-/// windows and head-dim padding are run-time parameters of every kernel).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Features {
-    /// A packed (varlen) batch.
-    pub varlen: bool,
-    /// Softcap or ALiBi: per-score work in the softmax.
-    pub mods: bool,
-    /// KV cache (contiguous or paged) or split-KV: the `fa2d` kernels.
-    pub decode: bool,
-}
 
 /// What the dispatch decision depends on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -83,18 +54,6 @@ pub struct DispatchKey {
     /// Compute capability `(major, minor)` of the device.
     pub arch: (i32, i32),
     pub features: Features,
-}
-
-/// Sizes of one problem (validated: every one ≥ 1, fits the kernels' u32 fields).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Dims {
-    pub batch: usize,
-    pub nheads: usize,
-    /// Heads of k and v (GQA/MQA; `nheads` for MHA).
-    pub nheads_k: usize,
-    pub seqlen_q: usize,
-    pub seqlen_k: usize,
-    pub headdim: usize,
 }
 
 /// What the device allows.

@@ -10,10 +10,11 @@ use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice
 use flash_attn_common::AttnParams;
 
 use crate::device::FlashAttention;
-use crate::dispatch::{self, DispatchKey, Features, Plan};
+use crate::dispatch::{self, DispatchKey, Plan};
 use crate::error::{FlashAttnError, Result};
 use crate::params::{ForwardParams, LoopOrder};
 use crate::tensor::{AttnElem, Extras, StatsMut, Tensor, TensorMut};
+use crate::types::Features;
 use crate::validate::{Problem, check_stats, check_tc_alignment};
 use crate::varlen::check_alibi;
 use crate::varlen_api::VarlenLaunch;

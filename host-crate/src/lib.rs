@@ -81,24 +81,25 @@
 //! Data flows one way: the front ends (`api`, `varlen_api`, `decode`,
 //! `backward`, the `ndarray_*` modules) validate (`validate`, `varlen`)
 //! into a checked problem, plan it (`dispatch`, `hopper`'s plan, the kernel
-//! tables) and launch it (the only `unsafe`). The CPU reference sits beside
-//! them and imports none of them; `tests/layers.rs` checks that the modules
-//! import each other without a cycle.
+//! tables) and launch it (the only `unsafe`); all of them speak `types`
+//! (a problem's element type, sizes and kernel-variant features), the
+//! bottom layer. The CPU reference sits beside them and imports none of
+//! them; `tests/layers.rs` checks that the modules import each other
+//! without a cycle.
 //!
 //! [cudarc]: https://docs.rs/cudarc
 #![warn(missing_docs)]
 
-// The five modules marked `allow(missing_docs)` (the decode, dispatch and
-// kernel-table modules) still lack field and variant docs on some public
-// items; every other module is held to `missing_docs`.
+// The four modules marked `allow(missing_docs)` (decode with its kernel
+// table, dispatch, the tensor-core table, ndarray_kvcache) still lack field
+// and variant docs on some public items; every other module is held to
+// `missing_docs`.
 pub mod advanced;
 mod api;
 mod backward;
 pub mod context_parallel;
 #[allow(missing_docs)] // see above
 mod decode;
-#[allow(missing_docs)] // see above
-mod decode_kernels;
 mod device;
 #[allow(missing_docs)] // see above
 mod dispatch;
@@ -120,6 +121,7 @@ pub mod reference;
 #[allow(missing_docs)] // see above
 mod tc;
 mod tensor;
+mod types;
 mod validate;
 mod varlen;
 mod varlen_api;
@@ -127,7 +129,6 @@ mod varlen_api;
 pub use backward::{BackwardParams, BackwardScratch, Gradients, ScratchSizes};
 pub use decode::{BlockTable, DecodeOptions, KvCache, KvCacheFp8, KvCacheRef, PagedCache, SplitScratch};
 pub use device::{FlashAttention, KernelFamily, try_default_context};
-pub use dispatch::DType;
 pub use error::{FlashAttnError, RefError, Result};
 pub use ndarray_api::{
     Backend, default_backend, flash_attn_func, flash_attn_func_cpu, flash_attn_func_cpu_ext, flash_attn_func_ext,
@@ -148,6 +149,7 @@ pub use tensor::{
     AlibiSlopes, AttnElem, Extras, ForwardOutput, RowStats, StatsMut, Tensor, TensorLayout, TensorMut, Varlen,
     VarlenOutput,
 };
+pub use types::DType;
 
 /// The math shared by the kernels and the host (`flash-attn-common`):
 /// the online-softmax row state, masks, the kernel parameter blocks.

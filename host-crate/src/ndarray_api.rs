@@ -12,7 +12,8 @@ use crate::tensor::{AlibiSlopes, AttnElem, Extras, RowStats, Tensor, TensorLayou
 use crate::validate::{Problem, validate};
 use crate::reference::HostAlibi;
 use crate::tensor::Varlen;
-use crate::dispatch::{self, DType};
+use crate::dispatch;
+use crate::types::DType;
 use crate::device::FlashAttention;
 use crate::open::default_flash_attention;
 use crate::error::Result;

@@ -12,7 +12,7 @@ use crate::tensor::{AttnElem, RowStats, Tensor, TensorLayout};
 use crate::validate::Problem;
 use crate::backward::{BackwardParams, BackwardShapes, validate_backward, validate_backward_varlen};
 use crate::device::FlashAttention;
-use crate::dispatch::DType;
+use crate::types::DType;
 use crate::error::{FlashAttnError, Result};
 use crate::ndarray_api::{Backend, DeviceSlopes, DeviceVarlen, default_backend, host_vec};
 use crate::params::LoopOrder;

@@ -15,9 +15,9 @@
 use cudarc::driver::DevicePtr;
 use ndarray::{Array2, Array3, Array4, ArrayView2, ArrayView3, ArrayView4};
 
-use crate::api::{AttnElem, RowStats, Tensor, TensorLayout};
+use crate::tensor::{AttnElem, RowStats, Tensor, TensorLayout};
 use crate::decode::{BlockTable, DecodeOptions, KvCache, MAX_SPLITS, PagedCache};
-use crate::dispatch::DType;
+use crate::types::DType;
 use crate::error::{FlashAttnError, Result};
 use crate::ndarray_api::{Backend, DeviceSlopes, DeviceVarlen, default_backend, host_vec};
 use crate::params::ForwardParams;

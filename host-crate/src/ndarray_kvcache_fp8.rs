@@ -11,9 +11,9 @@
 use cudarc::driver::DevicePtr;
 use ndarray::{Array3, Array4, ArrayView4, s};
 
-use crate::api::{AttnElem, RowStats, Tensor, TensorLayout};
+use crate::tensor::{AttnElem, RowStats, Tensor, TensorLayout};
 use crate::decode::{BlockTable, DecodeOptions, KvCacheFp8};
-use crate::dispatch::DType;
+use crate::types::DType;
 use crate::error::{FlashAttnError, Result};
 use crate::ndarray_api::{Backend, DeviceSlopes, default_backend, host_vec};
 use crate::ndarray_kvcache::{HostKvCache, check_splits, dims};

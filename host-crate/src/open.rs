@@ -49,7 +49,7 @@ impl FlashAttention {
         // Every kernel of the host's tables must be in the build (the old
         // eager load failed here too): a mismatch between the kernel crate
         // and the tables is found at once, not at some later call.
-        let dec_names = crate::decode_kernels::DEC_KERNELS.iter().flat_map(|k| std::iter::once(k.name).chain(k.compact));
+        let dec_names = crate::decode::DEC_KERNELS.iter().flat_map(|k| std::iter::once(k.name).chain(k.compact));
         let tc_names = crate::tc::TC_KERNELS.iter().map(|k| k.name).chain(dec_names);
         let hopper_names: &[&'static str] = if fa.ptx_build().arch == "sm_90a" { crate::hopper::PROBE_KERNELS } else { &[] };
         let hopper_names = hopper_names.iter().copied().chain(
@@ -60,7 +60,7 @@ impl FlashAttention {
                 .filter(|_| fa.ptx_build().arch == "sm_90a"),
         );
         // The FP8 KV-cache kernels: the sm_90 builds (e4m3 conversions need sm_89+, PTX ISA 7.8).
-        let fp8_names = crate::decode_kernels::DEC_F8_KERNELS
+        let fp8_names = crate::decode::DEC_F8_KERNELS
             .iter()
             .map(|k| k.name)
             .chain(crate::decode::DECODE_FP8_KERNELS.iter().copied())

@@ -5,8 +5,8 @@
 
 use cudarc::driver::{CudaSlice, CudaViewMut, DevicePtr, DeviceRepr, ValidAsZeroBits};
 
-use crate::dispatch::DType;
 use crate::params::AlibiShape;
+use crate::types::DType;
 
 /// Shape and element strides of one `(batch, seqlen, nheads, headdim)`
 /// tensor; the head dimension is contiguous (stride 1).

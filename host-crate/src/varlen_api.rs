@@ -21,14 +21,8 @@ use flash_attn_common::AttnParams;
 use crate::device::FlashAttention;
 use crate::error::Result;
 use crate::params::ForwardParams;
-use crate::tensor::{AttnElem, Extras, StatsMut, Tensor, TensorLayout, TensorMut};
+use crate::tensor::{AttnElem, Extras, StatsMut, Tensor, TensorLayout, TensorMut, Varlen, VarlenOutput};
 use crate::validate::validate_varlen;
-
-// `pub(crate)`: decode.rs names these by their old paths
-// (`crate::varlen_api::…`); it can name `crate::tensor` and
-// `crate::validate::varlen` when it is next edited.
-pub(crate) use crate::tensor::{Varlen, VarlenOutput};
-pub(crate) use crate::validate::varlen::check_varlen_lens;
 
 /// Device pointers of a varlen launch, their stream guards held until the
 /// launch is enqueued.

@@ -5,7 +5,7 @@
 //! before every run (`--flush read|write`, as `fa-bench-decode`), the
 //! median of CUDA-event timings from the shared timing loop. The
 //! measurement behind the flash-decoding default
-//! (`host-crate/src/decode_kernels.rs`, docs/perf-notes.md).
+//! (`host-crate/src/decode/kernels.rs`, docs/perf-notes.md).
 //!
 //! Usage: `decode-tune [--quick] [--flush read|write] [--splits N,...]
 //! [--kernels SUBSTR,...] [--layouts P,...] [--cells B:CACHE:HK,...] [--page-order random|inorder|group:N,...]

@@ -18,7 +18,7 @@ use flash_attn_common::BwdParams;
 use flash_attn_common::hopper_bwd::{HOPPER_BWD_BC, HOPPER_BWD_THREADS, HopperBwdSmem, hopper_bwd_br, hopper_bwd_head_dim};
 
 use crate::device::FlashAttention;
-use crate::dispatch::DType;
+use crate::types::DType;
 use crate::error::Result;
 
 use super::tc::launch_key_blocks;

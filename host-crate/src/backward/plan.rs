@@ -8,7 +8,8 @@ use super::BackwardParams;
 use crate::tensor::AttnElem;
 use crate::validate::Problem;
 use crate::device::FlashAttention;
-use crate::dispatch::{DType, Launch};
+use crate::dispatch::Launch;
+use crate::types::DType;
 use crate::error::{FlashAttnError, Result};
 use crate::params::LoopOrder;
 

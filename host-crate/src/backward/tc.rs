@@ -16,7 +16,7 @@ use cudarc::driver::{CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 use flash_attn_common::BwdParams;
 use flash_attn_common::tc_bwd::{TcBwdConfig, tc_bwd_config};
 
-use crate::dispatch::DType;
+use crate::types::DType;
 use crate::error::{FlashAttnError, Result};
 use crate::tc::KernelArg;
 

@@ -10,7 +10,8 @@ use flash_attn_common::ring::{RING_MERGE_WARPS, RingMergeParams, merge_mode};
 
 use crate::tensor::AttnElem;
 use crate::device::FlashAttention;
-use crate::dispatch::{DType, Launch};
+use crate::dispatch::Launch;
+use crate::types::DType;
 use crate::error::{FlashAttnError, Result};
 use crate::tc::KernelArg;
 

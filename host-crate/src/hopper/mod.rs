@@ -29,7 +29,8 @@ pub use table::{HOPPER_KERNELS, HopperKernel, PROBE_KERNELS, PROBE_SMEM_BYTES, h
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dispatch::{DType, Dims, DispatchKey, Features, Plan};
+    use crate::dispatch::{DispatchKey, Plan};
+    use crate::types::{DType, Dims, Features};
     use crate::params::LoopOrder;
 
     #[test]

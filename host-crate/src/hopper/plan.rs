@@ -1,6 +1,7 @@
 //! The dispatch rule of the Hopper kernels (the module docs of `hopper`).
 
-use crate::dispatch::{DType, Dims, DispatchKey, Launch, Plan};
+use crate::dispatch::{DispatchKey, Launch, Plan};
+use crate::types::{DType, Dims};
 use crate::error::{FlashAttnError, Result};
 use crate::params::LoopOrder;
 

@@ -15,10 +15,10 @@ pub(crate) mod varlen;
 
 use flash_attn_common::AttnParams;
 
-use crate::dispatch::Dims;
 use crate::error::{FlashAttnError, Result};
 use crate::params::{ForwardParams, Resolved};
 use crate::tensor::TensorLayout;
+use crate::types::Dims;
 use crate::varlen::check_gqa;
 
 pub use varlen::validate_varlen;

@@ -2,7 +2,7 @@
 //! of the prefix-sum arrays and the maxima (the prefix sums themselves are
 //! on the device; the kernels clamp them).
 
-use crate::dispatch::Dims;
+use crate::types::Dims;
 use crate::error::{FlashAttnError, Result};
 use crate::params::ForwardParams;
 use crate::tensor::{TensorLayout, Varlen};

@@ -24,13 +24,14 @@ use std::sync::Arc;
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut};
 use flash_attn_common::AttnParams;
 
-use super::{BlockTable, CallerOut, DecodeOptions, NewRows, OwnOut, allocated, check_cache, check_new, check_new_pair, check_q_o_alignment, invalid};
-use crate::api::{AttnElem, Extras, ForwardOutput, RowStats, Tensor, TensorLayout, TensorMut};
-use crate::decode_kernels::DecKernel;
+use super::args::{BlockTable, CallerOut, DecodeOptions, NewRows, OwnOut, allocated};
+use super::launch::Quant;
+use super::validate::{check_cache, check_new, check_new_pair, check_q_o_alignment, invalid};
 use crate::device::FlashAttention;
-use crate::dispatch::DType;
 use crate::error::{FlashAttnError, Result};
 use crate::params::ForwardParams;
+use crate::tensor::{AttnElem, Extras, ForwardOutput, RowStats, Tensor, TensorLayout, TensorMut};
+use crate::types::DType;
 
 /// An FP8 (e4m3) KV cache of a decode call: as [`super::KvCache`], with the
 /// cache tensors holding one-byte e4m3 codes (`u8`: the bit patterns of
@@ -52,44 +53,6 @@ pub struct KvCacheFp8<'a, T> {
     /// 16-bit type, quantized into the cache first.
     pub k_new: Option<Tensor<'a, dyn DevicePtr<T> + 'a>>,
     pub v_new: Option<Tensor<'a, dyn DevicePtr<T> + 'a>>,
-}
-
-/// The scale arrays of an FP8 call, as the kernels take them
-/// (`AttnParams::k_descale_ptr`, …).
-#[derive(Clone, Copy)]
-pub(super) struct Quant {
-    k: u64,
-    v: u64,
-    head_stride: u32,
-}
-
-impl Quant {
-    /// Default parameters with these scales.
-    pub(super) fn params(self) -> AttnParams {
-        AttnParams { k_descale_ptr: self.k, v_descale_ptr: self.v, descale_head_stride: self.head_stride, ..AttnParams::default() }
-    }
-}
-
-/// The FP8-cache kernel of a call (`rq` rows per (sequence, head) as
-/// launched; `forced`: `DecodeOptions::kernel`, which may name one of
-/// [`crate::decode_kernels::DEC_F8_KERNELS`] of the call's dtype and head dim).
-pub(super) fn kernel_for(dtype: DType, d: usize, rq: usize, forced: Option<&str>, max_smem: usize) -> Result<&'static DecKernel> {
-    if rq > DecKernel::BR {
-        return Err(FlashAttnError::Unsupported {
-            argument: "q",
-            dtype: dtype.name(),
-            what: "an FP8 KV cache with more than 16 query rows per (sequence, head) as launched (the FP8 cache is read by the flash-decoding kernels only)",
-        });
-    }
-    if let Some(name) = forced {
-        return DecKernel::fp8_fitting(dtype == DType::BF16, d, Some(name), max_smem)
-            .ok_or_else(|| invalid("opts.kernel", name.to_string(), "an FP8 cache runs an FP8 flash-decoding kernel (DEC_F8_KERNELS) of its dtype and head dim that fits the device"));
-    }
-    DecKernel::fp8_fitting(dtype == DType::BF16, d, None, max_smem).ok_or(FlashAttnError::Unsupported {
-        argument: "k_cache",
-        dtype: dtype.name(),
-        what: "an FP8 KV cache on this device (no FP8 flash-decoding kernel of this head dim fits its shared memory)",
-    })
 }
 
 /// FP8 caches move in 16-byte chunks of 16 codes: head dims and strides in
@@ -302,19 +265,5 @@ mod tests {
         assert!(check_layout_fp8("k_cache", &padded).is_ok());
         let bad = TensorLayout { shape: [2, 64, 8, 128], strides: [64 * 8 * 136, 8 * 136, 136] };
         assert!(check_layout_fp8("k_cache", &bad).is_err());
-    }
-
-    #[test]
-    fn fp8_kernels_cover_every_16_multiple_head_dim_and_fit_hopper() {
-        for d in [32, 64, 96, 128, 160, 192, 224, 256] {
-            for bf16 in [false, true] {
-                let dt = if bf16 { DType::BF16 } else { DType::F16 };
-                let k = kernel_for(dt, d, 1, None, 227 * 1024).unwrap();
-                assert!(k.fp8 && k.d == d && k.bf16 == bf16);
-                assert!(kernel_for(dt, d, 1, Some(k.name), 227 * 1024).is_ok());
-                assert!(kernel_for(dt, d, 1, Some("flash_fwd_tc_dec_bf16_d128_w8_bc128_s3"), 227 * 1024).is_err());
-            }
-        }
-        assert!(kernel_for(DType::BF16, 128, 17, None, 227 * 1024).is_err());
     }
 }
