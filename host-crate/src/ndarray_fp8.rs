@@ -12,7 +12,7 @@
 use ndarray::{Array3, Array4, ArrayView4};
 
 use crate::device::FlashAttention;
-use crate::dispatch::DType;
+use crate::types::DType;
 use crate::error::Result;
 use crate::ndarray_api::{Backend, default_backend, host_vec};
 use crate::params::ForwardParams;

@@ -26,7 +26,7 @@ use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut};
 use flash_attn_common::AttnParams;
 
 use crate::device::FlashAttention;
-use crate::dispatch::{DType, Dims};
+use crate::types::{DType, Dims};
 use crate::error::{FlashAttnError, Result};
 use crate::hopper::fp8::{self, HopperFp8Kernel};
 use crate::params::ForwardParams;
