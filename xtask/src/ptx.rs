@@ -480,16 +480,23 @@ ptxas info    : Used 255 registers, used 1 barriers, 8192 bytes smem
         let bwd = "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {..}, d, e, p, 1, 1, 1, 1; cp.async.cg.shared.global a; cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [b], [c], 256; cp.async.bulk.wait_group.read 0;";
         let e = |name: &str, body: &str| (name.to_string(), body.to_string());
         let b = e("flash_bwd_hopper_bf16_d128", bwd);
-        assert!(missing_instructions(&[e("flash_fwd_hopper_f16_d128_bc128", full), b.clone()], REQUIRED_SM90A).is_empty());
+        // The FP8 forward: the forward's instructions and its own.
+        let full8 = format!("{full} wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 a; cvt.rn.satfinite.e4m3x2.f32 b; prmt.b32 c;");
+        let f8 = e("flash_fwd_hopper_e4m3_bf16_d128", &full8);
+        assert!(missing_instructions(&[e("flash_fwd_hopper_f16_d128_bc128", full), b.clone(), f8.clone()], REQUIRED_SM90A).is_empty());
         let no_setmaxnreg = full.replace("setmaxnreg.inc", "nop");
-        let p = missing_instructions(&[e("flash_fwd_hopper_f16_d128_bc128", &no_setmaxnreg), b.clone()], REQUIRED_SM90A);
+        let p = missing_instructions(&[e("flash_fwd_hopper_f16_d128_bc128", &no_setmaxnreg), b.clone(), f8.clone()], REQUIRED_SM90A);
         assert_eq!(p.len(), 1, "{p:?}");
         assert!(p[0].contains("setmaxnreg.inc"));
         let no_reduce = bwd.replace("cp.reduce", "red");
-        let p = missing_instructions(&[e("flash_fwd_hopper_f16_d128_bc128", full), e("flash_bwd_hopper_f16_d64", &no_reduce)], REQUIRED_SM90A);
+        let p = missing_instructions(&[e("flash_fwd_hopper_f16_d128_bc128", full), e("flash_bwd_hopper_f16_d64", &no_reduce), f8.clone()], REQUIRED_SM90A);
         assert_eq!(p.len(), 1, "{p:?}");
         assert!(p[0].contains("cp.reduce.async.bulk"));
-        assert_eq!(missing_instructions(&[e("flash_fwd_tc_fa2_f16_d64", "x")], REQUIRED_SM90A).len(), 2);
+        let no_pack = full8.replace("cvt.rn.satfinite.e4m3x2", "cvt.rn.f16x2");
+        let p = missing_instructions(&[e("flash_fwd_hopper_f16_d128_bc128", full), b.clone(), e("flash_fwd_hopper_e4m3_f16_d64", &no_pack)], REQUIRED_SM90A);
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert!(p[0].contains("e4m3x2"));
+        assert_eq!(missing_instructions(&[e("flash_fwd_tc_fa2_f16_d64", "x")], REQUIRED_SM90A).len(), 3);
     }
 
     #[test]
