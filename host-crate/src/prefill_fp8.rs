@@ -32,6 +32,7 @@ use crate::hopper::fp8::{self, HopperFp8Kernel};
 use crate::params::ForwardParams;
 use crate::tensor::{AttnElem, ForwardOutput, RowStats, Tensor, TensorLayout, TensorMut, Varlen};
 use crate::validate::{Problem, check_stats, validate, validate_varlen};
+use crate::varlen_api::VarlenLaunch;
 
 /// The dequantization scales of an FP8 call (`x = scale · e4m3(x₈)`), f32 on
 /// the device: each `None` (scale 1), one value for the tensor, or
@@ -202,9 +203,7 @@ impl FlashAttention {
         )?;
         check_stats("lse", lse.len(), problem.dims.nheads * q.layout.seqlen())?;
         let launch = self.varlen_launch(stream, varlen, q.layout.seqlen(), k.layout.seqlen())?;
-        let mut fill = AttnParams::default();
-        launch.fill(&mut fill);
-        self.fp8_launch(stream, &problem, (q, k, v), descales, o, lse, params, Some(fill))
+        self.fp8_launch(stream, &problem, (q, k, v), descales, o, lse, params, Some(&launch))
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -217,7 +216,7 @@ impl FlashAttention {
         o: TensorMut<'_, O>,
         lse: &mut dyn DevicePtrMut<f32>,
         params: &ForwardParams,
-        varlen: Option<AttnParams>,
+        varlen: Option<&VarlenLaunch<'_>>,
     ) -> Result<()>
     where
         T: AttnElem,
@@ -276,15 +275,8 @@ impl FlashAttention {
             descale_head_stride: head_stride,
             ..problem.opts.kernel_params()
         };
-        if let Some(f) = varlen {
-            p.cu_seqlens_q_ptr = f.cu_seqlens_q_ptr;
-            p.cu_seqlens_k_ptr = f.cu_seqlens_k_ptr;
-            p.seqused_k_ptr = f.seqused_k_ptr;
-            p.total_q = f.total_q;
-            p.total_k = f.total_k;
-            for s in [&mut p.q_stride, &mut p.k_stride, &mut p.v_stride, &mut p.o_stride] {
-                s[0] = 0;
-            }
+        if let Some(launch) = varlen {
+            launch.fill(&mut p);
         }
         // SAFETY: validated above: layouts within the buffers (validate),
         // e4m3 strides multiples of 16 bytes and o's of 8 elements, 16-byte
