@@ -86,11 +86,39 @@ pub const fn dec_smem_bytes(d: usize, nw: usize, bc: usize, stages: usize) -> us
     tile_bytes(DEC_BR, d) + if kv > m { kv } else { m }
 }
 
-/// Flash-decoding over an FP8 cache: the Q tile, one 16-bit K and V tile
-/// (the converted block), then `stages` stages of K and V codes (`bc·d`
-/// bytes each); the merge reuses the space after the Q tile.
+/// Flash-decoding over an FP8 cache: bytes of one stage row of `d` e4m3
+/// codes — `d` where the chunks are swizzled (`d / 16` a power of two:
+/// d = 32, 64, 128, 256), else `d + 16` (an odd number of 16-byte chunks:
+/// the 8 rows of an `ldmatrix` matrix start in 8 bank groups).
+pub const fn dec_f8_row_bytes(d: usize) -> usize {
+    if (d / 16).is_power_of_two() { d } else { d + 16 }
+}
+
+/// Flash-decoding over an FP8 cache: byte offset of 16-byte chunk `chunk`
+/// (codes `16·chunk..16·chunk + 16`) of row `row` in a K/V stage of codes.
+/// Swizzled rows permute their chunks by the row so that any 8 consecutive
+/// rows from a multiple of 8 put one chunk in 8 different 16-byte bank
+/// groups (the kernels read the codes with `ldmatrix`): with `cpr = d / 16`
+/// chunks per row, `cpr` ≥ 8 XORs the chunk with `row % 8`, `cpr` = 4 with
+/// `(row / 2) % 4` (two rows per 128 bytes), `cpr` = 2 with `(row / 4) % 2`.
+pub const fn dec_f8_offset(d: usize, row: u32, chunk: u32) -> u32 {
+    let cpr = (d / 16) as u32;
+    let c = if !cpr.is_power_of_two() || cpr == 1 {
+        chunk
+    } else if cpr >= 8 {
+        chunk ^ (row % 8)
+    } else {
+        chunk ^ ((row / (8 / cpr)) % cpr)
+    };
+    row * dec_f8_row_bytes(d) as u32 + 16 * c
+}
+
+/// Flash-decoding over an FP8 cache: the Q tile, then `stages` stages of K
+/// and V codes (`bc` rows of [`dec_f8_row_bytes`] each; the kernel reads its
+/// tensor-core fragments straight from them); the merge reuses the space
+/// after the Q tile.
 pub const fn dec_f8_smem_bytes(d: usize, nw: usize, bc: usize, stages: usize) -> usize {
-    let kv = 2 * dec_kv_tile_bytes(bc, d) + 2 * stages * bc * d;
+    let kv = 2 * stages * bc * dec_f8_row_bytes(d);
     let m = dec_merge_bytes(d, nw);
     tile_bytes(DEC_BR, d) + if kv > m { kv } else { m }
 }
@@ -150,6 +178,34 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// FP8 stages: chunk offsets are a permutation of each row's chunks,
+    /// and the 8 rows of an `ldmatrix` matrix (from a multiple of 8, one
+    /// chunk) start in 8 different bank groups.
+    #[test]
+    fn dec_f8_stage_rows_are_permuted_and_conflict_free() {
+        for d in DEC_DIMS {
+            let rb = dec_f8_row_bytes(d) as u32;
+            assert!(rb >= d as u32 && rb % 16 == 0);
+            for r in 0..64u32 {
+                let mut cs: Vec<u32> = (0..d as u32 / 16).map(|c| dec_f8_offset(d, r, c)).collect();
+                assert!(cs.iter().all(|&o| o / rb == r && o % 16 == 0 && o % rb + 16 <= d as u32), "d {d}: row {r} stays in its row's codes");
+                cs.sort_unstable();
+                cs.dedup();
+                assert_eq!(cs.len(), d / 16, "d {d}: row {r}: two chunks at one offset");
+            }
+            for r0 in (0..64u32).step_by(8) {
+                for c in 0..d as u32 / 16 {
+                    let mut groups: Vec<u32> = (0..8).map(|i| dec_f8_offset(d, r0 + i, c) % 128 / 16).collect();
+                    groups.sort_unstable();
+                    groups.dedup();
+                    assert_eq!(groups.len(), 8, "d {d}: rows {r0}.. chunk {c}");
+                }
+            }
+        }
+        assert_eq!(dec_f8_row_bytes(128), 128);
+        assert_eq!(dec_f8_row_bytes(96), 112);
     }
 
     /// Swizzled tiles: a row's chunks fill whole 128-byte groups (the

@@ -44,3 +44,29 @@ pub unsafe fn ldmatrix_x4_trans(addr: u32) -> [u32; 4] {
     };
     [a, b, c, d]
 }
+
+/// `ldmatrix.sync.aligned.m8n8.x2.shared.b16 {r0,r1}, [addr];` — two
+/// matrices, their row addresses from lanes 0–15 (the other lanes' are
+/// ignored but must be valid shared addresses).
+///
+/// # Safety
+/// As [`ldmatrix_x4`].
+#[inline(always)]
+pub unsafe fn ldmatrix_x2(addr: u32) -> [u32; 2] {
+    let (a, b): (u32, u32);
+    // SAFETY: forwarded to the caller.
+    unsafe { core::arch::asm!("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {{{a}, {b}}}, [{p}];", a = out(reg32) a, b = out(reg32) b, p = in(reg32) addr, options(nostack, readonly)) };
+    [a, b]
+}
+
+/// `ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {r0,r1}, [addr];`
+///
+/// # Safety
+/// As [`ldmatrix_x2`].
+#[inline(always)]
+pub unsafe fn ldmatrix_x2_trans(addr: u32) -> [u32; 2] {
+    let (a, b): (u32, u32);
+    // SAFETY: forwarded to the caller.
+    unsafe { core::arch::asm!("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {{{a}, {b}}}, [{p}];", a = out(reg32) a, b = out(reg32) b, p = in(reg32) addr, options(nostack, readonly)) };
+    [a, b]
+}

@@ -88,6 +88,20 @@ pub unsafe fn ld_volatile_shared_u64(addr: u32) -> u64 {
     v
 }
 
+/// `ld.shared.v2.u32`: 8 bytes from a 32-bit shared-window address.
+///
+/// # Safety
+/// `addr` 8-byte aligned inside the block's shared memory; what it reads
+/// was written before a barrier this thread passed (or by this thread's own
+/// completed copies).
+#[inline(always)]
+pub unsafe fn ld_shared_v2(addr: u32) -> [u32; 2] {
+    let (a, b): (u32, u32);
+    // SAFETY: caller.
+    unsafe { core::arch::asm!("ld.shared.v2.u32 {{{a}, {b}}}, [{p}];", a = out(reg32) a, b = out(reg32) b, p = in(reg32) addr, options(nostack, readonly)) };
+    [a, b]
+}
+
 /// `ld.shared.v4.u32`: 16 bytes from a 32-bit shared-window address.
 ///
 /// # Safety

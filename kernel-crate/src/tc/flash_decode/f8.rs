@@ -5,14 +5,27 @@
 //! with the cache read as one-byte codes:
 //!
 //! 1. `S` stages of codes stream in by `cp.async` ([`KvCopy::issue_f8`]:
-//!    `Bc·D` bytes per tensor and block, half a 16-bit block's), the static
-//!    split schedule only (no tickets), new keys appended before the launch;
-//! 2. after the block's barrier each warp converts **its own** `Bcw` rows
-//!    of the staged codes into its rows of one 16-bit K/V tile
-//!    ([`convert_f8`]: `cvt.rn.f16x2.e4m3x2`, exact) and reads them with
-//!    the 16-bit kernel's fragments after a warp barrier — no block barrier
-//!    between conversion and use, so one warp converts while another
-//!    multiplies;
+//!    `Bc·D` bytes per tensor and block, half a 16-bit block's, in rows
+//!    whose 16-byte chunks are swizzled or padded so that `ldmatrix` reads
+//!    them without bank conflicts: `flash_attn_common::tc::dec_f8_offset`),
+//!    the static split schedule only (no tickets), new keys appended before
+//!    the launch;
+//! 2. after the block's barrier each warp reads the tensor-core fragments of
+//!    its `Bcw` keys **straight from the codes** and converts them in
+//!    registers (`cvt.rn.f16x2.e4m3x2`, exact; bf16 through an exact bit
+//!    move): no 16-bit tile, no second pass through shared memory.
+//!    - K ([`qk_f8`]): `ldmatrix` on the codes gives lane `(g, t)` four
+//!      consecutive codes `4t..4t+3` of key `g` in each 16-code chunk; they
+//!      serve as the B fragment's `k` = `2t, 2t+1, 2t+8, 2t+9`, so the head
+//!      dim is permuted within each chunk — Q's A fragments are read in the
+//!      same order (two 8-byte loads per chunk, [`q_frag_f8`]).
+//!    - V ([`pv_f8`]): `ldmatrix.trans` on 8×8 matrices of code *pairs*
+//!      gives lane `(g, t)` codes `2g, 2g+1` of keys `2t, 2t+1`; two `prmt`s
+//!      over the matrices of keys 0–7 and 8–15 make the B fragments of
+//!      head-dim column `2g` (even n-tile) and `2g + 1` (odd n-tile), keys
+//!      in the order P's accumulator layout has them. The output columns
+//!      are thus interleaved per 16-dim chunk; the merge stores them back in
+//!      order.
 //! 3. `k_scale` multiplies the softmax scale (and the softcap's argument),
 //!    `v_scale` the normalized output (`AttnParams::k_descale_ptr`, …).
 //!
@@ -21,35 +34,38 @@
 //! 16-bit kernels differently (LLVM's inlining inside the larger generic
 //! body) and ran them 30–45% slower on the H200 (bf16, d 128, 131k keys;
 //! docs/perf-notes.md, FP8 KV cache). The epilogue below is therefore the
-//! 16-bit kernel's, written out once more.
+//! 16-bit kernel's, written out once more (with the interleaved columns).
 
-use super::super::fa2::{BlockPos, Mods, key_blocks, mask, pv, qk, quad_sum, scale_sign, seq_of, softmax_step, split_of};
-use super::super::tile::{FragTile, KvTile, SmemTile, dec_kv_tile_bytes, tile_bytes};
-use super::super::{Elem16, pack};
+use super::super::fa2::{BlockPos, Mods, key_blocks, mask, quad_sum, scale_sign, seq_of, sign, softmax_step, split_of};
+use super::super::tile::{SmemTile, tile_bytes};
+use super::super::{Elem16, mma, pack};
 use super::{BR, KvCopy, Timeline, last_split, merge_stride};
 use crate::arch::cp_async::{cp_async_cg_16_pf, cp_async_commit, cp_async_wait};
-use crate::arch::cvt::{e4m3x2_to_f16x2, f16x2_from_e4m3_to_bf16x2};
-use crate::arch::smem::{dynamic_smem, ld_shared_v4, smem_addr, st_shared_v4};
+use crate::arch::cvt::{e4m3x2_to_f16x2, f16x2_from_e4m3_to_bf16x2, prmt};
+use crate::arch::ldmatrix::{ldmatrix_x2, ldmatrix_x2_trans, ldmatrix_x4, ldmatrix_x4_trans};
 use crate::arch::opaque as arch_opaque;
+use crate::arch::smem::{dynamic_smem, ld_shared_v2, smem_addr};
 use crate::arch::sreg;
-use crate::arch::sync::{sync_threads, sync_warp};
+use crate::arch::sync::sync_threads;
+use flash_attn_common::tc::{dec_f8_offset, dec_f8_row_bytes};
 use flash_attn_common::{AttnParams, INTERLEAVE_PAGED, Real, RowState};
 
 impl KvCopy {
     /// FP8 caches: issues this thread's copies of block `j`
     /// (`Bc` keys of `D` one-byte codes, `cpr = D/16` 16-byte chunks per
-    /// row) into the staging tiles at shared addresses `sk`, `sv`, linear:
-    /// chunk `i = row·cpr + c` at byte `16·i`. Chunk `i` goes to thread
+    /// row) into the stages at shared addresses `sk`, `sv` (chunk `c` of row
+    /// `r` at `dec_f8_offset(D, r, c)`). Chunk `i = r·cpr + c` goes to thread
     /// `i % nt` (as [`KvCopy::issue_full`] orders them: coalesced). Rows at
     /// or past `nk` and columns at or past `d` (a multiple of 16: host) are
     /// zero-filled; a zero code is +0.
     ///
     /// # Safety
     /// As [`KvCopy::issue`] with byte pointers and strides (one byte per
-    /// element); the staging tiles hold `Bc·D` bytes each.
+    /// element); the stages hold `Bc` rows of `dec_f8_row_bytes(D)` each.
     #[inline(always)]
     unsafe fn issue_f8<const D: usize, const BC: usize, const NW: usize, const PF: u32>(&self, p: &AttnParams, sk: u32, sv: u32, j: usize, nk: usize, d: usize) {
         let cpr = D / 16;
+        let at = |r: usize, c: usize| dec_f8_offset(D, r as u32, c as u32);
         let j0 = j * BC;
         let (k8, v8) = (self.k as *const u8, self.v as *const u8);
         let one_page = self.one_page::<BC>(p, j0);
@@ -74,7 +90,7 @@ impl KvCopy {
             let mut ks = kb.wrapping_add(r0 * self.k_rs as usize + c16);
             let mut vs = vb.wrapping_add(r0 * self.v_rs as usize + c16);
             for k in 0..BC * cpr / (32 * NW) {
-                let at = (16 * (self.tid + k * self.nt)) as u32;
+                let at = at(r0 + k * rstep, c);
                 // SAFETY: rows of the block exist (j0 + Bc ≤ nk), columns
                 // < d or a zero-size copy.
                 unsafe {
@@ -111,7 +127,7 @@ impl KvCopy {
                 let pr = p.page_row((j0 + r0 + k * rstep) as u32) as u64;
                 let ks = k8.wrapping_add((pages[k] as u64 * self.k_ps + pr * self.k_rs) as usize + c16);
                 let vs = v8.wrapping_add((pages[k] as u64 * self.v_ps + pr * self.v_rs) as usize + c16);
-                let at = (16 * (self.tid + k * self.nt)) as u32;
+                let at = at(r0 + k * rstep, c);
                 // SAFETY: rows of the block inside their pages; a size of 0 reads nothing.
                 unsafe {
                     cp_async_cg_16_pf::<PF>(sk + at, ks, n);
@@ -139,8 +155,8 @@ impl KvCopy {
             // SAFETY: rows < nk lie in the sequence's (clamped) cache rows,
             // columns < d in the row; a size of 0 reads nothing.
             unsafe {
-                cp_async_cg_16_pf::<PF>(sk + (16 * i) as u32, ks, n);
-                cp_async_cg_16_pf::<PF>(sv + (16 * i) as u32, vs, n);
+                cp_async_cg_16_pf::<PF>(sk + at(r, c), ks, n);
+                cp_async_cg_16_pf::<PF>(sv + at(r, c), vs, n);
             }
             i += self.nt;
         }
@@ -148,42 +164,166 @@ impl KvCopy {
 
 }
 
-/// Converts this warp's `BCW` rows (`row0..row0 + BCW`) of a staged block
-/// (`D` e4m3 codes per row at shared address `src`, linear as
-/// [`KvCopy::issue_f8`] lays them out) into the 16-bit stage tile `dst` the
-/// warp's tensor-core fragments read, exactly (the scales are applied to
-/// the scores and to O, not here). The warp alone reads these rows of
-/// `dst`. A lane stores the two 16-byte halves of its chunk in the order
-/// `(c / 4) % 2` picks, so that the 8 lanes of a store phase hit 8 distinct
-/// bank groups of the swizzled rows.
+/// A K or V stage of e4m3 codes: `Bc` rows of `D` codes, chunk `c` of row
+/// `r` at `dec_f8_offset(D, r, c)` (the 8 rows of an `ldmatrix` matrix in 8
+/// bank groups).
+#[derive(Clone, Copy)]
+struct F8Stage<const D: usize> {
+    base: u32,
+}
+
+impl<const D: usize> F8Stage<D> {
+    #[inline(always)]
+    fn addr(&self, row: usize, chunk: usize) -> u32 {
+        self.base + dec_f8_offset(D, row as u32, chunk as u32)
+    }
+
+    /// K's codes for `S = Q·Kᵀ` through `ldmatrix` (8×8 matrices of code
+    /// pairs: lane `(g, t)` gets codes `4t..4t+3` of row `g`): keys
+    /// `n0..n0+8` and `n0+8..n0+16` × chunks `c0`, `c0 + 1`, returned as
+    /// `[(n0, c0), (n0, c0+1), (n0+8, c0), (n0+8, c0+1)]`.
+    ///
+    /// # Safety
+    /// All 32 lanes call it; the stage landed and a barrier passed.
+    #[inline(always)]
+    unsafe fn k_codes_x4(&self, n0: usize, c0: usize, lane: usize) -> [u32; 4] {
+        let m = lane >> 3;
+        // SAFETY: forwarded.
+        unsafe { ldmatrix_x4(self.addr(n0 + (m >> 1) * 8 + (lane & 7), c0 + (m & 1))) }
+    }
+
+    /// [`F8Stage::k_codes_x4`] for one chunk: `[(n0, c), (n0+8, c)]` (two
+    /// registers in flight instead of four: d = 256's accumulators leave no
+    /// more room).
+    ///
+    /// # Safety
+    /// As [`F8Stage::k_codes_x4`].
+    #[inline(always)]
+    unsafe fn k_codes_x2(&self, n0: usize, c: usize, lane: usize) -> [u32; 2] {
+        // SAFETY: forwarded (lanes 16–31 repeat lanes 0–15's addresses).
+        unsafe { ldmatrix_x2(self.addr(n0 + ((lane >> 3) & 1) * 8 + (lane & 7), c)) }
+    }
+
+    /// [`F8Stage::v_codes_trans_x4`] for one chunk: `[(k0, c), (k0+8, c)]`.
+    ///
+    /// # Safety
+    /// As [`F8Stage::k_codes_x4`].
+    #[inline(always)]
+    unsafe fn v_codes_trans_x2(&self, k0: usize, c: usize, lane: usize) -> [u32; 2] {
+        // SAFETY: forwarded.
+        unsafe { ldmatrix_x2_trans(self.addr(k0 + ((lane >> 3) & 1) * 8 + (lane & 7), c)) }
+    }
+
+    /// V's codes for `O = P·V` through `ldmatrix.trans`: keys `k0..k0+8`
+    /// and `k0+8..k0+16` × chunks `c0`, `c0 + 1`, returned as
+    /// `[(k0, c0), (k0+8, c0), (k0, c0+1), (k0+8, c0+1)]`; lane `(g, t)`
+    /// gets, of each, the bytes `[V[2t][2g], V[2t][2g+1], V[2t+1][2g],
+    /// V[2t+1][2g+1]]` (keys and codes relative to the matrix).
+    ///
+    /// # Safety
+    /// As [`F8Stage::k_codes_x4`].
+    #[inline(always)]
+    unsafe fn v_codes_trans_x4(&self, k0: usize, c0: usize, lane: usize) -> [u32; 4] {
+        let m = lane >> 3;
+        // SAFETY: forwarded.
+        unsafe { ldmatrix_x4_trans(self.addr(k0 + (m & 1) * 8 + (lane & 7), c0 + (m >> 1))) }
+    }
+}
+
+/// Four e4m3 codes (byte `i` = code `i`) as a B fragment `[b0, b1]` of
+/// `T`: codes 0, 1 → `b0`, codes 2, 3 → `b1`, exactly.
+#[inline(always)]
+fn codes_to_b<T: Elem16>(x: u32) -> [u32; 2] {
+    let (lo, hi) = (e4m3x2_to_f16x2(x as u16), e4m3x2_to_f16x2((x >> 16) as u16));
+    if T::IS_BF16 { [f16x2_from_e4m3_to_bf16x2(lo), f16x2_from_e4m3_to_bf16x2(hi)] } else { [lo, hi] }
+}
+
+/// Q's A fragment of head-dim chunk `kk` in the order K's codes give the
+/// products' `k` ([`F8Stage::k_codes_x4`]): dims `16kk + 4t, +1` are
+/// `k = 2t, 2t+1` and dims `16kk + 4t + 2, +3` are `k = 2t+8, 2t+9` — one
+/// 8-byte load per row (`g`, `g + 8`).
 ///
 /// # Safety
-/// The staged block landed and a barrier passed; this warp is done with
-/// the previous block's rows of `dst`.
+/// All lanes call it; Q landed and a barrier passed.
 #[inline(always)]
-unsafe fn convert_f8<T: Elem16, const D: usize, const BCW: usize>(src: u32, dst: KvTile<D>, row0: usize, lane: usize) {
-    let cpr = D / 16;
-    const { assert!((BCW * (D / 16)) % 32 == 0) };
-    let half = |w: u32, hi: bool| {
-        let x = e4m3x2_to_f16x2(if hi { (w >> 16) as u16 } else { w as u16 });
-        if T::IS_BF16 { f16x2_from_e4m3_to_bf16x2(x) } else { x }
-    };
-    // d = 256 keeps the loop rolled (a trip count LLVM cannot see): its O
-    // accumulators leave no room for the unrolled loop's loads in flight
-    // (255 registers and a 16-byte spill when unrolled).
-    let iters = if D >= 256 { crate::arch::opaque::u32((BCW * cpr / 32) as u32) as usize } else { BCW * cpr / 32 };
-    for k in 0..iters {
-        let i = row0 * cpr + lane + 32 * k;
-        let (r, c) = (i / cpr, i % cpr);
-        // SAFETY: chunk i of the warp's rows of the staged block (caller: landed).
-        let x = unsafe { ld_shared_v4(src + (16 * i) as u32) };
-        let lo = [half(x[0], false), half(x[0], true), half(x[1], false), half(x[1], true)];
-        let hi = [half(x[2], false), half(x[2], true), half(x[3], false), half(x[3], true)];
-        let (first, second) = if (c / 4) % 2 == 0 { ((0, lo), (8, hi)) } else { ((8, hi), (0, lo)) };
-        // SAFETY: row r < Bc, columns 16c..16c + 16 ≤ D of the tile (caller).
-        unsafe {
-            st_shared_v4(dst.addr(r, 16 * c + first.0), first.1);
-            st_shared_v4(dst.addr(r, 16 * c + second.0), second.1);
+unsafe fn q_frag_f8<const D: usize>(s_q: SmemTile<D>, kk: usize, lane: usize) -> [u32; 4] {
+    let (g, t) = (lane / 4, lane % 4);
+    // SAFETY: rows g, g + 8 < 16 and columns 16kk + 4t + 3 < D of the tile; 8-byte aligned.
+    let (lo, hi) = unsafe { (ld_shared_v2(s_q.addr(g, 16 * kk + 4 * t)), ld_shared_v2(s_q.addr(g + 8, 16 * kk + 4 * t))) };
+    [lo[0], hi[0], lo[1], hi[1]]
+}
+
+/// `S = Q·K_jᵀ` for this warp's keys `row0..row0 + 8·BCWN` of the stage:
+/// `r_s[n]` is the 16×8 accumulator of keys `row0 + 8n..`, in key order.
+///
+/// # Safety
+/// All lanes call it; Q and the stage landed and a barrier passed.
+#[inline(always)]
+unsafe fn qk_f8<T: Elem16, const D: usize, const DK: usize, const BCWN: usize>(s_q: SmemTile<D>, q_sign: u32, sk: F8Stage<D>, row0: usize, lane: usize) -> [[f32; 4]; BCWN] {
+    const { assert!(DK % 2 == 0 && BCWN % 2 == 0) };
+    let mut r_s = [[0f32; 4]; BCWN];
+    if D >= 256 {
+        // One chunk at a time (registers: see `k_codes_x2`).
+        for kk in 0..DK {
+            // SAFETY: forwarded.
+            let a = sign(unsafe { q_frag_f8(s_q, kk, lane) }, q_sign);
+            for np in 0..BCWN / 2 {
+                // SAFETY: forwarded.
+                let x = unsafe { sk.k_codes_x2(row0 + 16 * np, kk, lane) };
+                mma::<T>(&mut r_s[2 * np], &a, &codes_to_b::<T>(x[0]));
+                mma::<T>(&mut r_s[2 * np + 1], &a, &codes_to_b::<T>(x[1]));
+            }
+        }
+        return r_s;
+    }
+    for kp in 0..DK / 2 {
+        // SAFETY: forwarded.
+        let a = unsafe { [sign(q_frag_f8(s_q, 2 * kp, lane), q_sign), sign(q_frag_f8(s_q, 2 * kp + 1, lane), q_sign)] };
+        for np in 0..BCWN / 2 {
+            // SAFETY: forwarded.
+            let x = unsafe { sk.k_codes_x4(row0 + 16 * np, 2 * kp, lane) };
+            mma::<T>(&mut r_s[2 * np], &a[0], &codes_to_b::<T>(x[0]));
+            mma::<T>(&mut r_s[2 * np], &a[1], &codes_to_b::<T>(x[1]));
+            mma::<T>(&mut r_s[2 * np + 1], &a[0], &codes_to_b::<T>(x[2]));
+            mma::<T>(&mut r_s[2 * np + 1], &a[1], &codes_to_b::<T>(x[3]));
+        }
+    }
+    r_s
+}
+
+/// `acc += P·V_j` for this warp's keys `row0..row0 + 16·BCWK` of the stage,
+/// P from the S accumulators (key order). The output columns come
+/// interleaved: `acc[2c]` holds head dims `16c + 2j` (column `j` of the
+/// n-tile), `acc[2c + 1]` dims `16c + 2j + 1`.
+///
+/// # Safety
+/// As [`qk_f8`].
+#[inline(always)]
+unsafe fn pv_f8<T: Elem16, const D: usize, const DN: usize, const BCWN: usize, const BCWK: usize>(acc: &mut [[f32; 4]; DN], r_s: &[[f32; 4]; BCWN], sv: F8Stage<D>, row0: usize, lane: usize) {
+    const { assert!(DN % 4 == 0 && 2 * BCWK == BCWN) };
+    for kk in 0..BCWK {
+        let (s0, s1) = (&r_s[2 * kk], &r_s[2 * kk + 1]);
+        let a = [pack::<T>(s0[0], s0[1]), pack::<T>(s0[2], s0[3]), pack::<T>(s1[0], s1[1]), pack::<T>(s1[2], s1[3])];
+        if D >= 256 {
+            for c in 0..DN / 2 {
+                // SAFETY: forwarded.
+                let [k_lo, k_hi] = unsafe { sv.v_codes_trans_x2(row0 + 16 * kk, c, lane) };
+                mma::<T>(&mut acc[2 * c], &a, &codes_to_b::<T>(prmt(k_lo, k_hi, 0x6420)));
+                mma::<T>(&mut acc[2 * c + 1], &a, &codes_to_b::<T>(prmt(k_lo, k_hi, 0x7531)));
+            }
+            continue;
+        }
+        for cp in 0..DN / 4 {
+            // SAFETY: forwarded.
+            let x = unsafe { sv.v_codes_trans_x4(row0 + 16 * kk, 2 * cp, lane) };
+            for h in 0..2 {
+                // Keys 2t, 2t+1 (matrix of keys 0–7) then 2t+8, 2t+9 (keys
+                // 8–15): byte 0/2 of each for dim 2g, byte 1/3 for 2g + 1.
+                let (k_lo, k_hi) = (x[2 * h], x[2 * h + 1]);
+                let c = 2 * cp + h;
+                mma::<T>(&mut acc[2 * c], &a, &codes_to_b::<T>(prmt(k_lo, k_hi, 0x6420)));
+                mma::<T>(&mut acc[2 * c + 1], &a, &codes_to_b::<T>(prmt(k_lo, k_hi, 0x7531)));
+            }
         }
     }
 }
@@ -268,17 +408,13 @@ pub unsafe fn forward_f8<
         }
     };
 
-    // ---- shared memory: Q, one 16-bit K/V tile pair, S stages of codes ------
+    // ---- shared memory: Q, then S stages of K and V codes ------------------------
     let base = smem_addr(dynamic_smem::<u8>());
     let s_q = SmemTile::<D> { base };
     let kv_base = base + tile_bytes(BR, D) as u32;
-    let kv_bytes = dec_kv_tile_bytes(BC, D) as u32;
-    let s_k = KvTile::<D> { base: kv_base };
-    let s_v = KvTile::<D> { base: kv_base + kv_bytes };
-    let f8_bytes = (BC * D) as u32;
-    let f8_k = |s: usize| kv_base + 2 * kv_bytes + 2 * s as u32 * f8_bytes;
+    let f8_bytes = (BC * dec_f8_row_bytes(D)) as u32;
+    let f8_k = |s: usize| kv_base + 2 * s as u32 * f8_bytes;
     let f8_v = |s: usize| f8_k(s) + f8_bytes;
-    let w_off = (warp * BCW) as u32 * KvTile::<D>::RB;
     let issue = |j: usize, stage: usize| {
         // SAFETY: j < j_end: rows < nk exist.
         unsafe { rc.issue_f8::<D, BC, NW, PF>(p, f8_k(stage), f8_v(stage), j, nk, d) }
@@ -312,7 +448,6 @@ pub unsafe fn forward_f8<
     tl.stamp(1);
     let mut r_o = [[[0f32; 4]; DN]; 1];
     let mut st = [[RowState::<f32>::new(); 2]; 1];
-    let r_q = [[[0u32; 4]; DK]; 1];
     // The dequantization scales of this KV head: K's multiplies the scores
     // (softmax scale and softcap), V's the output.
     let i_scale = kvh as usize * p.descale_head_stride as usize;
@@ -347,19 +482,10 @@ pub unsafe fn forward_f8<
             issue(jn, (i + S - 1) % S);
         }
         cp_async_commit();
-        // This warp's rows of the codes into its rows of the 16-bit tiles
-        // (it finished the previous block's), visible to its lanes after a
-        // warp barrier.
-        // SAFETY: block j landed, a barrier passed.
-        unsafe {
-            convert_f8::<T, D, BCW>(f8_k(i % S), s_k, warp * BCW, lane);
-            convert_f8::<T, D, BCW>(f8_v(i % S), s_v, warp * BCW, lane);
-        }
-        sync_warp();
-        let sk = KvTile::<D> { base: s_k.base + w_off };
-        let sv = KvTile::<D> { base: s_v.base + w_off };
-        // SAFETY: the warp's rows converted above, Q landed (first barrier).
-        let mut r_s = unsafe { qk::<T, D, DK, BCWN, 1, false>(&r_q, s_q, 0, q_sign, sk, lane) };
+        // This warp's keys, read straight from the codes.
+        let (sk, sv) = (F8Stage::<D> { base: f8_k(i % S) }, F8Stage::<D> { base: f8_v(i % S) });
+        // SAFETY: block j landed, a barrier passed (Q's too).
+        let mut r_s = [unsafe { qk_f8::<T, D, DK, BCWN>(s_q, q_sign, sk, warp * BCW, lane) }];
         let k0 = j * BC + warp * BCW;
         if mods.active() {
             mods.apply(&mut r_s[0], k0, t, [row0 + win.shift, row0 + 8 + win.shift]);
@@ -371,7 +497,7 @@ pub unsafe fn forward_f8<
             softmax_step::<BCWN, DN, 1, false>(&mut r_s, &mut r_o, &mut st, soft_scale);
         }
         // SAFETY: as above.
-        unsafe { pv::<T, D, DN, BCWN, BCWK, 1>(&mut r_o, &r_s, sv, lane) };
+        unsafe { pv_f8::<T, D, DN, BCWN, BCWK>(&mut r_o[0], &r_s[0], sv, warp * BCW, lane) };
         i += 1;
     }
     cp_async_wait::<0>();
@@ -395,10 +521,13 @@ pub unsafe fn forward_f8<
             continue; // dead rows: nothing to merge (the shuffle above is done)
         }
         let dst = o_w.wrapping_add((warp * BR + row) * ms);
-        for n in 0..DN {
-            let col = n * 8 + 2 * t;
-            // SAFETY: inside this warp's partial tile (row < 16, col + 1 < D + 8).
-            unsafe { *(dst.add(col) as *mut [f32; 2]) = [r_o[0][n][2 * r], r_o[0][n][2 * r + 1]] };
+        for c in 0..DN / 2 {
+            // The interleaved columns of P·V (`pv_f8`) back in order: dims
+            // 16c + 4t .. 16c + 4t + 4.
+            let (e, o) = (&r_o[0][2 * c], &r_o[0][2 * c + 1]);
+            // SAFETY: inside this warp's partial tile (row < 16, 16c + 4t + 3 < D);
+            // 16-byte aligned (the area and the row stride d + 8 floats are).
+            unsafe { *(dst.add(16 * c + 4 * t) as *mut [f32; 4]) = [e[2 * r], o[2 * r], e[2 * r + 1], o[2 * r + 1]] };
         }
         if t == 0 {
             // SAFETY: NW·16 (m, l) pairs after the tiles.
