@@ -258,6 +258,69 @@ fn gpu_fp8_decode_scale_any() {
     assert_matches_reference("scale_any", &q, &as_t(&k), &as_t(&v), o_unscaled.view(), lse, &spec, 4.0);
 }
 
+/// Every e4m3 code through the kernels' in-register conversion, exactly:
+/// one cached key whose K and V rows hold every finite code (`d` = 256:
+/// all 254 of them; smaller `d`: a rotating slice) and `d` query heads over
+/// it (GQA, 16 per KV head, every KV head the same row), head `i` a
+/// one-hot query at dim `i`. With one key
+/// the softmax is 1: O of every head is V's row exactly (each code is exact
+/// in f16 and bf16) and head `i`'s logsumexp is its score, K's code at dim
+/// `i` — subnormal codes included (a flushed subnormal would read 0).
+#[test]
+fn gpu_fp8_decode_every_code() {
+    let Some(g) = gpu("gpu_fp8_decode_every_code") else { return };
+    if !g.fa.has_fp8_kv_cache() {
+        return;
+    }
+    fn one<T: AttnElem>(g: &Gpu, d: usize, shift: usize) {
+        let st = &g.stream;
+        let h = d;
+        // The 254 finite codes (0x7f and 0xff are NaN), from `shift`.
+        let finite: Vec<u8> = (0u8..=255).filter(|&c| c & 0x7f != 0x7f).collect();
+        let row: Vec<u8> = (0..d).map(|j| finite[(j + shift) % finite.len()]).collect();
+        // 16 query heads per KV head (the kernels pack at most 16 rows).
+        let hk = h / 16;
+        let rows = row.repeat(hk);
+        let (mut kd, mut vd) = (st.clone_htod(&rows).unwrap(), st.clone_htod(&rows).unwrap());
+        let mut q = vec![T::from_f32(0.0); h * d];
+        for i in 0..h {
+            q[i * d + i] = T::from_f32(1.0);
+        }
+        let qd = st.clone_htod(&q).unwrap();
+        let csd = st.clone_htod(&[1i32]).unwrap();
+        let (ksd, vsd) = (st.clone_htod(&[1.0f32]).unwrap(), st.clone_htod(&[1.0f32]).unwrap());
+        let cache = KvCacheFp8::<T> {
+            k_cache: &mut kd,
+            v_cache: &mut vd,
+            layout: TensorLayout::contiguous([1, 1, hk, d]),
+            k_scale: &ksd,
+            v_scale: &vsd,
+            cache_seqlens: &csd,
+            cache_batch_idx: None,
+            block_table: None,
+            k_new: None,
+            v_new: None,
+        };
+        let params = ForwardParams { softmax_scale: Some(1.0), ..Default::default() };
+        let out = g.fa.forward_kvcache_fp8(st, Tensor::new(&qd, TensorLayout::contiguous([1, 1, h, d])), cache, &params, &Extras::default(), DecodeOptions::default()).unwrap();
+        let o: Vec<T> = st.clone_dtoh(&out.o).unwrap();
+        let RowStats::LogSumExp(lse) = &out.stats else { unreachable!() };
+        let lse: Vec<f32> = st.clone_dtoh(lse).unwrap();
+        for i in 0..h {
+            for j in 0..d {
+                let want = e4m3_to_f32(row[j]);
+                assert_eq!(o[i * d + j].to_f32(), want, "{} d {d}: head {i} O[{j}] of code {:#04x}", std::any::type_name::<T>(), row[j]);
+            }
+            let want = e4m3_to_f32(row[i]);
+            assert!((lse[i] - want).abs() <= 1e-6 * want.abs().max(1.0), "{} d {d}: head {i} logsumexp {} for code {:#04x} = {want}", std::any::type_name::<T>(), lse[i], row[i]);
+        }
+    }
+    for (d, shift) in [(256, 0), (128, 0), (128, 128), (64, 64), (96, 150), (32, 200)] {
+        one::<half::bf16>(g, d, shift);
+        one::<half::f16>(g, d, shift);
+    }
+}
+
 /// Bad inputs: typed errors, nothing enqueued.
 #[test]
 fn gpu_fp8_decode_rejects_bad_inputs() {

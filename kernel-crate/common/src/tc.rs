@@ -87,28 +87,36 @@ pub const fn dec_smem_bytes(d: usize, nw: usize, bc: usize, stages: usize) -> us
 }
 
 /// Flash-decoding over an FP8 cache: bytes of one stage row of `d` e4m3
-/// codes — `d` where the chunks are swizzled (`d / 16` a power of two:
-/// d = 32, 64, 128, 256), else `d + 16` (an odd number of 16-byte chunks:
-/// the 8 rows of an `ldmatrix` matrix start in 8 bank groups).
+/// codes — `d` where the chunks are swizzled (d = 64, 128), else `d + 16`
+/// (an odd number of 16-byte chunks for every supported `d`, a multiple of
+/// 32: the 8 rows of an `ldmatrix` matrix start in 8 bank groups). As for
+/// the 16-bit stages ([`dec_kv_swizzled`]), the swizzle's per-chunk
+/// fragment addresses cost the large head dims registers (d = 256 spilled).
 pub const fn dec_f8_row_bytes(d: usize) -> usize {
-    if (d / 16).is_power_of_two() { d } else { d + 16 }
+    if dec_f8_swizzled(d) { d } else { d + 16 }
+}
+
+/// Flash-decoding over an FP8 cache: whether the stage rows are swizzled
+/// (see [`dec_f8_offset`]).
+pub const fn dec_f8_swizzled(d: usize) -> bool {
+    d == 64 || d == 128
 }
 
 /// Flash-decoding over an FP8 cache: byte offset of 16-byte chunk `chunk`
 /// (codes `16·chunk..16·chunk + 16`) of row `row` in a K/V stage of codes.
-/// Swizzled rows permute their chunks by the row so that any 8 consecutive
-/// rows from a multiple of 8 put one chunk in 8 different 16-byte bank
-/// groups (the kernels read the codes with `ldmatrix`): with `cpr = d / 16`
-/// chunks per row, `cpr` ≥ 8 XORs the chunk with `row % 8`, `cpr` = 4 with
-/// `(row / 2) % 4` (two rows per 128 bytes), `cpr` = 2 with `(row / 4) % 2`.
+/// Swizzled rows ([`dec_f8_swizzled`]) permute their chunks by the row so
+/// that any 8 consecutive rows from a multiple of 8 put one chunk in 8
+/// different 16-byte bank groups (the kernels read the codes with
+/// `ldmatrix`): d = 128 (8 chunks per row) XORs the chunk with `row % 8`,
+/// d = 64 (4 chunks, two rows per 128 bytes) with `(row / 2) % 4`; padded
+/// rows get the same from their odd stride.
 pub const fn dec_f8_offset(d: usize, row: u32, chunk: u32) -> u32 {
-    let cpr = (d / 16) as u32;
-    let c = if !cpr.is_power_of_two() || cpr == 1 {
+    let c = if !dec_f8_swizzled(d) {
         chunk
-    } else if cpr >= 8 {
+    } else if d == 128 {
         chunk ^ (row % 8)
     } else {
-        chunk ^ ((row / (8 / cpr)) % cpr)
+        chunk ^ ((row / 2) % 4)
     };
     row * dec_f8_row_bytes(d) as u32 + 16 * c
 }
@@ -206,6 +214,7 @@ mod tests {
         }
         assert_eq!(dec_f8_row_bytes(128), 128);
         assert_eq!(dec_f8_row_bytes(96), 112);
+        assert_eq!(dec_f8_row_bytes(256), 272);
     }
 
     /// Swizzled tiles: a row's chunks fill whole 128-byte groups (the

@@ -73,6 +73,39 @@ pub fn f16x2_from_e4m3_to_bf16x2(x: u32) -> u32 {
     d
 }
 
+/// Four e4m3 codes (byte `i` = code `i`) as two f16 pairs **times 2⁻⁸**,
+/// by moving bits (no conversion instruction): `[(c0, c2), (c1, c3)]`
+/// (low half first). An e4m3 code `s eeee mmm` read as the f16 `s 0eeee
+/// mmm0000000` is its value times 2⁻⁸ — subnormal codes too, as f16
+/// subnormals — so the caller multiplies 2⁸ back in wherever it is exact
+/// (a scale). NaN codes (`0x7f`, `0xff`) become finite; callers hold
+/// saturated codes only.
+#[inline(always)]
+pub fn e4m3x4_to_f16x2_scaled(x: u32) -> [u32; 2] {
+    const SIGN: u32 = 0x8000_8000;
+    const EM: u32 = 0x3f80_3f80; // bits 7..13 of each half
+    [((x << 8) & SIGN) | ((x << 7) & EM), (x & SIGN) | ((x >> 1) & EM)]
+}
+
+/// Four e4m3 codes as two bf16 pairs, exactly: `[(c0, c2), (c1, c3)]`. The
+/// code `s eeee mmm` read as the bf16 `s 0000eeee mmm0000` is its value
+/// times 2⁻¹²⁰ (subnormal codes land on bf16 subnormals), and
+/// `mul.rn.bf16x2` by 2¹²⁰ (sm_90) restores it without rounding. NaN codes
+/// become finite (callers hold saturated codes only).
+#[cfg(fa_ptx74)]
+#[inline(always)]
+pub fn e4m3x4_to_bf16x2(x: u32) -> [u32; 2] {
+    const SIGN: u32 = 0x8000_8000;
+    const EM: u32 = 0x07f0_07f0; // bits 4..10 of each half
+    let moved = [((x << 8) & SIGN) | ((x << 4) & EM), (x & SIGN) | ((x >> 4) & EM)];
+    moved.map(|m| {
+        let d: u32;
+        // SAFETY: register-only instruction. 0x7b80 is 2¹²⁰ in bf16.
+        unsafe { core::arch::asm!("mul.rn.bf16x2 {d}, {a}, {s};", d = out(reg32) d, a = in(reg32) m, s = in(reg32) 0x7b80_7b80u32, options(pure, nomem, nostack)) };
+        d
+    })
+}
+
 /// `cvt.rn.satfinite.e4m3x2.f32 d, hi, lo` (sm_89+): two f32 as FP8 e4m3
 /// codes, round to nearest even, saturating to ±448 (NaN stays NaN); `lo`
 /// in the low byte.

@@ -41,7 +41,7 @@ use super::super::tile::{SmemTile, tile_bytes};
 use super::super::{Elem16, mma, pack};
 use super::{BR, KvCopy, Timeline, last_split, merge_stride};
 use crate::arch::cp_async::{cp_async_cg_16_pf, cp_async_commit, cp_async_wait};
-use crate::arch::cvt::{e4m3x2_to_f16x2, f16x2_from_e4m3_to_bf16x2, prmt};
+use crate::arch::cvt::{e4m3x4_to_bf16x2, e4m3x4_to_f16x2_scaled, prmt};
 use crate::arch::ldmatrix::{ldmatrix_x2, ldmatrix_x2_trans, ldmatrix_x4, ldmatrix_x4_trans};
 use crate::arch::opaque as arch_opaque;
 use crate::arch::smem::{dynamic_smem, ld_shared_v2, smem_addr};
@@ -231,12 +231,16 @@ impl<const D: usize> F8Stage<D> {
 }
 
 /// Four e4m3 codes (byte `i` = code `i`) as a B fragment `[b0, b1]` of
-/// `T`: codes 0, 1 → `b0`, codes 2, 3 → `b1`, exactly.
+/// `T` by moving bits: codes 0, 2 → `b0`, codes 1, 3 → `b1`. bf16 exactly;
+/// f16 times 2⁻⁸ ([`F16_CODE_SCALE`] goes back into the scales).
 #[inline(always)]
 fn codes_to_b<T: Elem16>(x: u32) -> [u32; 2] {
-    let (lo, hi) = (e4m3x2_to_f16x2(x as u16), e4m3x2_to_f16x2((x >> 16) as u16));
-    if T::IS_BF16 { [f16x2_from_e4m3_to_bf16x2(lo), f16x2_from_e4m3_to_bf16x2(hi)] } else { [lo, hi] }
+    if T::IS_BF16 { e4m3x4_to_bf16x2(x) } else { e4m3x4_to_f16x2_scaled(x) }
 }
+
+/// What [`codes_to_b`] leaves out of f16 fragments (2⁸; 1 for bf16): the
+/// kernel multiplies it into `k_scale` and `v_scale`, exactly.
+const F16_CODE_SCALE: f32 = 256.0;
 
 /// Q's A fragment of head-dim chunk `kk` in the order K's codes give the
 /// products' `k` ([`F8Stage::k_codes_x4`]): dims `16kk + 4t, +1` are
@@ -251,6 +255,15 @@ unsafe fn q_frag_f8<const D: usize>(s_q: SmemTile<D>, kk: usize, lane: usize) ->
     // SAFETY: rows g, g + 8 < 16 and columns 16kk + 4t + 3 < D of the tile; 8-byte aligned.
     let (lo, hi) = unsafe { (ld_shared_v2(s_q.addr(g, 16 * kk + 4 * t)), ld_shared_v2(s_q.addr(g + 8, 16 * kk + 4 * t))) };
     [lo[0], hi[0], lo[1], hi[1]]
+}
+
+/// K's B fragment from the four codes `4t..4t+3` of a key
+/// ([`F8Stage::k_codes_x4`]): reordered `[c0, c2, c1, c3]` so that
+/// [`codes_to_b`] puts codes 0, 1 in `b0` (`k = 2t, 2t+1`) and 2, 3 in `b1`
+/// (`k = 2t+8, 2t+9`), the order [`q_frag_f8`] reads Q's head dims in.
+#[inline(always)]
+fn k_b<T: Elem16>(x: u32) -> [u32; 2] {
+    codes_to_b::<T>(prmt(x, 0, 0x3120))
 }
 
 /// `S = Q·K_jᵀ` for this warp's keys `row0..row0 + 8·BCWN` of the stage:
@@ -270,8 +283,8 @@ unsafe fn qk_f8<T: Elem16, const D: usize, const DK: usize, const BCWN: usize>(s
             for np in 0..BCWN / 2 {
                 // SAFETY: forwarded.
                 let x = unsafe { sk.k_codes_x2(row0 + 16 * np, kk, lane) };
-                mma::<T>(&mut r_s[2 * np], &a, &codes_to_b::<T>(x[0]));
-                mma::<T>(&mut r_s[2 * np + 1], &a, &codes_to_b::<T>(x[1]));
+                mma::<T>(&mut r_s[2 * np], &a, &k_b::<T>(x[0]));
+                mma::<T>(&mut r_s[2 * np + 1], &a, &k_b::<T>(x[1]));
             }
         }
         return r_s;
@@ -282,14 +295,22 @@ unsafe fn qk_f8<T: Elem16, const D: usize, const DK: usize, const BCWN: usize>(s
         for np in 0..BCWN / 2 {
             // SAFETY: forwarded.
             let x = unsafe { sk.k_codes_x4(row0 + 16 * np, 2 * kp, lane) };
-            mma::<T>(&mut r_s[2 * np], &a[0], &codes_to_b::<T>(x[0]));
-            mma::<T>(&mut r_s[2 * np], &a[1], &codes_to_b::<T>(x[1]));
-            mma::<T>(&mut r_s[2 * np + 1], &a[0], &codes_to_b::<T>(x[2]));
-            mma::<T>(&mut r_s[2 * np + 1], &a[1], &codes_to_b::<T>(x[3]));
+            mma::<T>(&mut r_s[2 * np], &a[0], &k_b::<T>(x[0]));
+            mma::<T>(&mut r_s[2 * np], &a[1], &k_b::<T>(x[1]));
+            mma::<T>(&mut r_s[2 * np + 1], &a[0], &k_b::<T>(x[2]));
+            mma::<T>(&mut r_s[2 * np + 1], &a[1], &k_b::<T>(x[3]));
         }
     }
     r_s
 }
+
+/// `prmt` selectors over V's two transposed code matrices (`lo`: keys
+/// 0–7, bytes `[V[2t][2g], V[2t][2g+1], V[2t+1][2g], V[2t+1][2g+1]]`; `hi`:
+/// keys 8–15, the same) giving, for head dim `2g` (even) or `2g + 1` (odd),
+/// `[V[2t], V[2t+8], V[2t+1], V[2t+9]]`: [`codes_to_b`] then puts keys
+/// `2t, 2t+1` in `b0` and `2t+8, 2t+9` in `b1`, P's accumulator order.
+const V_EVEN: u32 = 0x6240;
+const V_ODD: u32 = 0x7351;
 
 /// `acc += P·V_j` for this warp's keys `row0..row0 + 16·BCWK` of the stage,
 /// P from the S accumulators (key order). The output columns come
@@ -308,8 +329,8 @@ unsafe fn pv_f8<T: Elem16, const D: usize, const DN: usize, const BCWN: usize, c
             for c in 0..DN / 2 {
                 // SAFETY: forwarded.
                 let [k_lo, k_hi] = unsafe { sv.v_codes_trans_x2(row0 + 16 * kk, c, lane) };
-                mma::<T>(&mut acc[2 * c], &a, &codes_to_b::<T>(prmt(k_lo, k_hi, 0x6420)));
-                mma::<T>(&mut acc[2 * c + 1], &a, &codes_to_b::<T>(prmt(k_lo, k_hi, 0x7531)));
+                mma::<T>(&mut acc[2 * c], &a, &codes_to_b::<T>(prmt(k_lo, k_hi, V_EVEN)));
+                mma::<T>(&mut acc[2 * c + 1], &a, &codes_to_b::<T>(prmt(k_lo, k_hi, V_ODD)));
             }
             continue;
         }
@@ -317,12 +338,10 @@ unsafe fn pv_f8<T: Elem16, const D: usize, const DN: usize, const BCWN: usize, c
             // SAFETY: forwarded.
             let x = unsafe { sv.v_codes_trans_x4(row0 + 16 * kk, 2 * cp, lane) };
             for h in 0..2 {
-                // Keys 2t, 2t+1 (matrix of keys 0–7) then 2t+8, 2t+9 (keys
-                // 8–15): byte 0/2 of each for dim 2g, byte 1/3 for 2g + 1.
                 let (k_lo, k_hi) = (x[2 * h], x[2 * h + 1]);
                 let c = 2 * cp + h;
-                mma::<T>(&mut acc[2 * c], &a, &codes_to_b::<T>(prmt(k_lo, k_hi, 0x6420)));
-                mma::<T>(&mut acc[2 * c + 1], &a, &codes_to_b::<T>(prmt(k_lo, k_hi, 0x7531)));
+                mma::<T>(&mut acc[2 * c], &a, &codes_to_b::<T>(prmt(k_lo, k_hi, V_EVEN)));
+                mma::<T>(&mut acc[2 * c + 1], &a, &codes_to_b::<T>(prmt(k_lo, k_hi, V_ODD)));
             }
         }
     }
@@ -453,6 +472,10 @@ pub unsafe fn forward_f8<
     let i_scale = kvh as usize * p.descale_head_stride as usize;
     // SAFETY: host-checked scale arrays (one per tensor, or nheads_k).
     let (k_scale, v_scale) = unsafe { (*(p.k_descale_ptr as *const f32).add(i_scale), *(p.v_descale_ptr as *const f32).add(i_scale)) };
+    // f16 fragments hold the codes times 2⁻⁸ (`codes_to_b`): both scales
+    // take the 2⁸ back (exact).
+    let code_scale = if T::IS_BF16 { 1.0 } else { F16_CODE_SCALE };
+    let (k_scale, v_scale) = (k_scale * code_scale, v_scale * code_scale);
     let (q_sign, scale_log2) = scale_sign(p.softmax_scale_log2 * k_scale);
     // SAFETY: host-checked ALiBi slopes.
     let mut mods = unsafe { Mods::new(p, b, h, scale_log2) };
