@@ -6,7 +6,7 @@
 #     cache, FA2's rule; the quantized bytes of appended rows);
 #  2. compute-sanitizer memcheck / racecheck / synccheck over two cases;
 #  3. fa-bench-fp8-decode: the e4m3 cache beside its bf16 original, same run
-#     (extra arguments go to it, e.g. --batch 1 --cache 32768,131072).
+#     (extra arguments go to it, e.g. --batches 1 --caches 32768,131072).
 #  4. (mode ncu only) ncu --set full of the first kernel matching NCU_KERNEL
 #     (default: the bf16-q e4m3 kernel) in one
 #     cell (batch 1, 131k keys, MHA, contiguous).

@@ -111,10 +111,14 @@ macro_rules! dec_f8_table {
         /// The flash-decoding kernels over an FP8 (e4m3) KV cache (mirrors
         /// the `dec_f8_kernels!` list of `kernel-crate/src/tc/mod.rs`; in the
         /// sm_90 builds only), the default of each (dtype, head dim) first:
-        /// the static split schedule, no fused append, no compact entry, four
-        /// stages of one-byte codes. At d = 128, 4 warps × Bc 64 (two blocks
-        /// per SM) streamed 2.42 TB/s of codes where 8 warps × Bc 128 (one)
-        /// streamed 2.16 (H200, bf16 q, 131k keys; docs/perf-notes.md).
+        /// the static split schedule, no fused append, no compact entry,
+        /// stages of one-byte codes. At d = 128, 4 warps × Bc 128 with three
+        /// stages (two blocks per SM) streams 3.3–4.0 TB/s of codes on
+        /// contiguous caches and pages of whole blocks (H200, bf16 q, 32k and
+        /// 131k keys), 4 warps × Bc 64 with four 2.8–3.3, 8 warps × Bc 128
+        /// 2.7–3.0; pages smaller than a block go to Bc 64, whose copies
+        /// look pages up per row in batches (2.3–2.6 TB/s over 16-token
+        /// pages, Bc 128: 1.9–2.1; docs/perf-notes.md, FP8 KV cache step 5).
         pub const DEC_F8_KERNELS: &[DecKernel] = &[$(
             DecKernel { name: stringify!($name), bf16: $bf, d: $d, warps: $w, bc: $bc, stages: $s, compact: None, tickets: false, append: false, small_pages: false, fp8: true },
         )*];
@@ -128,6 +132,8 @@ dec_f8_table! {
     flash_fwd_tc_dec_bf16_e4m3_d64_w4_bc64_s4 true 64 4 64 4;
     flash_fwd_tc_dec_f16_e4m3_d96_w4_bc64_s4 false 96 4 64 4;
     flash_fwd_tc_dec_bf16_e4m3_d96_w4_bc64_s4 true 96 4 64 4;
+    flash_fwd_tc_dec_f16_e4m3_d128_w4_bc128_s3 false 128 4 128 3;
+    flash_fwd_tc_dec_bf16_e4m3_d128_w4_bc128_s3 true 128 4 128 3;
     flash_fwd_tc_dec_f16_e4m3_d128_w4_bc64_s4 false 128 4 64 4;
     flash_fwd_tc_dec_bf16_e4m3_d128_w4_bc64_s4 true 128 4 64 4;
     flash_fwd_tc_dec_f16_e4m3_d128_w8_bc128_s4 false 128 8 128 4;
@@ -159,10 +165,19 @@ impl DecKernel {
     }
 
     /// The FP8-cache kernel for a dtype and compiled head dim whose shared
-    /// memory fits `max_smem_bytes` (the first of [`DEC_F8_KERNELS`]), or
-    /// the one named `name`.
-    pub fn fp8_fitting(bf16: bool, d: usize, name: Option<&str>, max_smem_bytes: usize) -> Option<&'static DecKernel> {
-        DEC_F8_KERNELS.iter().find(|k| k.bf16 == bf16 && k.d == d && k.smem_bytes() <= max_smem_bytes && name.is_none_or(|n| n == k.name))
+    /// memory fits `max_smem_bytes`, or the one named `name`: the first of
+    /// [`DEC_F8_KERNELS`] whose key block a page holds whole (`page`: the
+    /// page size of a paged cache; any block for a contiguous cache), else
+    /// (smaller or unaligned pages) the first with Bc = 64, whose copies
+    /// look their rows' pages up together, else the first that fits.
+    pub fn fp8_fitting(bf16: bool, d: usize, name: Option<&str>, page: Option<usize>, max_smem_bytes: usize) -> Option<&'static DecKernel> {
+        let fits = move |k: &&'static DecKernel| k.bf16 == bf16 && k.d == d && k.smem_bytes() <= max_smem_bytes && name.is_none_or(|n| n == k.name);
+        DEC_F8_KERNELS
+            .iter()
+            .filter(fits)
+            .find(|k| page.is_none_or(|ps| ps % k.bc == 0))
+            .or_else(|| DEC_F8_KERNELS.iter().filter(fits).find(|k| k.bc == 64))
+            .or_else(|| DEC_F8_KERNELS.iter().find(fits))
     }
 
     /// Whether a call without an explicit kernel runs this kernel's compact

@@ -161,7 +161,7 @@ impl FlashAttention {
         let dec = if rq <= DecKernel::BR { DecKernel::default_fitting(dtype == DType::BF16, kernel.d, page, self.limits().max_smem_per_block) } else { None };
         let (dec, compact) = match opts.kernel {
             // An FP8 cache: its own kernel, no compact entry.
-            _ if fp8 => (Some(fp8_kernel_for(dtype, kernel.d, rq, opts.kernel, self.limits().max_smem_per_block)?), None),
+            _ if fp8 => (Some(fp8_kernel_for(dtype, kernel.d, rq, opts.kernel, page, self.limits().max_smem_per_block)?), None),
             // The compact entry where it pays (`DecKernel::compact_by_default`).
             // A call with new keys and values runs the default's build with
             // the append fused in where there is one (`_pga` over small
@@ -298,8 +298,9 @@ impl FlashAttention {
 
 /// The FP8-cache kernel of a call (`rq` rows per (sequence, head) as
 /// launched; `forced`: `DecodeOptions::kernel`, which may name one of
-/// [`DEC_F8_KERNELS`](super::kernels::DEC_F8_KERNELS) of the call's dtype and head dim).
-fn fp8_kernel_for(dtype: DType, d: usize, rq: usize, forced: Option<&str>, max_smem: usize) -> Result<&'static DecKernel> {
+/// [`DEC_F8_KERNELS`](super::kernels::DEC_F8_KERNELS) of the call's dtype and head dim;
+/// `page`: the page size of a paged cache).
+fn fp8_kernel_for(dtype: DType, d: usize, rq: usize, forced: Option<&str>, page: Option<usize>, max_smem: usize) -> Result<&'static DecKernel> {
     if rq > DecKernel::BR {
         return Err(FlashAttnError::Unsupported {
             argument: "q",
@@ -308,10 +309,10 @@ fn fp8_kernel_for(dtype: DType, d: usize, rq: usize, forced: Option<&str>, max_s
         });
     }
     if let Some(name) = forced {
-        return DecKernel::fp8_fitting(dtype == DType::BF16, d, Some(name), max_smem)
+        return DecKernel::fp8_fitting(dtype == DType::BF16, d, Some(name), page, max_smem)
             .ok_or_else(|| invalid("opts.kernel", name.to_string(), "an FP8 cache runs an FP8 flash-decoding kernel (DEC_F8_KERNELS) of its dtype and head dim that fits the device"));
     }
-    DecKernel::fp8_fitting(dtype == DType::BF16, d, None, max_smem).ok_or(FlashAttnError::Unsupported {
+    DecKernel::fp8_fitting(dtype == DType::BF16, d, None, page, max_smem).ok_or(FlashAttnError::Unsupported {
         argument: "k_cache",
         dtype: dtype.name(),
         what: "an FP8 KV cache on this device (no FP8 flash-decoding kernel of this head dim fits its shared memory)",
@@ -327,12 +328,34 @@ mod tests {
         for d in [32, 64, 96, 128, 160, 192, 224, 256] {
             for bf16 in [false, true] {
                 let dt = if bf16 { DType::BF16 } else { DType::F16 };
-                let k = fp8_kernel_for(dt, d, 1, None, 227 * 1024).unwrap();
-                assert!(k.fp8 && k.d == d && k.bf16 == bf16);
-                assert!(fp8_kernel_for(dt, d, 1, Some(k.name), 227 * 1024).is_ok());
-                assert!(fp8_kernel_for(dt, d, 1, Some("flash_fwd_tc_dec_bf16_d128_w8_bc128_s3"), 227 * 1024).is_err());
+                for page in [None, Some(16), Some(48), Some(256)] {
+                    let k = fp8_kernel_for(dt, d, 1, None, page, 227 * 1024).unwrap();
+                    assert!(k.fp8 && k.d == d && k.bf16 == bf16);
+                    assert!(fp8_kernel_for(dt, d, 1, Some(k.name), page, 227 * 1024).is_ok());
+                    assert!(fp8_kernel_for(dt, d, 1, Some("flash_fwd_tc_dec_bf16_d128_w8_bc128_s3"), page, 227 * 1024).is_err());
+                }
             }
         }
-        assert!(fp8_kernel_for(DType::BF16, 128, 17, None, 227 * 1024).is_err());
+        assert!(fp8_kernel_for(DType::BF16, 128, 17, None, None, 227 * 1024).is_err());
+    }
+
+    /// d = 128: Bc 128 (three stages) on contiguous caches and pages of
+    /// whole blocks; pages smaller than a block or unaligned to it go to
+    /// Bc 64 (lookups per row in batches); a forced kernel stays forced.
+    #[test]
+    fn fp8_kernel_by_page_size() {
+        let pick = |page| fp8_kernel_for(DType::BF16, 128, 1, None, page, 227 * 1024).unwrap();
+        for page in [None, Some(128), Some(256), Some(1024)] {
+            let k = pick(page);
+            assert_eq!((k.warps, k.bc, k.stages), (4, 128, 3), "{page:?}");
+        }
+        for page in [Some(16), Some(64), Some(48), Some(192)] {
+            assert_eq!(pick(page).bc, 64, "{page:?}");
+        }
+        let forced = fp8_kernel_for(DType::BF16, 128, 1, Some("flash_fwd_tc_dec_bf16_e4m3_d128_w4_bc64_s4"), None, 227 * 1024).unwrap();
+        assert_eq!(forced.bc, 64);
+        // A device whose blocks get less shared memory (the Bc 128 build's
+        // 101 KB do not fit): the next build that does.
+        assert_eq!(fp8_kernel_for(DType::BF16, 128, 1, None, None, 99 * 1024).unwrap().bc, 64);
     }
 }

@@ -228,8 +228,8 @@ macro_rules! dec_kernels {
 
 /// Flash-decoding entry points over an FP8 (e4m3) KV cache
 /// (`flash_decode::forward_f8`): q and O in f16/bf16, the cache's codes staged in
-/// shared memory and converted there (sm_89+ conversions: the sm_90 builds
-/// only), K's and V's scales from `AttnParams::k_descale_ptr`/`v_descale_ptr`.
+/// shared memory and read from there straight into tensor-core fragments
+/// (the sm_90 builds only), K's and V's scales from `AttnParams::k_descale_ptr`/`v_descale_ptr`.
 /// The static split schedule; new keys are appended (quantized) by
 /// `kv_append_e4m3_*` before the launch.
 #[cfg(fa_ptx74)]
@@ -263,6 +263,8 @@ dec_f8_kernels! {
     flash_fwd_tc_dec_bf16_e4m3_d96_w4_bc64_s4: Bf16, d = 96, w = 4, bc = 64, s = 4, pf = 0;
     flash_fwd_tc_dec_f16_e4m3_d128_w8_bc128_s4: F16, d = 128, w = 8, bc = 128, s = 4, pf = 128;
     flash_fwd_tc_dec_bf16_e4m3_d128_w8_bc128_s4: Bf16, d = 128, w = 8, bc = 128, s = 4, pf = 128;
+    flash_fwd_tc_dec_f16_e4m3_d128_w4_bc128_s3: F16, d = 128, w = 4, bc = 128, s = 3, pf = 128;
+    flash_fwd_tc_dec_bf16_e4m3_d128_w4_bc128_s3: Bf16, d = 128, w = 4, bc = 128, s = 3, pf = 128;
     flash_fwd_tc_dec_f16_e4m3_d128_w4_bc64_s4: F16, d = 128, w = 4, bc = 64, s = 4, pf = 128;
     flash_fwd_tc_dec_bf16_e4m3_d128_w4_bc64_s4: Bf16, d = 128, w = 4, bc = 64, s = 4, pf = 128;
     flash_fwd_tc_dec_f16_e4m3_d160_w4_bc64_s4: F16, d = 160, w = 4, bc = 64, s = 4, pf = 0;

@@ -371,7 +371,7 @@ pub unsafe fn forward_f8<
     p: &AttnParams,
 ) {
     const { assert!(BCW * NW == BC && BCWN * 8 == BCW && BCWK * 16 == BCW && DK * 16 == D && DN * 8 == D && DN % 2 == 0 && BCWN % 2 == 0) };
-    const { assert!(S >= 2 && S <= 4 && D % 16 == 0) };
+    const { assert!(S >= 2 && S <= 6 && D % 16 == 0) };
     let nt = 32 * NW;
     let num_m = (p.seqlen_q as usize).div_ceil(BR);
     let (idx, split) = split_of::<true>(p, num_m, sreg::block_idx_x());
@@ -492,12 +492,12 @@ pub unsafe fn forward_f8<
         }
         // Block j landed (this thread's copies; S − 2 later groups may fly),
         // then everyone's (barrier), which also frees stage (i − 1) % S.
-        if S == 2 {
-            cp_async_wait::<0>();
-        } else if S == 3 {
-            cp_async_wait::<1>();
-        } else {
-            cp_async_wait::<2>();
+        match S {
+            2 => cp_async_wait::<0>(),
+            3 => cp_async_wait::<1>(),
+            4 => cp_async_wait::<2>(),
+            5 => cp_async_wait::<3>(),
+            _ => cp_async_wait::<4>(),
         }
         sync_threads();
         let jn = fixed(i + S - 1);
