@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The FP8 (e4m3) Hopper forward on the GPU machine, from the repository
-# root, with .stage-f8/bins.tar.xz carried (scripts/microbench/pack-fp8.sh):
+# root, with .stage-f8/bins.tar.xz carried (scripts/microbench/pack-some.sh .stage-f8 --test gpu_fp8_prefill --bin fa-bench-fp8):
 #  1. gpu_fp8_prefill (f64 reference of the dequantized inputs, FA2's rule
 #     against plain FP8 attention);
 #  2. compute-sanitizer memcheck / racecheck / synccheck over the varlen test;

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The Hopper (wgmma) backward on the GPU machine, from the repository root,
-# with .stage-hb/bins.tar.xz carried (scripts/microbench/pack-hopper-bwd.sh):
+# with .stage-hb/bins.tar.xz carried (scripts/microbench/pack-some.sh .stage-hb --test gpu_backward --bin fa-bench-bwd):
 #  1. the gradient tests against the f64 reference (both backward kernels:
 #     the Hopper one, then FLASH_ATTN_BACKWARD_KERNEL=tc);
 #  2. compute-sanitizer memcheck over the varlen and deterministic tests;
