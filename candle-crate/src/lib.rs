@@ -49,13 +49,19 @@ mod check;
 mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+#[cfg(feature = "cuda")]
+mod cuda_fp8;
+mod fp8;
 mod kvcache;
+mod kvcache_fp8;
 mod op;
 mod page_order;
 mod storage;
 mod varlen;
 
+pub use fp8::{FlashAttnFp8, Fp8Descales, flash_attn_fp8, flash_attn_fp8_windowed};
 pub use kvcache::{FlashAttnKvCache, KvCacheArgs, flash_attn_with_kvcache};
+pub use kvcache_fp8::flash_attn_with_kvcache_fp8;
 pub use op::FlashAttn;
 pub use varlen::*;
 
