@@ -8,7 +8,7 @@ use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::CudaStorageSlice;
 use candle_core::cuda_backend::cudarc::driver::{CudaView, DevicePtr};
 use candle_core::{CudaStorage, DType, Layout, Result};
-use flash_attn::{AttnElem, BlockTable, DecodeOptions, KvCacheFp8, RowStats, Tensor, TensorLayout, TensorMut};
+use flash_attn::{AttnElem, BlockTable, DecodeOptions, KvCacheFp8, RowStats, Tensor, TensorLayout, TensorMut, Varlen};
 use half::{bf16, f16};
 
 use crate::check::{Checked, core_err, err};
@@ -17,6 +17,7 @@ use crate::fp8::Descales;
 use crate::kvcache::{KvCacheArgs, KvChecked};
 use crate::kvcache_fp8::KvScales;
 use crate::storage::Held;
+use crate::varlen::VarlenIdx;
 
 /// candle's F8E4M3 buffer from the layout's start offset on, as the core's
 /// `u8` codes (no copy).
@@ -100,6 +101,72 @@ fn run<T: AttnElem + candle_core::cuda_backend::CudaDType>(
         &ds,
         TensorMut::new(&mut o, o_layout),
         &mut lse,
+        &c.params,
+    )
+    .map_err(core_err)?;
+    Ok((wrap(o, dev), wrap(lse, dev)))
+}
+
+/// Varlen FP8 attention on the GPU: `forward_fp8_varlen_into` over
+/// candle's buffers, prefix sums read in place as i32. O `(total_q, nheads,
+/// d)`, LSE `(nheads, total_q)`.
+pub(crate) fn forward_varlen(
+    c: &Checked,
+    idx: &VarlenIdx<'_>,
+    d: &Descales<'_>,
+    out: DType,
+    qkv: [(&CudaStorage, &Layout); 3],
+) -> Result<(CudaStorage, CudaStorage)> {
+    let held = d.given.map(|(n, t)| t.map(|t| (n, Held::new(n, t))));
+    let mut scales = Vec::new();
+    for (n, h) in held.iter().flatten() {
+        let (s, l) = h.cuda()?;
+        scales.push((*n, s, l));
+    }
+    let (sq, sk) = (Held::new("seqlens_q", idx.seqlens_q), Held::new("seqlens_k", idx.seqlens_k));
+    let seqlens = [sq.cuda()?, sk.cuda()?];
+    match out {
+        DType::BF16 => run_varlen::<bf16>(c, idx.max_seqlen, seqlens, &scales, qkv),
+        DType::F16 => run_varlen::<f16>(c, idx.max_seqlen, seqlens, &scales, qkv),
+        dt => Err(err(format_args!("`out_dtype`: {dt:?} is not supported (FP8 attention writes O in {:?})", crate::fp8::OUT_DTYPES))),
+    }
+}
+
+fn run_varlen<T: AttnElem + candle_core::cuda_backend::CudaDType>(
+    c: &Checked,
+    (max_seqlen_q, max_seqlen_k): (usize, usize),
+    [(sq, sq_l), (sk, sk_l)]: [(&CudaStorage, &Layout); 2],
+    scales: &[Scale<'_>],
+    [(q, q_l), (k, k_l), (v, v_l)]: [(&CudaStorage, &Layout); 3],
+) -> Result<(CudaStorage, CudaStorage)> {
+    let dev = q.device();
+    same_device(dev, &[("k", k), ("v", v), ("seqlens_q", sq), ("seqlens_k", sk)])?;
+    for &(n, s, _) in scales {
+        same_device(dev, &[(n, s)])?;
+    }
+    let stream = dev.cuda_stream();
+    let fa = kernels(&stream)?;
+    let (qv, kv, vv) = (codes("q", q, q_l)?, codes("k", k, k_l)?, codes("v", v, v_l)?);
+    let (cq, ck) = (i32_view("seqlens_q", sq, sq_l)?, i32_view("seqlens_k", sk, sk_l)?);
+    let varlen = Varlen { cu_seqlens_q: &cq, cu_seqlens_k: &ck, max_seqlen_q, max_seqlen_k, seqused_k: None };
+    let views = scales.iter().map(|&(n, s, l)| Ok((n, scale_view(n, s, l)?))).collect::<Result<Vec<_>>>()?;
+    let pick = |name: &str| views.iter().find(|(n, _)| *n == name).map(|(_, v)| v as &dyn DevicePtr<f32>);
+    let ds = flash_attn::Fp8Descales { q_descale: pick("q_descale"), k_descale: pick("k_descale"), v_descale: pick("v_descale") };
+    let [_, total_q, h, d] = c.q.shape;
+    let o_layout = TensorLayout::varlen(total_q, h, d);
+    // SAFETY: uninitialized; the kernel writes every row of o and of the
+    // LSE (rows outside every segment are zeroed / −inf by the API).
+    let mut o = unsafe { stream.alloc::<T>(total_q * h * d) }.map_err(err)?;
+    let mut lse = unsafe { stream.alloc::<f32>(h * total_q) }.map_err(err)?;
+    fa.forward_fp8_varlen_into::<T, _, _, _, _>(
+        &stream,
+        Tensor::new(&qv, c.q),
+        Tensor::new(&kv, c.k),
+        Tensor::new(&vv, c.v),
+        &ds,
+        TensorMut::new(&mut o, o_layout),
+        &mut lse,
+        &varlen,
         &c.params,
     )
     .map_err(core_err)?;

@@ -129,7 +129,7 @@ pub(crate) fn check_headdim(argument: &str, d: usize) -> Result<()> {
 }
 
 impl FlashAttnFp8 {
-    fn descales(&self) -> Fp8Descales<'_> {
+    pub(crate) fn descales(&self) -> Fp8Descales<'_> {
         Fp8Descales { q_descale: self.q_descale.as_ref(), k_descale: self.k_descale.as_ref(), v_descale: self.v_descale.as_ref() }
     }
 

@@ -52,6 +52,7 @@ pub mod cuda;
 #[cfg(feature = "cuda")]
 mod cuda_fp8;
 mod fp8;
+mod fp8_varlen;
 mod kvcache;
 mod kvcache_fp8;
 mod op;
@@ -60,6 +61,7 @@ mod storage;
 mod varlen;
 
 pub use fp8::{FlashAttnFp8, Fp8Descales, flash_attn_fp8, flash_attn_fp8_windowed};
+pub use fp8_varlen::{flash_attn_fp8_varlen, flash_attn_fp8_varlen_windowed};
 pub use kvcache::{FlashAttnKvCache, KvCacheArgs, flash_attn_with_kvcache};
 pub use kvcache_fp8::flash_attn_with_kvcache_fp8;
 pub use op::FlashAttn;

@@ -343,3 +343,43 @@ fn kvcache_errors_leave_the_caches_untouched() -> Result<()> {
     assert_eq!((bits(&kc)?, bits(&vc)?), (kb, vb), "a failed call left the caches as they were");
     Ok(())
 }
+
+#[test]
+fn varlen_matches_candle_per_sequence() -> Result<()> {
+    let dev = Device::Cpu;
+    let (h, hk, d) = (4, 2, 32);
+    let (lq, lk) = ([5usize, 1, 9], [12usize, 30, 9]);
+    let cu = |l: &[usize]| -> Vec<u32> { std::iter::once(0).chain(l.iter().scan(0u32, |a, &x| { *a += x as u32; Some(*a) })).collect() };
+    let (cq, ck) = (cu(&lq), cu(&lk));
+    let (cq_t, ck_t) = (Tensor::new(cq.as_slice(), &dev)?, Tensor::new(ck.as_slice(), &dev)?);
+    let q8 = quantize(&Tensor::randn(0f32, 1., (cq[3] as usize, h, d), &dev)?, 0.01)?;
+    let k8 = quantize(&Tensor::randn(0f32, 1., (ck[3] as usize, hk, d), &dev)?, 0.01)?;
+    let v8 = quantize(&Tensor::randn(0f32, 1., (ck[3] as usize, hk, d), &dev)?, 0.01)?;
+    // Per (sequence, KV head) descales: varied for k, 0.01 for q and v
+    // (the ones given share one shape).
+    let per: Vec<f32> = (0..3 * hk).map(|i| 0.005 + 0.003 * i as f32).collect();
+    let ks = Tensor::from_slice(&per, (3, hk), &dev)?;
+    let one = Tensor::full(0.01f32, (3, hk), &dev)?;
+    let ds = Fp8Descales { q_descale: Some(&one), k_descale: Some(&ks), v_descale: Some(&one) };
+    for (causal, window) in [(true, (None, Some(0))), (false, (None, None))] {
+        let o = fa::flash_attn_fp8_varlen(&q8, &k8, &v8, &cq_t, &ck_t, 9, 30, 0.2, causal, ds, DType::F16)?;
+        assert_eq!((o.dims3()?, o.dtype()), ((cq[3] as usize, h, d), DType::F16));
+        for b in 0..3 {
+            let seq = |x: &Tensor, c: &[u32]| x.narrow(0, c[b] as usize, (c[b + 1] - c[b]) as usize)?.unsqueeze(0);
+            let qd = (seq(&q8, &cq)?.to_dtype(DType::F32)? * 0.01)?;
+            let kd = dequantize(&seq(&k8, &ck)?, Some(&ks.narrow(0, b, 1)?), 1)?;
+            let vd = (seq(&v8, &ck)?.to_dtype(DType::F32)? * 0.01)?;
+            let (want, _) = attention(&qd, &kd, &vd, 0.2, window)?;
+            check_close(&seq(&o, &cq)?, &want, out_rel(DType::F16), 1e-5, &format!("sequence {b} causal {causal}"))?;
+        }
+    }
+    let w = fa::flash_attn_fp8_varlen_windowed(&q8, &k8, &v8, &cq_t, &ck_t, 9, 30, 0.2, Some(3), Some(0), ds, DType::BF16)?;
+    assert_eq!(w.dims3()?, (cq[3] as usize, h, d));
+    // Errors: rank, descale shape against the sequences, prefix sums.
+    expect_err(fa::flash_attn_fp8_varlen(&q8.unsqueeze(0)?, &k8, &v8, &cq_t, &ck_t, 9, 30, 0.2, true, ds, DType::BF16), &["`q` must have rank 3"]);
+    let bad = Fp8Descales { k_descale: Some(&Tensor::ones((2, hk), DType::F32, &dev)?), ..ds };
+    expect_err(fa::flash_attn_fp8_varlen(&q8, &k8, &v8, &cq_t, &ck_t, 9, 30, 0.2, true, bad, DType::BF16), &["`k_descale`", "(3, 2)"]);
+    let past = Tensor::new(&[0u32, 5, 6, 40], &dev)?;
+    expect_err(fa::flash_attn_fp8_varlen(&q8, &k8, &v8, &past, &ck_t, 9, 30, 0.2, true, ds, DType::BF16), &["cu_seqlens_q"]);
+    Ok(())
+}
