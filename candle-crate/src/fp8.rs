@@ -204,17 +204,18 @@ impl FlashAttnFp8 {
 /// input (dtypes, shapes, descale shapes, devices) is a candle error naming
 /// the argument.
 ///
-/// ```no_run
+/// ```
 /// # fn main() -> candle_core::Result<()> {
 /// use candle_core::{DType, Device, Tensor};
 /// use flash_attn_candle::{Fp8Descales, flash_attn_fp8};
 /// let dev = Device::Cpu;
 /// let x = Tensor::randn(0f32, 1., (1, 128, 8, 64), &dev)?;
 /// let scale = Tensor::new(&[4.0f32 / 448.0], &dev)?; // |x| ≤ 4 mapped onto e4m3's ±448
-/// let x8 = (&x / 4.0 * 448.0)?.to_dtype(DType::F8E4M3)?;
+/// let x8 = (&x * (448.0 / 4.0))?.to_dtype(DType::F8E4M3)?; // e4m3(x / scale), saturating
 /// let ds = Fp8Descales { q_descale: Some(&scale), k_descale: Some(&scale), v_descale: Some(&scale) };
-/// let o = flash_attn_fp8(&x8, &x8, &x8, 0.125, true, ds, DType::BF16)?; // (1, 128, 8, 64) bf16
-/// # let _ = o; Ok(()) }
+/// let o = flash_attn_fp8(&x8, &x8, &x8, 0.125, true, ds, DType::BF16)?;
+/// assert_eq!((o.dims4()?, o.dtype()), ((1, 128, 8, 64), DType::BF16));
+/// # Ok(()) }
 /// ```
 pub fn flash_attn_fp8(
     q: &Tensor,

@@ -111,7 +111,7 @@ impl FlashAttnKvCache {
 /// More options (window, softcap, ALiBi, `cache_batch_idx`, split count)
 /// and the logsumexp: [`FlashAttnKvCache::forward_fp8`].
 ///
-/// ```no_run
+/// ```
 /// # fn main() -> candle_core::Result<()> {
 /// use candle_core::{DType, Device, Tensor};
 /// let dev = Device::Cpu;
@@ -122,7 +122,8 @@ impl FlashAttnKvCache {
 /// let lens = Tensor::new(&[17u32], &dev)?; // 17 tokens cached; the new one goes to row 17
 /// let o = flash_attn_candle::flash_attn_with_kvcache_fp8(
 ///     &q, &k_cache, &v_cache, &scale, &scale, Some(&k_new), Some(&k_new), Some(&lens), None, 0.125, true)?;
-/// # let _ = o; Ok(()) }
+/// assert_eq!(o.dims4()?, (1, 1, 8, 64));
+/// # Ok(()) }
 /// ```
 #[allow(clippy::too_many_arguments)]
 pub fn flash_attn_with_kvcache_fp8(
