@@ -25,6 +25,7 @@ impl FlashAttnFp8 {
     /// The varlen form of [`FlashAttnFp8::forward_with_lse`] (module docs):
     /// O `(total_q, num_heads_q, head_size)` in [`FlashAttnFp8::out_dtype`]
     /// and the logsumexp, f32 `(num_heads_q, total_q)`.
+    #[allow(clippy::too_many_arguments)]
     pub fn forward_varlen_with_lse(
         &self,
         q: &Tensor,
