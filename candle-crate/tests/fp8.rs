@@ -383,3 +383,54 @@ fn varlen_matches_candle_per_sequence() -> Result<()> {
     expect_err(fa::flash_attn_fp8_varlen(&q8, &k8, &v8, &past, &ck_t, 9, 30, 0.2, true, ds, DType::BF16), &["cu_seqlens_q"]);
     Ok(())
 }
+
+/// On the GPU (`FA_REQUIRE_GPU=1`, feature `cuda`, an H100/H200): the
+/// adapter's wiring (offsets, strides, descale forms, GQA, output dtype)
+/// against the CPU path on the same tensors. The kernel rounds the
+/// probabilities to e4m3 for `P·V` (FlashAttention-3's FP8), so O agrees to
+/// a few percent of its range, not to the output's rounding; the KV-cache
+/// call converts the codes exactly, so it agrees to the output's rounding
+/// and appends the same bytes.
+#[test]
+fn gpu_matches_cpu() -> Result<()> {
+    let Some(gpu) = requested_gpu() else { return Ok(()) };
+    let cpu = Device::Cpu;
+    let (b, sq, sk, h, hk, d) = (2, 100, 140, 8, 2, 128);
+    let q8 = quantize(&Tensor::randn(0f32, 1., (b, h, sq, d), &cpu)?, 0.01)?.transpose(1, 2)?;
+    let k8 = quantize(&randn((b, sk, hk, d), &cpu)?, 0.01)?;
+    let v8 = quantize(&randn((b, sk, hk, d), &cpu)?, 0.01)?;
+    let per = Tensor::from_slice(&[0.01f32, 0.012, 0.008, 0.01], (b, hk), &cpu)?;
+    let one = Tensor::new(&[0.01f32], &cpu)?;
+    for (descale, out, causal) in [(&per, DType::BF16, true), (&one, DType::F16, false)] {
+        let ds = Fp8Descales { q_descale: Some(descale), k_descale: Some(descale), v_descale: Some(descale) };
+        let (gq, gk, gv, gs) = (q8.to_device(&gpu)?, k8.to_device(&gpu)?, v8.to_device(&gpu)?, descale.to_device(&gpu)?);
+        let gds = Fp8Descales { q_descale: Some(&gs), k_descale: Some(&gs), v_descale: Some(&gs) };
+        let want = fa::flash_attn_fp8(&q8, &k8, &v8, 0.09, causal, ds, out)?;
+        let got = fa::flash_attn_fp8(&gq, &gk, &gv, 0.09, causal, gds, out)?;
+        assert_eq!(got.dtype(), out);
+        let amax = want.to_dtype(DType::F32)?.abs()?.flatten_all()?.max(0)?.to_scalar::<f32>()?;
+        let e = max_diff(&got.to_device(&cpu)?, &want)?;
+        assert!(e <= 0.06 * amax, "FP8 prefill on the GPU vs the CPU: max |Δ| {e} (max |o| {amax})");
+    }
+    // The FP8 KV cache: same appended bytes, same O to bf16 rounding.
+    let (batch, cap) = (2, 256);
+    let kc = quantize(&randn((batch, cap, hk, d), &cpu)?, 0.05)?;
+    let vc = quantize(&randn((batch, cap, hk, d), &cpu)?, 0.05)?;
+    let (gkc, gvc) = (kc.to_device(&gpu)?, vc.to_device(&gpu)?);
+    let sc = Tensor::from_slice(&[0.05f32, 0.04], hk, &cpu)?;
+    let lens = Tensor::new(&[100u32, 201], &cpu)?;
+    let q = randn((batch, 1, h, d), &cpu)?.to_dtype(DType::BF16)?;
+    let kn = (randn((batch, 1, hk, d), &cpu)? * 4.0)?.to_dtype(DType::BF16)?;
+    let vn = randn((batch, 1, hk, d), &cpu)?.to_dtype(DType::BF16)?;
+    let want = fa::flash_attn_with_kvcache_fp8(&q, &kc, &vc, &sc, &sc, Some(&kn), Some(&vn), Some(&lens), None, 0.09, true)?;
+    let g = |t: &Tensor| t.to_device(&gpu);
+    let got = fa::flash_attn_with_kvcache_fp8(&g(&q)?, &gkc, &gvc, &g(&sc)?, &g(&sc)?, Some(&g(&kn)?), Some(&g(&vn)?), Some(&g(&lens)?), None, 0.09, true)?;
+    check_close(&got.to_device(&cpu)?, &want, 2.0 * out_rel(DType::BF16), 2e-3, "FP8 KV cache on the GPU vs the CPU")?;
+    assert_eq!(bits(&gkc.to_device(&cpu)?)?, bits(&kc)?, "k_cache bytes after the append");
+    assert_eq!(bits(&gvc.to_device(&cpu)?)?, bits(&vc)?, "v_cache bytes after the append");
+    // A tensor on the wrong device: an error naming it.
+    expect_err(fa::flash_attn_fp8(&q8.to_device(&gpu)?, &k8, &v8, 0.1, true, Fp8Descales::default(), DType::BF16), &["device mismatch", "`k`"]);
+    let ds_cpu = Fp8Descales { k_descale: Some(&one), ..Default::default() };
+    expect_err(fa::flash_attn_fp8(&g(&q8)?, &g(&k8)?, &g(&v8)?, 0.1, true, ds_cpu, DType::BF16), &["device mismatch", "`k_descale`"]);
+    Ok(())
+}
