@@ -83,19 +83,19 @@ pub(crate) fn index_i32(argument: &str, st: &CpuStorage, l: &Layout) -> Result<V
 }
 
 /// ALiBi slopes on the CPU: a host copy and their shape.
-struct Slopes {
+pub(crate) struct Slopes {
     slopes: Vec<f32>,
     shape: AlibiShape,
 }
 
 impl Slopes {
-    fn host(&self) -> HostAlibi<'_> {
+    pub(crate) fn host(&self) -> HostAlibi<'_> {
         HostAlibi { slopes: &self.slopes, shape: self.shape }
     }
 }
 
 /// `alibi_slopes` (if given) checked against `(batch, nheads)` and copied to the host.
-fn host_alibi(t: Option<&Tensor>, batch: usize, nheads: usize) -> Result<Option<Slopes>> {
+pub(crate) fn host_alibi(t: Option<&Tensor>, batch: usize, nheads: usize) -> Result<Option<Slopes>> {
     let Some(t) = t else { return Ok(None) };
     let (shape, offset) = check::alibi_shape(t, batch, nheads)?;
     let held = Held::new("alibi_slopes", t);
@@ -165,7 +165,7 @@ fn run<T: Elem>(c: &Checked, alibi: Option<&Slopes>, qkv: [(&CpuStorage, &Layout
 
 /// candle's strided buffer as an array in the reference's precision: a view
 /// of the buffer as it is (offset, strides), widened in one pass.
-fn widen<T: Elem>(storage: &CpuStorage, l: &Layout, tl: &TensorLayout) -> Result<Array4<T::F>> {
+pub(crate) fn widen<T: Elem>(storage: &CpuStorage, l: &Layout, tl: &TensorLayout) -> Result<Array4<T::F>> {
     let data = storage.as_slice::<T>()?;
     let [b, s, h, d] = tl.shape;
     let [sb, ss, sh] = tl.strides;

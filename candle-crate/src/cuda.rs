@@ -51,14 +51,14 @@ pub(crate) fn check_dtypes(q: &CudaStorage, k: &CudaStorage, v: &CudaStorage) ->
 
 /// ALiBi slopes on the GPU: the storage (held for reading), the shape as
 /// the core names it, and the start offset.
-struct Alibi<'t> {
+pub(crate) struct Alibi<'t> {
     held: Held<'t>,
     shape: AlibiShape,
     offset: usize,
 }
 
 /// `alibi_slopes` (if given): f32 `(nheads)` or `(batch, nheads)`, contiguous, on the GPU.
-fn alibi_storage(t: Option<&candle_core::Tensor>, batch: usize, nheads: usize) -> Result<Option<Alibi<'_>>> {
+pub(crate) fn alibi_storage(t: Option<&candle_core::Tensor>, batch: usize, nheads: usize) -> Result<Option<Alibi<'_>>> {
     let Some(t) = t else { return Ok(None) };
     let (shape, offset) = check::alibi_shape(t, batch, nheads)?;
     let held = Held::new("alibi_slopes", t);
@@ -67,19 +67,19 @@ fn alibi_storage(t: Option<&candle_core::Tensor>, batch: usize, nheads: usize) -
 }
 
 /// The slopes as the core's [`Extras`] (a view of candle's buffer).
-fn alibi_view<'a>(alibi: Option<&'a Alibi<'_>>) -> Result<Option<(CudaView<'a, f32>, AlibiShape)>> {
+pub(crate) fn alibi_view<'a>(alibi: Option<&'a Alibi<'_>>) -> Result<Option<(CudaView<'a, f32>, AlibiShape)>> {
     let Some(a) = alibi else { return Ok(None) };
     let slopes = a.held.cuda()?.0.as_cuda_slice::<f32>()?;
     Ok(Some((slopes.slice(a.offset.min(slopes.len())..), a.shape)))
 }
 
-fn extras<'a>(alibi: &'a Option<(CudaView<'_, f32>, AlibiShape)>) -> Extras<'a> {
+pub(crate) fn extras<'a>(alibi: &'a Option<(CudaView<'_, f32>, AlibiShape)>) -> Extras<'a> {
     Extras { alibi_slopes: alibi.as_ref().map(|(s, shape)| AlibiSlopes::new(s, *shape)) }
 }
 
 /// candle's buffer from the layout's start offset on, as a cudarc view
 /// (no copy; the strides travel in our `TensorLayout`).
-fn view<'a, T: CudaDType + DeviceRepr>(s: &'a CudaStorage, l: &Layout) -> Result<CudaView<'a, T>> {
+pub(crate) fn view<'a, T: CudaDType + DeviceRepr>(s: &'a CudaStorage, l: &Layout) -> Result<CudaView<'a, T>> {
     let slice = s.as_cuda_slice::<T>()?;
     Ok(slice.slice(l.start_offset().min(slice.len())..))
 }
@@ -87,7 +87,7 @@ fn view<'a, T: CudaDType + DeviceRepr>(s: &'a CudaStorage, l: &Layout) -> Result
 /// An index tensor (U32 or I32, contiguous: `check::index_tensor`) read in
 /// place as the kernels' i32: u32 and i32 have one size and the same bits
 /// below 2³¹, and the kernels clamp every value they read to the buffers.
-fn i32_view<'a>(argument: &str, s: &'a CudaStorage, l: &Layout) -> Result<CudaView<'a, i32>> {
+pub(crate) fn i32_view<'a>(argument: &str, s: &'a CudaStorage, l: &Layout) -> Result<CudaView<'a, i32>> {
     let n = l.shape().elem_count();
     let short = || err(format_args!("`{argument}`: buffer shorter than its shape"));
     match s.dtype() {
@@ -108,7 +108,7 @@ fn i32_view<'a>(argument: &str, s: &'a CudaStorage, l: &Layout) -> Result<CudaVi
 }
 
 /// Every storage on `dev`'s device, or an error naming the first that is not.
-fn same_device(dev: &candle_core::CudaDevice, others: &[(&str, &CudaStorage)]) -> Result<()> {
+pub(crate) fn same_device(dev: &candle_core::CudaDevice, others: &[(&str, &CudaStorage)]) -> Result<()> {
     for &(argument, s) in others {
         if !s.device().same_device(dev) {
             return Err(err(format_args!("device mismatch: `{argument}` is on {:?} but `q` on {:?}", s.device(), dev)));
@@ -118,11 +118,11 @@ fn same_device(dev: &candle_core::CudaDevice, others: &[(&str, &CudaStorage)]) -
 }
 
 /// New keys or values as the core's tensor of `dyn DevicePtr`.
-fn as_new<'a, T: DeviceRepr>((data, layout): &'a (CudaView<'_, T>, TensorLayout)) -> Tensor<'a, dyn DevicePtr<T> + 'a> {
+pub(crate) fn as_new<'a, T: DeviceRepr>((data, layout): &'a (CudaView<'_, T>, TensorLayout)) -> Tensor<'a, dyn DevicePtr<T> + 'a> {
     Tensor { data: data as &dyn DevicePtr<T>, layout: *layout }
 }
 
-fn wrap<T: CudaDType>(s: candle_core::cuda_backend::cudarc::driver::CudaSlice<T>, dev: &candle_core::CudaDevice) -> CudaStorage {
+pub(crate) fn wrap<T: CudaDType>(s: candle_core::cuda_backend::cudarc::driver::CudaSlice<T>, dev: &candle_core::CudaDevice) -> CudaStorage {
     CudaStorage::wrap_cuda_slice(s, dev.clone())
 }
 

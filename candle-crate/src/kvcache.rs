@@ -27,6 +27,7 @@ use candle_core::{CpuStorage, InplaceOp1, Layout, Result, Storage, Tensor};
 use flash_attn::{ForwardParams, TensorLayout};
 
 use crate::check::{self, err, layout4, layout4_of};
+use crate::kvcache_fp8::KvScales;
 use crate::cpu;
 use crate::storage::Held;
 
@@ -94,8 +95,9 @@ impl FlashAttnKvCache {
         }
     }
 
-    /// Shapes, dtypes, index tensors, options: everything the host sees.
-    fn check(&self, q: &Tensor, k_cache: &Tensor, v_cache: &Tensor, a: &KvCacheArgs<'_>) -> Result<KvChecked> {
+    /// Shapes, dtypes, index tensors, options: everything the host sees
+    /// (`fp8`: e4m3 caches, f16/bf16 q, head dims multiples of 16).
+    fn check(&self, q: &Tensor, k_cache: &Tensor, v_cache: &Tensor, a: &KvCacheArgs<'_>, fp8: bool) -> Result<KvChecked> {
         let ql = layout4("q", q.layout())?;
         let axes = if a.block_table.is_some() {
             "(num_blocks, page_block_size, nheads_k, headdim) for a paged cache"
@@ -104,8 +106,13 @@ impl FlashAttnKvCache {
         };
         let kc = layout4_of("k_cache", k_cache.layout(), axes)?;
         let vc = layout4_of("v_cache", v_cache.layout(), axes)?;
-        check::check_dtypes(q.dtype(), k_cache.dtype(), v_cache.dtype(), cpu::DTYPES, "CPU or GPU")
-            .map_err(|e| rename(e, &[("`k`", "`k_cache`"), ("`v`", "`v_cache`")]))?;
+        if fp8 {
+            crate::kvcache_fp8::check_dtypes(q.dtype(), k_cache.dtype(), v_cache.dtype())?;
+            crate::fp8::check_headdim("k_cache", kc.headdim())?;
+        } else {
+            check::check_dtypes(q.dtype(), k_cache.dtype(), v_cache.dtype(), cpu::DTYPES, "CPU or GPU")
+                .map_err(|e| rename(e, &[("`k`", "`k_cache`"), ("`v`", "`v_cache`")]))?;
+        }
         if vc.shape != kc.shape {
             return Err(err(format_args!("shape mismatch: `v_cache` is {:?} but `k_cache` is {:?}: they must be equal", vc.shape, kc.shape)));
         }
@@ -183,7 +190,15 @@ impl FlashAttnKvCache {
     /// on CUDA (f16, bf16). Errors name the argument and leave the caches
     /// untouched. No backward op is recorded.
     pub fn forward(&self, q: &Tensor, k_cache: &Tensor, v_cache: &Tensor, a: KvCacheArgs<'_>) -> Result<(Tensor, Tensor)> {
+        self.run(q, k_cache, v_cache, a, None)
+    }
+
+    /// [`Self::forward`], or with `scales` its FP8 form ([`Self::forward_fp8`]).
+    pub(crate) fn run(&self, q: &Tensor, k_cache: &Tensor, v_cache: &Tensor, a: KvCacheArgs<'_>, scales: Option<KvScales<'_>>) -> Result<(Tensor, Tensor)> {
         let mut all = vec![("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("cache_seqlens", a.cache_seqlens)];
+        if let Some(s) = &scales {
+            all.extend([("k_scale", s.k_scale), ("v_scale", s.v_scale)]);
+        }
         let optional = [
             ("k_new", a.k_new),
             ("v_new", a.v_new),
@@ -193,11 +208,15 @@ impl FlashAttnKvCache {
         ];
         all.extend(optional.iter().filter_map(|&(n, t)| t.map(|t| (n, t))));
         crate::check_devices(&all)?;
-        let c = self.check(q, k_cache, v_cache, &a)?;
+        let c = self.check(q, k_cache, v_cache, &a, scales.is_some())?;
+        if let Some(s) = &scales {
+            crate::kvcache_fp8::check_scales(s, c.k_cache.nheads())?;
+        }
         let mut read = vec![("q", Some(q)), ("cache_seqlens", Some(a.cache_seqlens))];
         read.extend(optional);
+        read.extend(scales.iter().flat_map(|s| [("k_scale", Some(s.k_scale)), ("v_scale", Some(s.v_scale))]));
         check::check_no_sharing(&[("k_cache", k_cache), ("v_cache", v_cache)], &read)?;
-        let outer = OnKCache { op: self, c: &c, q, v_cache, a: &a, out: RefCell::new(None) };
+        let outer = OnKCache { op: self, c: &c, q, v_cache, a: &a, scales, out: RefCell::new(None) };
         k_cache.inplace_op1(&outer)?;
         let (o, lse) = outer.out.into_inner().ok_or_else(|| err("the KV-cache call returned no output"))?;
         let [b, s, h, d] = c.q.shape;
@@ -223,6 +242,8 @@ struct OnKCache<'a> {
     q: &'a Tensor,
     v_cache: &'a Tensor,
     a: &'a KvCacheArgs<'a>,
+    /// An FP8 cache's scales (`None`: a 16-bit cache).
+    scales: Option<KvScales<'a>>,
     /// O and the logsumexp, set by the inner op.
     out: RefCell<Option<(Storage, Storage)>>,
 }
@@ -278,8 +299,11 @@ impl InplaceOp1 for OnVCache<'_, '_> {
         let Some(KStore::Cpu(k, k_l)) = self.k_store() else {
             return Err(err("device mismatch: `k_cache` and `v_cache` must be on one device"));
         };
-        let OnKCache { op, c, q, a, .. } = self.outer;
-        let (o, lse) = cpu::kvcache(c, a, op.alibi_slopes.as_ref(), q, (k, k_l), (v, v_l))?;
+        let OnKCache { op, c, q, a, scales, .. } = self.outer;
+        let (o, lse) = match scales {
+            Some(s) => crate::kvcache_fp8::cpu(c, a, s, op.alibi_slopes.as_ref(), q, (k, k_l), (v, v_l))?,
+            None => cpu::kvcache(c, a, op.alibi_slopes.as_ref(), q, (k, k_l), (v, v_l))?,
+        };
         *self.outer.out.borrow_mut() = Some((Storage::Cpu(o), Storage::Cpu(lse)));
         Ok(())
     }
@@ -289,8 +313,11 @@ impl InplaceOp1 for OnVCache<'_, '_> {
         let Some(KStore::Cuda(k, k_l)) = self.k_store() else {
             return Err(err("device mismatch: `k_cache` and `v_cache` must be on one device"));
         };
-        let OnKCache { op, c, q, a, .. } = self.outer;
-        let (o, lse) = crate::cuda::kvcache(c, a, op.num_splits, op.alibi_slopes.as_ref(), q, (k, k_l), (v, v_l))?;
+        let OnKCache { op, c, q, a, scales, .. } = self.outer;
+        let (o, lse) = match scales {
+            Some(s) => crate::cuda_fp8::kvcache(c, a, s, op.num_splits, op.alibi_slopes.as_ref(), q, (k, k_l), (v, v_l))?,
+            None => crate::cuda::kvcache(c, a, op.num_splits, op.alibi_slopes.as_ref(), q, (k, k_l), (v, v_l))?,
+        };
         *self.outer.out.borrow_mut() = Some((Storage::Cuda(o), Storage::Cuda(lse)));
         Ok(())
     }

@@ -39,6 +39,13 @@
 //!   ([`flash_attn_with_kvcache`], [`FlashAttnKvCache`]: the core's
 //!   `forward_kvcache`, contiguous or paged, split-KV; the reference's
 //!   `kvcache_attention`/`paged_kvcache_attention` on the CPU).
+//! * FP8 (e4m3) on candle's `DType::F8E4M3`: [`flash_attn_fp8`] (and
+//!   `_windowed`, `_varlen`, [`FlashAttnFp8`]) with FlashAttention-3's
+//!   descale tensors ([`Fp8Descales`]), O in bf16 or f16 (the core's
+//!   `forward_fp8_into` on sm_90a; the FP8 reference on the CPU), and decode
+//!   over an e4m3 KV cache with `k_scale`/`v_scale`, new rows quantized in
+//!   place ([`flash_attn_with_kvcache_fp8`], [`FlashAttnKvCache::forward_fp8`]:
+//!   the core's `forward_kvcache_fp8`). Forward only.
 //! * [`FlashAttnKvCache::order_block_table`] sorts a block-table tensor's
 //!   position-free full pages by address in place (the core's
 //!   `order_block_table` on the CPU, its device sort on candle's stream),
@@ -49,13 +56,21 @@ mod check;
 mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+#[cfg(feature = "cuda")]
+mod cuda_fp8;
+mod fp8;
+mod fp8_varlen;
 mod kvcache;
+mod kvcache_fp8;
 mod op;
 mod page_order;
 mod storage;
 mod varlen;
 
+pub use fp8::{FlashAttnFp8, Fp8Descales, flash_attn_fp8, flash_attn_fp8_windowed};
+pub use fp8_varlen::{flash_attn_fp8_varlen, flash_attn_fp8_varlen_windowed};
 pub use kvcache::{FlashAttnKvCache, KvCacheArgs, flash_attn_with_kvcache};
+pub use kvcache_fp8::flash_attn_with_kvcache_fp8;
 pub use op::FlashAttn;
 pub use varlen::*;
 

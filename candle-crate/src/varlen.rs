@@ -27,7 +27,7 @@ struct Paged {
     page_block_size: usize,
 }
 
-struct FlashAttnVarLen {
+pub(crate) struct FlashAttnVarLen {
     opts: check::Options,
     max_seqlen_q: usize,
     max_seqlen_k: usize,
@@ -80,8 +80,23 @@ fn check_seqlens(argument: &str, t: &Tensor) -> Result<usize> {
 }
 
 impl FlashAttnVarLen {
+    /// A packed (not paged) call without ALiBi: what the FP8 varlen call
+    /// checks its layouts and prefix sums with.
+    pub(crate) fn packed(opts: check::Options, seqlens_q: &Tensor, seqlens_k: &Tensor, max_seqlen: (usize, usize)) -> Self {
+        FlashAttnVarLen {
+            paged: None,
+            opts,
+            max_seqlen_q: max_seqlen.0,
+            max_seqlen_k: max_seqlen.1,
+            seqlens_q: seqlens_q.clone(),
+            seqlens_k: seqlens_k.clone(),
+            alibi_slopes: None,
+            lse: Mutex::new(None),
+        }
+    }
+
     /// The layouts (k and v packed, or pages) and the index tensors.
-    fn check(&self, q_l: &Layout, k_l: &Layout, v_l: &Layout) -> Result<(Checked, VarlenIdx<'_>)> {
+    pub(crate) fn check(&self, q_l: &Layout, k_l: &Layout, v_l: &Layout) -> Result<(Checked, VarlenIdx<'_>)> {
         let q = layout3("q", q_l)?;
         let (k, v) = match &self.paged {
             None => (layout3("k", k_l)?, layout3("v", v_l)?),

@@ -239,7 +239,7 @@ fn plan_tc(key: &DispatchKey, dims: &Dims, block: Option<(usize, usize)>, limits
         return Err(FlashAttnError::InvalidBlock {
             br,
             bc,
-            reason: "no tensor-core kernel is compiled for this (Br, Bc), dtype and head dim (see flash_attn::tc::TC_KERNELS)",
+            reason: "no tensor-core kernel is compiled for this (Br, Bc), dtype and head dim (see flash_attn::advanced::tc::TC_KERNELS)",
         });
     };
     if kernel.smem_bytes() > limits.max_smem_per_block {
