@@ -13,8 +13,10 @@
 //!   tests on the CPU and `llama-check --device cpu`: candle-transformers'
 //!   Llama through the `[patch.crates-io]` drop-in, on `cpu_fwd`.
 //! * `cargo xtask candle --stage DIR`: the `--cuda` build's test binaries,
-//!   `llama-check` and a `run.sh` in DIR, for a GPU machine with a CUDA 13
-//!   driver and libraries (no Rust needed there).
+//!   `llama-check`, the training example `train_gpt` and a `run.sh` in DIR,
+//!   for a GPU machine with a CUDA 13 driver and libraries (no Rust needed
+//!   there). `run.sh` runs the tests and llama-check; `run.sh --train`
+//!   runs `train_gpt --device cuda` after them.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -28,7 +30,8 @@ usage: cargo xtask candle [--cuda | --stage DIR]
   --cuda        install the CUDA 13.0 toolkit pieces from PyPI (scripts/cuda-toolkit.sh),
                 build with candle's CUDA backend, run the tests and llama-check
                 (on the GPU with --bench if there is one, else on the CPU)
-  --stage DIR   the --cuda build's tests, llama-check and run.sh in DIR for a GPU machine";
+  --stage DIR   the --cuda build's tests, llama-check, train_gpt and run.sh in DIR for a GPU machine
+                (run.sh --train also runs train_gpt --device cuda)";
 
 /// The run script of a staged folder: CUDA libraries from the machine
 /// (driver, `/usr/local/cuda`, or pip's nvidia-* wheels), the GPU tests,
@@ -37,8 +40,12 @@ const RUN_SH: &str = r#"#!/usr/bin/env bash
 # Runs the staged candle adapter on a GPU machine: the adapter's tests with
 # FA_REQUIRE_GPU=1, then llama-check --bench (candle-transformers' Llama on
 # candle's attention vs ours, logits compared; prefill/decode timings).
+# `run.sh --train [ARGS]`: then train_gpt --device cuda [ARGS] (the training
+# proof: our attention vs candle's from one initialization, loss curves).
 set -uo pipefail
 cd "$(dirname "$0")"
+train=0
+if [[ "${1:-}" == "--train" ]]; then train=1; shift; fi
 libs=/usr/local/cuda/lib64
 for d in $(python3 -c 'import nvidia, os; print(" ".join(os.path.join(p, "cu13", "lib") for p in nvidia.__path__))' 2>/dev/null); do
   libs="$libs:$d"
@@ -55,8 +62,15 @@ for t in tests/*; do
   echo "== $t"
   FA_REQUIRE_GPU=1 "$t" --test-threads=1 || fail=1
 done
-echo "== llama-check --bench"
-./llama-check --device cuda --bench "$@" || fail=1
+if [[ $train == 1 ]]; then
+  echo "== llama-check --bench"
+  ./llama-check --device cuda --bench || fail=1
+  echo "== train_gpt --device cuda $*"
+  ./train_gpt --device cuda "$@" || fail=1
+else
+  echo "== llama-check --bench"
+  ./llama-check --device cuda --bench "$@" || fail=1
+fi
 exit $fail
 "#;
 
@@ -115,6 +129,11 @@ fn toolkit() -> Result<(PathBuf, Vec<(String, String)>), String> {
 
 /// The `--cuda` build: test binaries (paths) and `llama-check`.
 fn build_cuda() -> Result<(PathBuf, Vec<PathBuf>, PathBuf), String> {
+    build_cuda_with(false).map(|(dir, tests, llama, _)| (dir, tests, llama))
+}
+
+/// [`build_cuda`], and with `train` the `train_gpt` example too (its path last).
+fn build_cuda_with(train: bool) -> Result<(PathBuf, Vec<PathBuf>, PathBuf, Option<PathBuf>), String> {
     cargo::ensure_rust_src()?;
     let (dir, env) = toolkit()?;
     let target = crate_dir().join("target/cuda");
@@ -144,7 +163,16 @@ fn build_cuda() -> Result<(PathBuf, Vec<PathBuf>, PathBuf), String> {
     with_env(&mut cmd);
     cmd.args(["build", "--locked", "--release", "--package", "llama-check"]);
     cargo::status(cmd)?;
-    Ok((dir, tests, target.join("release/llama-check")))
+    let train_gpt = if train {
+        let mut cmd = candle_cargo();
+        with_env(&mut cmd);
+        cmd.args(["build", "--locked", "--release", "--package", "flash-attn-candle", "--example", "train_gpt"]).args(features);
+        cargo::status(cmd)?;
+        Some(target.join("release/examples/train_gpt"))
+    } else {
+        None
+    };
+    Ok((dir, tests, target.join("release/llama-check"), train_gpt))
 }
 
 fn has_gpu() -> bool {
@@ -178,7 +206,7 @@ fn cuda() -> Result<(), String> {
 }
 
 fn stage(out: &Path) -> Result<(), String> {
-    let (_, tests, llama) = build_cuda()?;
+    let (_, tests, llama, train_gpt) = build_cuda_with(true)?;
     let tests_dir = out.join("tests");
     std::fs::create_dir_all(&tests_dir).map_err(|e| format!("create {}: {e}", tests_dir.display()))?;
     for t in &tests {
@@ -190,10 +218,13 @@ fn stage(out: &Path) -> Result<(), String> {
         }
     }
     copy(&llama, &out.join("llama-check"))?;
+    if let Some(t) = &train_gpt {
+        copy(t, &out.join("train_gpt"))?;
+    }
     let run_sh = out.join("run.sh");
     std::fs::write(&run_sh, RUN_SH).map_err(|e| format!("write {}: {e}", run_sh.display()))?;
     set_executable(&run_sh)?;
-    println!("xtask candle --stage: tests, llama-check and run.sh in {}", out.display());
+    println!("xtask candle --stage: tests, llama-check, train_gpt and run.sh in {} (run.sh --train also trains)", out.display());
     Ok(())
 }
 
