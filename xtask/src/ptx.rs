@@ -77,16 +77,18 @@ pub fn check_split(ptxas: &Path, files: &[PtxFile]) -> Result<(usize, Vec<String
 pub const REQUIRED: &[(&str, &[&str])] = &[
     // Tensor-core kernels (kernel-crate/src/tc), FA2 and FA1: HMMA via
     // mma.sync m16n8k16, fragments from shared memory via ldmatrix (V through
-    // the transposing x4 form), global->shared 16-byte copies via cp.async.cg.
+    // a transposing form: x4, or x2 in the d 256 FP8-cache decode builds),
+    // global->shared 16-byte copies via cp.async.cg.
     (
         "flash_fwd_tc_",
         &[
             "mma.sync.aligned.m16n8k16",
             "ldmatrix.sync.aligned",
-            "ldmatrix.sync.aligned.m8n8.x4.trans",
+            ".trans.shared.b16",
             "cp.async.cg.shared.global",
         ],
     ),
+
     // Tensor-core backward main kernels (kernel-crate/src/tc/bwd.rs): HMMA,
     // ldmatrix (dO/Q/K through .trans, dSᵀ as a transposed A operand),
     // cp.async of the tiles (16 B) and of LSE/D rows (4 B), the dQ
@@ -508,7 +510,11 @@ ptxas info    : Used 255 registers, used 1 barriers, 8192 bytes smem
         let no_trans = full.replace(".x4.trans", ".x4").replace("cp.async.cg", "ld.global");
         let p = missing_instructions_tc(&[e("flash_fwd_tc_fa2_f16_d64", full), e("flash_fwd_tc_fa1_bf16_d64", &no_trans)]);
         assert_eq!(p.len(), 2, "{p:?}");
-        assert!(p[0].contains("flash_fwd_tc_fa1_bf16_d64") && p[0].contains("ldmatrix.sync.aligned.m8n8.x4.trans"));
+        assert!(p[0].contains("flash_fwd_tc_fa1_bf16_d64") && p[0].contains(".trans.shared.b16"));
+        // The x2 transposing form serves too (the FP8-cache decode at d 256).
+        let x2 = full.replace(".x4.trans.shared.b16 {%r3, %r4, %r5, %r6}", ".x2.trans.shared.b16 {%r3, %r4}");
+        assert!(x2.contains(".x2.trans") && !x2.contains(".x4.trans"));
+        assert!(missing_instructions_tc(&[e("flash_fwd_tc_dec_bf16_e4m3_d256_w4_bc64_s4", &x2)]).is_empty());
         assert!(p[1].contains("cp.async.cg.shared.global"));
         // No tensor-core kernel at all is a problem too.
         let p = missing_instructions_tc(&[e("fa2_forward_f32", "ret;")]);
