@@ -290,10 +290,45 @@ fn run_varlen<T: AttnElem + CudaDType>(
 }
 
 /// The index tensors of a KV-cache call as GPU storages.
-struct KvBufs<'a> {
-    cache_seqlens: (&'a CudaStorage, &'a Layout),
-    cache_batch_idx: Option<(&'a CudaStorage, &'a Layout)>,
-    block_table: Option<(&'a CudaStorage, &'a Layout)>,
+pub(crate) struct KvBufs<'a> {
+    pub(crate) cache_seqlens: (&'a CudaStorage, &'a Layout),
+    pub(crate) cache_batch_idx: Option<(&'a CudaStorage, &'a Layout)>,
+    pub(crate) block_table: Option<(&'a CudaStorage, &'a Layout)>,
+}
+
+/// What a GPU KV-cache call (16-bit or FP8) checks before it views any
+/// buffer: every tensor on `q`'s device (`more`: further ones, checked
+/// after `cache_seqlens`), both caches with one layout; then its index
+/// tensors viewed as i32 (`cache_seqlens`, `cache_batch_idx`, `block_table`).
+#[allow(clippy::type_complexity)]
+pub(crate) fn kv_index_views<'a>(
+    dev: &candle_core::CudaDevice,
+    c: &KvChecked,
+    idx: &KvBufs<'a>,
+    caches: [&CudaStorage; 2],
+    more: &[(&str, &CudaStorage)],
+    new: Option<&[(&CudaStorage, &Layout); 2]>,
+) -> Result<(CudaView<'a, i32>, Option<CudaView<'a, i32>>, Option<CudaView<'a, i32>>)> {
+    same_device(dev, &[("k_cache", caches[0]), ("v_cache", caches[1]), ("cache_seqlens", idx.cache_seqlens.0)])?;
+    same_device(dev, more)?;
+    for (argument, s) in [("cache_batch_idx", idx.cache_batch_idx), ("block_table", idx.block_table)] {
+        if let Some((s, _)) = s {
+            same_device(dev, &[(argument, s)])?;
+        }
+    }
+    if let Some([(kn, _), (vn, _)]) = new {
+        same_device(dev, &[("k_new", kn), ("v_new", vn)])?;
+    }
+    if c.v_cache.strides != c.k_cache.strides {
+        return Err(err(format_args!(
+            "`v_cache`: strides {:?} differ from `k_cache`'s {:?} (the kernels read both caches with one layout)",
+            c.v_cache.strides, c.k_cache.strides
+        )));
+    }
+    let lens = i32_view("cache_seqlens", idx.cache_seqlens.0, idx.cache_seqlens.1)?;
+    let batch_idx = idx.cache_batch_idx.map(|(s, l)| i32_view("cache_batch_idx", s, l)).transpose()?;
+    let table = idx.block_table.map(|(s, l)| i32_view("block_table", s, l)).transpose()?;
+    Ok((lens, batch_idx, table))
 }
 
 /// A KV-cache call on the GPU: the core's `forward_kvcache` over candle's
@@ -342,27 +377,10 @@ fn run_kv<T: AttnElem + CudaDType>(
     new: Option<[(&CudaStorage, &Layout); 2]>,
 ) -> Result<(CudaStorage, CudaStorage)> {
     let dev = q.device().clone();
-    same_device(&dev, &[("k_cache", k_st), ("v_cache", v_st), ("cache_seqlens", idx.cache_seqlens.0)])?;
-    for (argument, s) in [("cache_batch_idx", idx.cache_batch_idx), ("block_table", idx.block_table)] {
-        if let Some((s, _)) = s {
-            same_device(&dev, &[(argument, s)])?;
-        }
-    }
-    if let Some([(kn, _), (vn, _)]) = &new {
-        same_device(&dev, &[("k_new", kn), ("v_new", vn)])?;
-    }
-    if c.v_cache.strides != c.k_cache.strides {
-        return Err(err(format_args!(
-            "`v_cache`: strides {:?} differ from `k_cache`'s {:?} (the kernels read both caches with one layout)",
-            c.v_cache.strides, c.k_cache.strides
-        )));
-    }
+    let (lens, batch_idx, table) = kv_index_views(&dev, c, idx, [k_st, v_st], &[], new.as_ref())?;
     let stream = dev.cuda_stream();
     let fa = kernels(&stream)?;
     let qv = view::<T>(q, q_l)?;
-    let lens = i32_view("cache_seqlens", idx.cache_seqlens.0, idx.cache_seqlens.1)?;
-    let batch_idx = idx.cache_batch_idx.map(|(s, l)| i32_view("cache_batch_idx", s, l)).transpose()?;
-    let table = idx.block_table.map(|(s, l)| i32_view("block_table", s, l)).transpose()?;
     let new = match (new, &c.new) {
         (Some([(kn, kn_l), (vn, vn_l)]), Some((lk, lv))) => Some(((view::<T>(kn, kn_l)?, *lk), (view::<T>(vn, vn_l)?, *lv))),
         _ => None,

@@ -12,7 +12,7 @@ use flash_attn::{AttnElem, BlockTable, DecodeOptions, KvCacheFp8, RowStats, Tens
 use half::{bf16, f16};
 
 use crate::check::{Checked, core_err, err};
-use crate::cuda::{alibi_storage, alibi_view, as_new, extras, i32_view, kernels, same_device, view, wrap};
+use crate::cuda::{KvBufs, alibi_storage, alibi_view, as_new, extras, i32_view, kernels, kv_index_views, same_device, view, wrap};
 use crate::fp8::Descales;
 use crate::kvcache::{KvCacheArgs, KvChecked};
 use crate::kvcache_fp8::KvScales;
@@ -204,26 +204,20 @@ pub(crate) fn kvcache(
     let scales = [scales[0].cuda()?, scales[1].cuda()?];
     let alibi = alibi_storage(alibi, c.batch, c.q.nheads())?;
     let q = q.cuda()?;
-    let bufs = KvBufs { cache_seqlens: idx[0].ok_or_else(|| err("`cache_seqlens` is required"))?, cache_batch_idx: idx[1], block_table: idx[2], scales };
+    let bufs = KvBufs { cache_seqlens: idx[0].ok_or_else(|| err("`cache_seqlens` is required"))?, cache_batch_idx: idx[1], block_table: idx[2] };
     match q.0.dtype() {
-        DType::BF16 => run_kv::<bf16>(c, &bufs, num_splits, alibi.as_ref(), q, k_cache, v_cache, new),
-        DType::F16 => run_kv::<f16>(c, &bufs, num_splits, alibi.as_ref(), q, k_cache, v_cache, new),
+        DType::BF16 => run_kv::<bf16>(c, &bufs, scales, num_splits, alibi.as_ref(), q, k_cache, v_cache, new),
+        DType::F16 => run_kv::<f16>(c, &bufs, scales, num_splits, alibi.as_ref(), q, k_cache, v_cache, new),
         dt => Err(err(format_args!("`q`: dtype {dt:?} is not supported with an FP8 KV cache (supported: {:?})", crate::fp8::OUT_DTYPES))),
     }
 }
 
-/// The index and scale tensors of an FP8 KV-cache call as GPU storages.
-struct KvBufs<'a> {
-    cache_seqlens: (&'a CudaStorage, &'a Layout),
-    cache_batch_idx: Option<(&'a CudaStorage, &'a Layout)>,
-    block_table: Option<(&'a CudaStorage, &'a Layout)>,
-    scales: [(&'a CudaStorage, &'a Layout); 2],
-}
 
 #[allow(clippy::too_many_arguments)]
 fn run_kv<T: AttnElem + candle_core::cuda_backend::CudaDType>(
     c: &KvChecked,
     idx: &KvBufs<'_>,
+    scales: [(&CudaStorage, &Layout); 2],
     num_splits: Option<usize>,
     alibi: Option<&crate::cuda::Alibi<'_>>,
     (q, q_l): (&CudaStorage, &Layout),
@@ -232,30 +226,12 @@ fn run_kv<T: AttnElem + candle_core::cuda_backend::CudaDType>(
     new: Option<[(&CudaStorage, &Layout); 2]>,
 ) -> Result<(CudaStorage, CudaStorage)> {
     let dev = q.device().clone();
-    same_device(&dev, &[("k_cache", k_st), ("v_cache", v_st), ("cache_seqlens", idx.cache_seqlens.0)])?;
-    same_device(&dev, &[("k_scale", idx.scales[0].0), ("v_scale", idx.scales[1].0)])?;
-    for (argument, s) in [("cache_batch_idx", idx.cache_batch_idx), ("block_table", idx.block_table)] {
-        if let Some((s, _)) = s {
-            same_device(&dev, &[(argument, s)])?;
-        }
-    }
-    if let Some([(kn, _), (vn, _)]) = &new {
-        same_device(&dev, &[("k_new", kn), ("v_new", vn)])?;
-    }
-    if c.v_cache.strides != c.k_cache.strides {
-        return Err(err(format_args!(
-            "`v_cache`: strides {:?} differ from `k_cache`'s {:?} (the kernels read both caches with one layout)",
-            c.v_cache.strides, c.k_cache.strides
-        )));
-    }
+    let (lens, batch_idx, table) = kv_index_views(&dev, c, idx, [k_st, v_st], &[("k_scale", scales[0].0), ("v_scale", scales[1].0)], new.as_ref())?;
     let stream = dev.cuda_stream();
     let fa = kernels(&stream)?;
     let qv = view::<T>(q, q_l)?;
-    let lens = i32_view("cache_seqlens", idx.cache_seqlens.0, idx.cache_seqlens.1)?;
-    let batch_idx = idx.cache_batch_idx.map(|(s, l)| i32_view("cache_batch_idx", s, l)).transpose()?;
-    let table = idx.block_table.map(|(s, l)| i32_view("block_table", s, l)).transpose()?;
-    let ks = scale_view("k_scale", idx.scales[0].0, idx.scales[0].1)?;
-    let vs = scale_view("v_scale", idx.scales[1].0, idx.scales[1].1)?;
+    let ks = scale_view("k_scale", scales[0].0, scales[0].1)?;
+    let vs = scale_view("v_scale", scales[1].0, scales[1].1)?;
     let new = match (new, &c.new) {
         (Some([(kn, kn_l), (vn, vn_l)]), Some((lk, lv))) => Some(((view::<T>(kn, kn_l)?, *lk), (view::<T>(vn, vn_l)?, *lv))),
         _ => None,
