@@ -28,6 +28,12 @@
 //!   `log2 e`.) The recomputation rule holds for any score function, so every
 //!   feature is supported here, even those the FA1 forward kernels refuse.
 //!
+//! * [`attention_backward_lowp`]: the definition as PyTorch computes it on
+//!   16-bit tensors (`pt` of FlashAttention-2's tests, whose error bounds the
+//!   16-bit kernels' by FA2's rule): the same products, each result rounded
+//!   to the element type where PyTorch's fp16/bf16 autograd rounds it (the
+//!   list is on the function).
+//!
 //! GQA/MQA: query head `h` reads KV head `h / (nheads / nheads_k)`; the
 //! gradients of a KV head are the sums over its group of query heads.
 //! Masked entries have `P = 0`, `dS = 0`; a row that sees no key gets
@@ -46,6 +52,7 @@ use super::varlen::{check_kv3, check_query_side};
 use super::{axpy, dot, softmax_safe};
 use crate::error::Result;
 use crate::params::ForwardParams;
+use crate::tensor::AttnElem;
 use crate::varlen::check_varlen;
 
 /// Gradients of a dense call.
@@ -115,6 +122,13 @@ impl<F: Real> Scorer<F> {
         };
         Some((self.bias.apply(t, pos, j), dcap))
     }
+
+    /// `t − slope·|pos − j|`: ALiBi's bias added to the softcapped score `t`
+    /// of a visible (row `i`, key `j`).
+    #[inline]
+    fn biased(&self, t: F, i: usize, j: usize) -> F {
+        self.bias.apply(t, i as i64 + self.window.shift, j as i64)
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -183,6 +197,85 @@ fn definition_head<F: Real>(x: &HeadIn<F>, sc: &Scorer<F>, g: HeadOut<F>) {
             axpy(&mut g.dq[i * d..][..d], sc.scale * ds, &x.k[j * d..][..d]);
             axpy(&mut g.dk[j * d..][..d], sc.scale * ds, &x.q[i * d..][..d]);
         }
+    }
+}
+
+/// The definition as PyTorch's 16-bit autograd computes it, one head
+/// (rounding points: [`attention_backward_lowp`]). `round` rounds a value to
+/// the element type; products accumulate in `F` (f32: PyTorch's "opmath").
+fn lowp_head<F: Real>(x: &HeadIn<F>, sc: &Scorer<F>, round: fn(F) -> F, g: HeadOut<F>) {
+    let (sq, sk, d) = (x.sq(), x.sk(), x.d);
+    let (cap, alibi) = (sc.cap.softcap, sc.bias.alibi_slope != F::ZERO);
+    // `reorder_ops`: K / √d, not Q, is scaled (and rounded).
+    let k_scaled: Vec<F> = x.k.iter().map(|&v| round(v * sc.scale)).collect();
+    // Σ_i dS_ijᵀ Q_i and Σ_i P_ijᵀ dO_i in f32, rounded once at the end.
+    let mut dk_scaled = vec![F::ZERO; sk * d];
+    let mut dv = vec![F::ZERO; sk * d];
+    let mut s_i = vec![F::NEG_INFINITY; sk];
+    let mut tanh_i = vec![F::ZERO; sk];
+    let mut dp_i = vec![F::ZERO; sk];
+    let mut dq_i = vec![F::ZERO; d];
+    for i in 0..sq {
+        let (q_i, do_i) = (&x.q[i * d..][..d], &x.dout[i * d..][..d]);
+        // S_i: masked entries -inf.
+        for j in 0..sk {
+            s_i[j] = F::NEG_INFINITY;
+            if !sc.window.visible(i as i64, j as i64) {
+                continue;
+            }
+            let s = round(dot(q_i, &k_scaled[j * d..][..d]));
+            let t = if cap > F::ZERO {
+                tanh_i[j] = round(round(s / cap).tanh());
+                round(tanh_i[j] * cap)
+            } else {
+                s
+            };
+            // The f32 bias promotes S to f32: no rounding after it.
+            s_i[j] = if alibi { sc.biased(t, i, j) } else { t };
+        }
+        // P_i = softmax(S_i) (f32 inside); the PV product and dV read it
+        // rounded, softmax's backward reads softmax's own output: rounded too,
+        // except with ALiBi (f32 softmax, then `.to(dtype)`).
+        let p32 = softmax_safe(&s_i);
+        // dP_i = dO_i Vᵀ (rounded), D_i = Σ_j P_ij dP_ij (f32).
+        let mut d_i = F::ZERO;
+        for j in 0..sk {
+            if p32[j] == F::ZERO {
+                continue;
+            }
+            dp_i[j] = round(dot(do_i, &x.v[j * d..][..d]));
+            let p_bwd = if alibi { p32[j] } else { round(p32[j]) };
+            d_i = d_i + p_bwd * dp_i[j];
+        }
+        dq_i.fill(F::ZERO);
+        for j in 0..sk {
+            if p32[j] == F::ZERO {
+                continue; // masked or underflowed: P = 0, dS = 0
+            }
+            let p = round(p32[j]);
+            axpy(&mut dv[j * d..][..d], p, do_i);
+            let p_bwd = if alibi { p32[j] } else { p };
+            // dS = P ∘ (dP − D), rounded; softcap's backward: ·cap, ·(1 − tanh²), /cap, each rounded.
+            let mut ds = round(p_bwd * (dp_i[j] - d_i));
+            if cap > F::ZERO {
+                let th = tanh_i[j];
+                ds = round(round(round(ds * cap) * (F::ONE - th * th)) / cap);
+            }
+            axpy(&mut dq_i, ds, &k_scaled[j * d..][..d]);
+            axpy(&mut dk_scaled[j * d..][..d], ds, q_i);
+        }
+        // dQ_i = dS_i (K/√d), rounded.
+        for (dst, &src) in g.dq[i * d..][..d].iter_mut().zip(&dq_i) {
+            *dst = round(src);
+        }
+    }
+    // dK = (dSᵀ Q rounded) / √d rounded; dV = Pᵀ dO rounded; added to the KV
+    // head's sums (rounded by the caller).
+    for (dst, &src) in g.dk.iter_mut().zip(&dk_scaled) {
+        *dst = *dst + round(round(src) * sc.scale);
+    }
+    for (dst, &src) in g.dv.iter_mut().zip(&dv) {
+        *dst = *dst + round(src);
     }
 }
 
@@ -269,6 +362,8 @@ fn blocked_head<F: Real>(x: &HeadIn<F>, out: &[F], stats: RowStats<F>, sc: &Scor
 #[derive(Clone, Copy)]
 enum SeqPath<'a, F> {
     Definition,
+    /// The definition with PyTorch's 16-bit roundings (`round` to the dtype).
+    LowPrecision { round: fn(F) -> F },
     Fa2 { out: ArrayView3<'a, F>, lse: ArrayView2<'a, F>, block: (usize, usize) },
     Fa1 { out: ArrayView3<'a, F>, l: ArrayView2<'a, F>, m: ArrayView2<'a, F>, block: (usize, usize) },
 }
@@ -305,6 +400,7 @@ fn backward_seq<F: Real>(
             let out = HeadOut { dq: &mut dq_h, dk: &mut dk_g, dv: &mut dv_g };
             match path {
                 SeqPath::Definition => definition_head(&x, &sc, out),
+                SeqPath::LowPrecision { round } => lowp_head(&x, &sc, round, out),
                 SeqPath::Fa2 { out: o, lse, block } => {
                     let (oh, lh) = (gather(o.slice(s![.., h, ..])), lse.row(h).to_vec());
                     blocked_head(&x, &oh, RowStats::Lse(&lh), &sc, block, out)
@@ -335,6 +431,7 @@ fn backward_seq<F: Real>(
 #[derive(Clone, Copy)]
 enum DensePath<'a, F> {
     Definition,
+    LowPrecision { round: fn(F) -> F },
     Fa2 { out: ArrayView4<'a, F>, lse: ArrayView3<'a, F>, block: (usize, usize) },
     Fa1 { out: ArrayView4<'a, F>, l: ArrayView3<'a, F>, m: ArrayView3<'a, F>, block: (usize, usize) },
 }
@@ -343,6 +440,7 @@ impl<'a, F: Real> DensePath<'a, F> {
     fn of_seq(&self, b: usize) -> SeqPath<'a, F> {
         match *self {
             DensePath::Definition => SeqPath::Definition,
+            DensePath::LowPrecision { round } => SeqPath::LowPrecision { round },
             DensePath::Fa2 { out, lse, block } => {
                 SeqPath::Fa2 { out: out.index_axis_move(ndarray::Axis(0), b), lse: lse.index_axis_move(ndarray::Axis(0), b), block }
             }
@@ -412,6 +510,61 @@ pub fn attention_backward<F: Real>(
     let opts = check_dense(&q, &k, &v, params, alibi.as_ref())?;
     check_like_q("dout", &dout, &q)?;
     Ok(run_dense((q, k, v, dout), DensePath::Definition, alibi, &opts))
+}
+
+/// `x` rounded to `T` (to nearest even) and widened back.
+fn round_to<T: AttnElem>(x: f32) -> f32 {
+    T::from_f32(x).to_f32()
+}
+
+/// Gradients of attention as PyTorch's standard attention computes them on
+/// tensors of the 16-bit type `T` (`half::f16`, `half::bf16`): the `pt` of
+/// FlashAttention-2's tests (`attention_ref(..., upcast=False,
+/// reorder_ops=True)` differentiated by autograd), whose error against the
+/// f64 definition ([`attention_backward`]) bounds the 16-bit kernels' by
+/// FA2's rule `max|g − g_ref| ≤ 2·max|g_pt − g_ref| + ε`.
+///
+/// Every product accumulates in f32 (cuBLAS's fp16/bf16 GEMMs, PyTorch's
+/// softmax and reductions); the result of each operation is rounded to `T`
+/// where PyTorch stores it as a `T` tensor:
+///
+/// * forward: `K·scale` (`reorder_ops` scales K, not Q); `S = Q (K·scale)ᵀ`;
+///   softcap `S/cap`, `tanh`, `·cap` (three roundings); masks (`-inf`); ALiBi
+///   adds an f32 bias, which promotes `S` to f32 (no rounding after it);
+///   `P = softmax(S)`, rounded (with ALiBi: computed in f32, then
+///   `.to(dtype)`);
+/// * backward: `dP = dO Vᵀ`; `dV = Pᵀ dO`; softmax's backward
+///   `dS = P ∘ (dP − D)`, `D = rowsum(P ∘ dP)` in f32 with `P` softmax's own
+///   output (rounded; with ALiBi the f32 one, and `dS` is rounded when it
+///   reaches the 16-bit `S`); softcap's backward `·cap`, `·(1 − tanh²)`,
+///   `/cap`, each rounded; `dQ = dS (K·scale)`; `dK = (dSᵀ Q)·scale`, two
+///   roundings; GQA/MQA: the per-query-head `dK`, `dV` (rounded) summed over
+///   the group in f32 and rounded (the backward of `repeat`).
+///
+/// The O of the forward is not needed (`D` comes from `P ∘ dP`). Where FA2
+/// divides by `√d` this multiplies by `scale` (the same number up to one f32
+/// rounding before the 16-bit one); its causal ALiBi bias differs from ours
+/// by a per-row constant, which softmax ignores. For `T = f32` every rounding
+/// is exact and this is [`attention_backward`] in f32 up to the order of
+/// operations. Shapes, options and errors: [`attention_backward`]'s.
+pub fn attention_backward_lowp<T: AttnElem>(
+    q: ArrayView4<T>,
+    k: ArrayView4<T>,
+    v: ArrayView4<T>,
+    dout: ArrayView4<T>,
+    params: &ForwardParams,
+    alibi: Option<HostAlibi<'_>>,
+) -> Result<Grads<T>> {
+    let up = |x: ArrayView4<T>| x.mapv(T::to_f32);
+    let (q, k, v, dout) = (up(q), up(k), up(v), up(dout));
+    let opts = check_dense(&q.view(), &k.view(), &v.view(), params, alibi.as_ref())?;
+    check_like_q("dout", &dout.view(), &q.view())?;
+    let path = DensePath::LowPrecision { round: round_to::<T> };
+    let g = run_dense((q.view(), k.view(), v.view(), dout.view()), path, alibi, &opts);
+    // The last rounding: the KV heads' sums over their groups (a no-op for
+    // dq and for groups of one head).
+    let down = |x: Array4<f32>| x.mapv(T::from_f32);
+    Ok(Grads { dq: down(g.dq), dk: down(g.dk), dv: down(g.dv) })
 }
 
 /// FlashAttention-2's backward (Algorithm 2, see the module docs) with `br`

@@ -28,8 +28,9 @@
 //!   their feature-free special cases and run the same per-head code.
 //! * [`varlen`]: packed batches with `cu_seqlens` ([`attention_varlen`]).
 //! * [`backward`]: gradients (the definition, FA2's Algorithm 2, FA1's
-//!   Algorithm 4, varlen) — [`attention_backward`], [`fa2_backward`],
-//!   [`fa1_backward`], [`varlen_attention_backward`].
+//!   Algorithm 4, varlen, and the definition with PyTorch's 16-bit
+//!   roundings) — [`attention_backward`], [`fa2_backward`], [`fa1_backward`],
+//!   [`varlen_attention_backward`], [`attention_backward_lowp`].
 //! * [`decode`]: split-KV partials and their combine ([`combine_partials`],
 //!   [`split_kv_forward`]), KV cache with in-place append and
 //!   `cache_batch_idx` ([`kvcache_attention`]), paged KV ([`PagedKv`],
@@ -48,7 +49,9 @@ pub use decode::{
     PagedKv, PagedKvMut, SplitPartials, attention_varlen_paged, combine_partials, kvcache_attention,
     paged_kvcache_attention, paged_to_contiguous, split_kv_forward, split_kv_partials,
 };
-pub use backward::{Grads, VarlenGrads, attention_backward, fa1_backward, fa2_backward, varlen_attention_backward};
+pub use backward::{
+    Grads, VarlenGrads, attention_backward, attention_backward_lowp, fa1_backward, fa2_backward, varlen_attention_backward,
+};
 pub use features::{DEFAULT_BLOCK, HostAlibi, attention, fa2_forward_ext};
 pub use varlen::{VarlenOutput, attention_varlen};
 pub use crate::error::RefError;
