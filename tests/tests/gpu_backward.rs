@@ -1,25 +1,46 @@
 //! The backward pass on the GPU through the ndarray API
 //! (`flash_attn_backward_on_ext`, `flash_attn_varlen_backward`), against the
 //! f64 definition (`reference::attention_backward`) on the inputs as the
-//! kernels see them (rounded to the dtype):
+//! kernels see them (rounded to the dtype), by FlashAttention-2's rule
+//! (tests/test_flash_attn.py) in every dtype:
 //!
-//! * f32: FlashAttention-2's rule (tests/test_flash_attn.py),
-//!   `max|g − g_ref| ≤ 2 · max|g_pt − g_ref| + 1e-5` for dq, dk, dv, with
-//!   `pt` the same math in f32 on the CPU (`reference::attention_backward::<f32>`).
-//! * f16/bf16: `max|g − g_ref| ≤ tol · (1 + max|g_ref|)` with tol 1e-2
-//!   (f16) and 4e-2 (bf16): P and dS are rounded to the dtype before the
-//!   tensor-core products, as in FlashAttention-2; a CPU "pt" in 16-bit
-//!   precision (rounding every intermediate) is not emulated here, so the
-//!   bound is the dtype's, not FA2's ratio. The largest ratio seen per
-//!   dtype is printed. Varlen in f32: 1e-4 of the same scale.
-//! * The sweep: dtype × MHA/GQA/MQA × causal × window × softcap × ALiBi
+//! `max|g − g_ref| ≤ 2 · max|g_pt − g_ref| + ε` for dq, dk, dv, with `ref` the
+//! f64 definition and `pt` standard attention computed the way PyTorch does
+//! in the dtype:
+//!
+//! * f32: `reference::attention_backward::<f32>` (the same math in f32);
+//! * f16/bf16: `reference::attention_backward_lowp::<T>`, which rounds S, P,
+//!   dP, dS, the softcap steps, dQ, dK, dV and the GQA group sums to the dtype
+//!   where PyTorch's fp16/bf16 autograd does (products accumulate in f32;
+//!   the list is on that function) — FA2's `attention_ref(upcast=False,
+//!   reorder_ops=True)`. The 16-bit kernels round only P and dS (to feed
+//!   the tensor cores) and their outputs, so their error is about pt's: a
+//!   throwaway CPU emulation of those roundings (f32 S, rounded P and dS,
+//!   D from the rounded O) came to at most 0.63 of the bound on this sweep.
+//!
+//! `ε = 1e-5` (BACKWARD.md's statement of FA2's rule, the f32 bound before):
+//! where pt is exact the kernels still differ by f32 summation order. With
+//! one visible key per row (sk = 1) P = 1 and dS = P(dP − D) is exactly 0
+//! in pt and in the reference, while a kernel's dP (a tensor-core product)
+//! and D (rowsum(dO ∘ O) from the stored O) are two f32 sums of about d
+//! terms of size ≤ 1 in different orders: by estimate |dS| ≲ 3e-6 at d 256,
+//! dk ≲ 2e-6 after the sum over rows and the scale. Against pt's own errors
+//! ε is small: the smallest 2·err_pt measured on the CPU over this sweep is
+//! 5e-5 (f16) and 3.3e-4 (bf16). The largest `err / (2·err_pt + ε)` seen per
+//! dtype is printed (≤ 1 passes), with `err / (1 + max|ref|)`. The CPU side
+//! (f64 reference and pt) takes about 1.5 s per 16-bit sweep (test profile).
+//!
+//! Cases:
+//!
+//! * the sweep: dtype × MHA/GQA/MQA × causal × window × softcap × ALiBi
 //!   (all 48 combinations at d = 64 and sq ≠ sk), × every head dim the
 //!   backward takes (8..=256 step 8: 16-bit above 128 runs the f32 kernels,
 //!   as the ndarray API converts) with the features and (sq, sk) pairs
 //!   (1-row sequences, sq ≠ sk both ways) cycled;
 //! * several key and query blocks (sequences of 200..520) for the 16-bit
 //!   kernels, causal, GQA, a window;
-//! * varlen = each sequence alone (the reference's per-sequence definition);
+//! * varlen = each sequence alone (the reference's per-sequence definition,
+//!   pt per sequence), f32, f16, bf16;
 //! * deterministic mode: the same bits over 10 runs (f32 and bf16, several
 //!   key blocks, GQA).
 //!
@@ -61,25 +82,46 @@ fn max_diff<D: Dimension>(a: &Array<f64, D>, b: &Array<f64, D>) -> f64 {
     a.iter().zip(b).fold(0.0f64, |m, (&x, &y)| if x.is_nan() { f64::INFINITY } else { m.max((x - y).abs()) })
 }
 
-/// The check of one gradient; returns `err / (1 + max|ref|)`.
-fn check<T: AttnElem>(what: &str, got: &Array4<f64>, want: &Array4<f64>, pt: Option<&Array4<f64>>) -> f64 {
-    let err = max_diff(got, want);
-    let scale = 1.0 + max_abs(want);
-    match (T::DTYPE, pt) {
-        (DType::F32, Some(pt)) => {
-            let bound = 2.0 * max_diff(pt, want) + 1e-5;
-            assert!(err <= bound, "{what}: max |g − ref| = {err:e} > 2·max |pt − ref| + 1e-5 = {bound:e}");
-        }
-        (dt, _) => {
-            let tol = match dt {
-                DType::F16 => 1e-2,
-                DType::BF16 => 4e-2,
-                DType::F32 => 1e-4,
-            };
-            assert!(err <= tol * scale, "{what}: max |g − ref| = {err:e} > {tol:e} · {scale}");
-        }
+/// FA2's additive term (see the module docs).
+const EPS: f64 = 1e-5;
+
+/// The largest `err / (2·err_pt + ε)` (the rule's ratio: ≤ 1 passes) and
+/// `err / (1 + max|ref|)` of a set of checks.
+#[derive(Clone, Copy, Debug, Default)]
+struct Worst {
+    ratio: f64,
+    rel: f64,
+}
+
+impl Worst {
+    fn max(self, o: Worst) -> Worst {
+        Worst { ratio: self.ratio.max(o.ratio), rel: self.rel.max(o.rel) }
     }
-    err / scale
+}
+
+/// FA2's rule for one gradient: `max|g − ref| ≤ 2·max|pt − ref| + ε`.
+fn check(what: &str, got: &Array4<f64>, want: &Array4<f64>, pt: &Array4<f64>) -> Worst {
+    let err = max_diff(got, want);
+    let bound = 2.0 * max_diff(pt, want) + EPS;
+    assert!(err <= bound, "{what}: max |g − ref| = {err:e} > 2·max |pt − ref| + {EPS:e} = {bound:e}");
+    Worst { ratio: err / bound, rel: err / (1.0 + max_abs(want)) }
+}
+
+/// `pt` of FA2's rule: standard attention's gradients computed in `T` on
+/// the CPU (f32: the definition in f32; f16/bf16: PyTorch's roundings).
+fn pt_grads<T: AttnElem>(
+    (q, k, v, dout): (&Array4<T>, &Array4<T>, &Array4<T>, &Array4<T>),
+    p: &ForwardParams,
+    al: Option<HostAlibi>,
+) -> [Array4<f64>; 3] {
+    if T::DTYPE == DType::F32 {
+        let f = |a: &Array4<T>| a.mapv(|x| x.to_f32());
+        let g = reference::attention_backward::<f32>(f(q).view(), f(k).view(), f(v).view(), f(dout).view(), p, al).unwrap();
+        [g.dq, g.dk, g.dv].map(|x| x.mapv(f64::from))
+    } else {
+        let g = reference::attention_backward_lowp::<T>(q.view(), k.view(), v.view(), dout.view(), p, al).unwrap();
+        [g.dq, g.dk, g.dv].map(|x| up(&x))
+    }
 }
 
 fn up<T: AttnElem>(a: &Array4<T>) -> Array4<f64> {
@@ -87,7 +129,7 @@ fn up<T: AttnElem>(a: &Array4<T>) -> Array4<f64> {
 }
 
 /// Runs one case in `T` on the GPU (forward then backward) and checks it.
-fn run_case<T: AttnElem>(g: &Gpu, rng: &mut Rng, c: &Case) -> f64 {
+fn run_case<T: AttnElem>(g: &Gpu, rng: &mut Rng, c: &Case) -> Worst {
     let (b, sq, sk, h, hk, d) = c.shape;
     let t = |rng: &mut Rng, s| rng.tensor(s, 1.0).mapv(|x| T::from_f32(x as f32));
     let (q, k, v, dout) = (t(rng, (b, sq, h, d)), t(rng, (b, sk, hk, d)), t(rng, (b, sk, hk, d)), t(rng, (b, sq, h, d)));
@@ -95,20 +137,15 @@ fn run_case<T: AttnElem>(g: &Gpu, rng: &mut Rng, c: &Case) -> f64 {
     let al = || c.alibi.then(|| HostAlibi { slopes: &slopes, shape: AlibiShape::PerHead });
     let p = c.params();
     let (out, lse) = flash_attn_func_on_ext(&g.fa, &g.stream, q.view(), k.view(), v.view(), &p, al()).unwrap();
-    let bp = BackwardParams { forward: p.clone(), deterministic: false };
+    let bp = BackwardParams { forward: p, deterministic: false };
     let gr = flash_attn_backward_on_ext(&g.fa, &g.stream, q.view(), k.view(), v.view(), out.view(), dout.view(), lse.view(), &bp, al())
         .unwrap_or_else(|e| panic!("{c:?} {:?}: {e}", T::DTYPE));
-    let (q64, k64, v64, do64) = (up(&q), up(&k), up(&v), up(&dout));
-    let r = reference::attention_backward::<f64>(q64.view(), k64.view(), v64.view(), do64.view(), &p, al()).unwrap();
-    let pt = (T::DTYPE == DType::F32).then(|| {
-        let f = |a: &Array4<f64>| a.mapv(|x| x as f32);
-        let g = reference::attention_backward::<f32>(f(&q64).view(), f(&k64).view(), f(&v64).view(), f(&do64).view(), &p, al()).unwrap();
-        [g.dq, g.dk, g.dv].map(|x| x.mapv(f64::from))
-    });
+    let r = reference::attention_backward::<f64>(up(&q).view(), up(&k).view(), up(&v).view(), up(&dout).view(), &p, al()).unwrap();
+    let pt = pt_grads((&q, &k, &v, &dout), &p, al());
     let what = format!("{:?} {c:?}", T::DTYPE);
-    let mut worst = 0.0f64;
+    let mut worst = Worst::default();
     for (i, (name, got, want)) in [("dq", &gr.dq, &r.dq), ("dk", &gr.dk, &r.dk), ("dv", &gr.dv, &r.dv)].into_iter().enumerate() {
-        worst = worst.max(check::<T>(&format!("{what} {name}"), &up(got), want, pt.as_ref().map(|p| &p[i])));
+        worst = worst.max(check(&format!("{what} {name}"), &up(got), want, &pt[i]));
     }
     worst
 }
@@ -125,7 +162,7 @@ fn cases(d: usize, i: usize) -> Case {
 fn sweep<T: AttnElem>(test: &str) {
     let Some(g) = gpu(test) else { return };
     let mut rng = Rng::fresh(test);
-    let mut worst = 0.0f64;
+    let mut worst = Worst::default();
     // Every feature combination at d = 64, sq ≠ sk.
     for i in 0..48 {
         let (h, hk) = HEADS[i % 3];
@@ -145,7 +182,10 @@ fn sweep<T: AttnElem>(test: &str) {
             worst = worst.max(run_case::<T>(g, &mut rng, &c));
         }
     }
-    println!("{test}: largest max|g − ref| / (1 + max|ref|) = {worst:.3e}");
+    println!(
+        "{test}: largest max|g − ref| / (2·max|pt − ref| + {EPS:e}) = {:.3} (≤ 1 passes), largest max|g − ref| / (1 + max|ref|) = {:.3e}",
+        worst.ratio, worst.rel
+    );
 }
 
 #[test]
@@ -154,17 +194,18 @@ fn f32_gradients_follow_fa2s_rule() {
 }
 
 #[test]
-fn f16_gradients() {
-    sweep::<f16>("f16_gradients");
+fn f16_gradients_follow_fa2s_rule() {
+    sweep::<f16>("f16_gradients_follow_fa2s_rule");
 }
 
 #[test]
-fn bf16_gradients() {
-    sweep::<bf16>("bf16_gradients");
+fn bf16_gradients_follow_fa2s_rule() {
+    sweep::<bf16>("bf16_gradients_follow_fa2s_rule");
 }
 
 /// Varlen: each sequence's gradients = the reference's per-sequence
-/// definition (empty and 1-row sequences included), f32 and bf16, with
+/// definition by FA2's rule (pt: that sequence alone through the dense
+/// `pt_grads`; empty and 1-row sequences included), f32, f16 and bf16, with
 /// softcap (the tensor-core kernel) and without (on Hopper, the wgmma
 /// kernel; sequences over several of its 64/128-row blocks).
 #[test]
@@ -192,7 +233,7 @@ fn varlen_case<T: AttnElem>(rng: &mut Rng, softcap: Option<f32>, d: usize) {
         let max = (300, 260);
         let (out, lse) = flash_attn_varlen_func(q.view(), k.view(), v.view(), &cq, &ck, None, max, &p, None).unwrap();
         let vl = HostVarlen { cu_seqlens_q: &cq, cu_seqlens_k: &ck, seqused_k: None, max_seqlen: max };
-        let bp = BackwardParams { forward: p.clone(), deterministic: false };
+        let bp = BackwardParams { forward: p, deterministic: false };
         let g = flash_attn_varlen_backward(q.view(), k.view(), v.view(), out.view(), dout.view(), lse.view(), &vl, &bp, None).unwrap();
         let u = |a: &ndarray::Array3<T>| a.mapv(|x| f64::from(x.to_f32()));
         let r = reference::varlen_attention_backward::<f64>(u(&q).view(), u(&k).view(), u(&v).view(), u(&dout).view(), &cq, &ck, None, max.0, max.1, &p, None).unwrap();
@@ -200,8 +241,12 @@ fn varlen_case<T: AttnElem>(rng: &mut Rng, softcap: Option<f32>, d: usize) {
             let (rq, rk) = (cq[b] as usize..cq[b] as usize + nq, ck[b] as usize..ck[b] as usize + nk);
             let one = |a: &ndarray::Array3<f64>, r: std::ops::Range<usize>| a.slice(s![r, .., ..]).to_owned().insert_axis(Axis(0));
             let what = format!("varlen {:?} d {d} softcap {softcap:?} causal {causal} sequence {b}", T::DTYPE);
-            for (name, got, want, r) in [("dq", &g.dq, &r.dq, rq.clone()), ("dk", &g.dk, &r.dk, rk.clone()), ("dv", &g.dv, &r.dv, rk)] {
-                check::<T>(&format!("{what} {name}"), &one(&u(got), r.clone()), &one(want, r), None);
+            // pt of this sequence alone (dense, batch 1).
+            let seq = |a: &ndarray::Array3<T>, r: std::ops::Range<usize>| a.slice(s![r, .., ..]).to_owned().insert_axis(Axis(0));
+            let x = [seq(&q, rq.clone()), seq(&k, rk.clone()), seq(&v, rk.clone()), seq(&dout, rq.clone())];
+            let pt = pt_grads((&x[0], &x[1], &x[2], &x[3]), &p, None);
+            for (i, (name, got, want, r)) in [("dq", &g.dq, &r.dq, rq.clone()), ("dk", &g.dk, &r.dk, rk.clone()), ("dv", &g.dv, &r.dv, rk)].into_iter().enumerate() {
+                check(&format!("{what} {name}"), &one(&u(got), r.clone()), &one(want, r), &pt[i]);
             }
         }
     }
