@@ -15,11 +15,14 @@
 //!   peer subprocess, SVG line charts, the check's reference rows).
 //! * [`naive`]: naive attention computed in f16/bf16 on the CPU, the
 //!   yardstick of the 16-bit accuracy rule.
+//! * [`traffic`]: the HBM-traffic model of forward + backward (FA1's
+//!   Algorithm 4, the rows of seed 002's GPT-2 table) that `fa-run` prints.
 
 pub mod bench;
 pub mod case;
 pub mod features;
 pub mod naive;
+pub mod traffic;
 
 use std::sync::{Arc, OnceLock};
 
