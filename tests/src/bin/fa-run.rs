@@ -3,7 +3,9 @@
 //! 1. Always: the FA1 tiling plan of seed 002 for the GPT-2 shape on an A100
 //!    (N = 1024, d = 64, M = 192 KB: Bc = 768, Br = 64, Tc = 2, Tr = 16) and
 //!    the HBM-traffic model of standard attention, FA1 and FA2 (arithmetic
-//!    only, no GPU).
+//!    only, no GPU): the forward, then forward + backward as in seed 002's
+//!    GPT-2 table (`flash_attn_tests::traffic`: standard's backward with dP,
+//!    dS in HBM, FA1's Algorithm 4, FA2's backward with its dQ accumulator).
 //! 2. On a GPU: standard attention, FA1 and FA2 with the f32 kernels, and FA2
 //!    and FA1 in bf16 on the tensor cores, on the GPT-2 shape (batch 8,
 //!    N = 1024, 12 heads, d = 64) and on N = 8192 (batch 1, 12 heads, d = 64),
@@ -22,10 +24,19 @@
 //!    re-runs itself under `ncu --clock-control none --metrics
 //!    dram__bytes_read.sum,dram__bytes_write.sum` with `FA_RUN_NCU=1`, in
 //!    which mode it launches every row exactly once and does nothing else.
-//!    One table; exit status non-zero if any check fails.
+//!    One table. Then forward + backward on the first shape (GPT-2): the
+//!    f32 kernels in the FA2 and FA1 orders and the bf16 tensor-core backward
+//!    (Hopper `wgmma` or `mma.sync`, as the library picks:
+//!    `FLASH_ATTN_BACKWARD_KERNEL=tc` forces the latter), each timed as
+//!    forward and backward together, then each alone (CUDA events, median,
+//!    caller scratch), its gradients (poisoned with NaN first) checked
+//!    against the f64 definition (`reference::attention_backward`) on
+//!    `--bwd-heads` sampled (batch, head) pairs, with the modelled HBM bytes
+//!    of forward + backward. Exit status non-zero if any check fails.
 //! 3. Without a GPU (or with `--cpu`): says why, and runs the CPU reference
-//!    (standard attention in f64 and f32, FA1 and FA2 loop orders in f32) on
-//!    a small shape. `FA_REQUIRE_GPU=1` makes a missing GPU a failure.
+//!    (standard attention in f64 and f32, FA1 and FA2 loop orders in f32,
+//!    and their backward loops in f32 against the f64 definition) on a small
+//!    shape. `FA_REQUIRE_GPU=1` makes a missing GPU a failure.
 
 use std::fmt::Display;
 use std::path::PathBuf;
@@ -37,11 +48,13 @@ use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaContext, CudaEvent, CudaSlice, CudaStream};
 use flash_attn::advanced::dispatch::Plan;
 use flash_attn::plan::{HbmTraffic, TilingPlan};
-use flash_attn::reference::{fa1_forward, fa2_forward, standard_attention};
+use flash_attn::reference::{self, fa1_forward, fa2_forward, standard_attention};
 use flash_attn::{
-    AttnElem, DType, FlashAttention, ForwardParams, LoopOrder, StatsMut, Tensor, TensorLayout, TensorMut,
+    AttnElem, BackwardParams, BackwardScratch, DType, Extras, FlashAttention, ForwardParams, LoopOrder, RowStats, StatsMut,
+    Tensor, TensorLayout, TensorMut,
 };
-use flash_attn_tests::{Rng, gpu_required};
+use flash_attn_tests::bench::{Step, Timing, time_events};
+use flash_attn_tests::{Rng, gpu_required, traffic};
 use ndarray::{Array3, Array4, s};
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
@@ -106,6 +119,7 @@ struct Opts {
     warmup: usize,
     sets: usize,
     samples: usize,
+    bwd_heads: usize,
     budget_s: f64,
     cpu_only: bool,
     print_ncu: bool,
@@ -118,11 +132,14 @@ struct Opts {
 
 const HELP: &str = "usage: cargo xtask run [options]        (the binary: fa-run [options])
 
-The FA1 tiling plan and HBM-traffic model of the GPT-2 shape; then, on a GPU,
-standard attention, FA1 and FA2 (f32 kernels; FA2 and FA1 in bf16 on tensor
-cores) on the GPT-2 shape and on N = 8192, checked against each other and
-against the f64 CPU reference on sampled rows, in one table. Without a GPU:
-the CPU reference on a small shape. Exit status 1 if a check fails.
+The FA1 tiling plan and HBM-traffic model (forward, and forward + backward) of
+the GPT-2 shape; then, on a GPU, standard attention, FA1 and FA2 (f32 kernels;
+FA2 and FA1 in bf16 on tensor cores) on the GPT-2 shape and on N = 8192,
+checked against each other and against the f64 CPU reference on sampled rows,
+in one table; and forward + backward on the first shape (f32 FA2 and FA1
+orders, bf16 tensor cores), gradients checked against the f64 definition on
+sampled heads, in a second. Without a GPU: the CPU reference (forward and
+backward) on a small shape. Exit status 1 if a check fails.
 
 options:
   --shape B,N,H,D    a GPU configuration (repeatable; replaces the default
@@ -132,6 +149,8 @@ options:
   --warmup W         warm-up runs per row (3)
   --sets S           input sets rotated through while timing (3)
   --samples K        (batch, head, row) triples checked against f64 (32)
+  --bwd-heads K      (batch, head) pairs whose gradients are checked against
+                     the f64 definition in the forward + backward rows (4)
   --budget-s T       timing budget per row in seconds, bounds reps above 10 (3)
   --seed S           input seed (default: FA_SEED, else the clock)
   --cpu              skip the GPU: run the CPU path
@@ -158,6 +177,7 @@ fn parse() -> Result<Opts, String> {
         warmup: 3,
         sets: 3,
         samples: 32,
+        bwd_heads: 4,
         budget_s: 3.0,
         cpu_only: false,
         print_ncu: false,
@@ -188,6 +208,7 @@ fn parse() -> Result<Opts, String> {
             "--warmup" => o.warmup = num("--warmup", val("--warmup")?)? as usize,
             "--sets" => o.sets = (num("--sets", val("--sets")?)? as usize).max(1),
             "--samples" => o.samples = (num("--samples", val("--samples")?)? as usize).max(1),
+            "--bwd-heads" => o.bwd_heads = (num("--bwd-heads", val("--bwd-heads")?)? as usize).max(1),
             "--budget-s" => {
                 let v = val("--budget-s")?;
                 o.budget_s = v.parse().map_err(|e| format!("--budget-s {v}: {e}"))?;
@@ -317,8 +338,44 @@ fn print_plan_and_model(o: &Opts, sh: Shape) -> Res<()> {
     );
     println!("  FA2 reads K, V Tr = {} times and writes O, lse once per Q block (with FA1's small Br the", plan.tr);
     println!("  K/V re-reads dominate; FA2 kernels take a larger Br, and K/V re-reads largely hit L2).");
-    println!("  (Seed 002's GPT-2 table, a whole model forward+backward on an A100: standard 40.3 GB / 41.7 ms,");
-    println!("   FlashAttention 4.4 GB / 7.3 ms. The figures above are one attention forward.)");
+    println!("  (The figures above are one attention forward; forward + backward below.)");
+    print_fwd_bwd_model(&plan, e, s, sh)
+}
+
+/// The forward + backward rows of seed 002's table (`flash_attn_tests::traffic`).
+fn print_fwd_bwd_model(plan: &TilingPlan, e: u64, s: u64, sh: Shape) -> Res<()> {
+    let all_pairs = (sh.b * sh.h) as u64;
+    println!(
+        "\n== HBM traffic of forward + backward (seed 002's GPT-2 table; same plan, {e} B per element, {s} B per statistic) =="
+    );
+    println!("  {:<32} {:>11} {:>11} {:>11} {:>13} {:>8}", "", "forward", "backward", "fwd+bwd", "batch total", "vs std");
+    let rows = traffic::fwd_bwd_rows(plan, e, s)?;
+    let std_total = rows[0].1.total();
+    for (name, t) in rows {
+        println!(
+            "  {:<32} {:>11} {:>11} {:>11} {:>13} {:>7.2}x",
+            name,
+            mb(t.forward.total()),
+            mb(t.backward.total()),
+            mb(t.total()),
+            gb(t.times(all_pairs)?.total()),
+            t.total() as f64 / std_total as f64
+        );
+    }
+    println!("  standard's backward reads P twice, dP, dS twice and writes dP, dS (5 + 2 N×N matrices per head);");
+    println!(
+        "  FA1's (Algorithm 4) re-reads Q, O, dO, dQ, l, m and rewrites dQ at each of Tc = {} K/V blocks: Θ(N²d²/M) (Theorem 5);",
+        plan.tc
+    );
+    println!("  FA2's adds each K/V block's dQ into an f32 accumulator (read + write N·d f32 per block) and writes D, dQ once.");
+    println!("  Seed 002's table (GPT-2 medium, whole model, A100): standard 40.3 GB / 41.7 ms, FlashAttention 4.4 GB / 7.3 ms");
+    println!(
+        "  (9.2x fewer bytes); this attention alone: standard/FA1 {:.1}x, standard/FA2 {:.1}x (FA2's forward with Br = {}",
+        std_total as f64 / rows[1].1.total() as f64,
+        std_total as f64 / rows[2].1.total() as f64,
+        plan.br
+    );
+    println!("  re-reads K, V Tr = {} times; FA2 kernels take larger Br, and those re-reads largely hit L2).", plan.tr);
     Ok(())
 }
 
@@ -391,10 +448,56 @@ fn run_cpu(o: &Opts, seed: u64) -> Res<()> {
         )
         .into());
     }
+    let bwd_worst = run_cpu_backward(o, seed, &q, &k, &v)?;
     println!(
-        "\nrun: OK (CPU path): FA1 and FA2 loop orders agree with standard attention (worst ‖ΔO‖/‖O‖ = {worst:.1e} <= 1e-5)"
+        "\nrun: OK (CPU path): FA1 and FA2 loop orders agree with standard attention (worst ‖ΔO‖/‖O‖ = {worst:.1e} <= 1e-5),\n  \
+         their backward passes with the definition's gradients (worst ‖Δg‖/‖g‖ = {bwd_worst:.1e} <= 1e-5)"
     );
     Ok(())
+}
+
+/// The backward on the CPU: FA2's Algorithm 2 and FA1's Algorithm 4 in f32
+/// (from the f32 forward's O and LSE / l, m) against the f64 definition, on
+/// the first 256 rows of the CPU shape's q, k, v and a standard normal dO.
+/// Returns the worst ‖Δg‖/‖g‖ over dq, dk, dv.
+fn run_cpu_backward(o: &Opts, seed: u64, q: &Array4<f32>, k: &Array4<f32>, v: &Array4<f32>) -> Res<f64> {
+    let (br, bc) = o.cpu_block;
+    let n = o.cpu_shape.n.min(256);
+    let cut = |x: &Array4<f32>| x.slice(s![.., ..n, .., ..]).to_owned();
+    let (q, k, v) = (cut(q), cut(k), cut(v));
+    let mut dv = vec![0f32; q.len()];
+    fill_normal(input_seed(seed, 99, 0, 3), &mut dv);
+    let dout = Array4::from_shape_vec(q.dim(), dv)?;
+    let f64_of = |x: &Array4<f32>| x.mapv(f64::from);
+    let p = ForwardParams { causal: o.causal, ..Default::default() };
+    let t = Instant::now();
+    let want = reference::attention_backward(f64_of(&q).view(), f64_of(&k).view(), f64_of(&v).view(), f64_of(&dout).view(), &p, None)?;
+    println!(
+        "  {:<44} {:>8.2} s   (reference; first {n} rows, dO standard normal)",
+        "backward by the definition, f64",
+        t.elapsed().as_secs_f64()
+    );
+    let mut worst = 0.0f64;
+    let mut report = |name: &str, secs: f64, g: &reference::Grads<f32>| {
+        let e = [(&g.dq, &want.dq), (&g.dk, &want.dk), (&g.dv, &want.dv)]
+            .map(|(a, w)| flash_attn_tests::rel_err(a.iter().map(|&x| x as f64), w.iter().copied()));
+        println!("  {name:<44} {secs:>8.2} s   ‖Δg‖/‖g‖ dq {:.2e}  dk {:.2e}  dv {:.2e}", e[0], e[1], e[2]);
+        worst = e.iter().fold(worst, |m, &x| if x.is_nan() || m.is_nan() { f64::NAN } else { m.max(x) });
+    };
+    let t = Instant::now();
+    let fwd = fa2_forward(q.view(), k.view(), v.view(), o.causal, None, br, bc)?;
+    let g = reference::fa2_backward(q.view(), k.view(), v.view(), fwd.o.view(), dout.view(), fwd.lse.view(), &p, None, br, bc)?;
+    report(&format!("FA2 backward (Alg. 2), f32, Br = {br}, Bc = {bc}"), t.elapsed().as_secs_f64(), &g);
+    let t = Instant::now();
+    let fwd = fa1_forward(q.view(), k.view(), v.view(), o.causal, None, br, bc)?;
+    // fa1_forward's m is natural; the backward takes base-2 units.
+    let m2 = fwd.m.mapv(|m| m * std::f32::consts::LOG2_E);
+    let g = reference::fa1_backward(q.view(), k.view(), v.view(), fwd.o.view(), dout.view(), fwd.l.view(), m2.view(), &p, None, br, bc)?;
+    report(&format!("FA1 backward (Alg. 4), f32, Br = {br}, Bc = {bc}"), t.elapsed().as_secs_f64(), &g);
+    if worst.is_nan() || worst > 1e-5 {
+        return Err(format!("f32 backward loops disagree with the f64 definition: worst ‖Δg‖/‖g‖ = {worst:.2e}").into());
+    }
+    Ok(worst)
 }
 
 // ---------------------------------------------------------------------------
@@ -856,6 +959,284 @@ fn run_gpu(o: &Opts, g: &Gpu, seed: u64, ncu_mode: bool) -> Res<Vec<Line>> {
 }
 
 // ---------------------------------------------------------------------------
+// 2b. Forward + backward on the first shape (GPT-2)
+// ---------------------------------------------------------------------------
+
+/// The forward + backward rows: the f32 kernels in both loop orders, and
+/// the 16-bit backward (FA2 order: the Hopper `wgmma` kernel or the
+/// `mma.sync` one, as the library selects) in bf16.
+const BWD_ROWS: [(LoopOrder, DType); 3] = [(LoopOrder::Fa2, DType::F32), (LoopOrder::Fa1, DType::F32), (LoopOrder::Fa2, DType::BF16)];
+
+/// One forward + backward row.
+struct BwdLine {
+    config: String,
+    order: LoopOrder,
+    dtype: DType,
+    /// The backward's main kernel, and its Bc.
+    kernel: String,
+    fwd_ms: f64,
+    bwd_ms: f64,
+    total_ms: f64,
+    reps: usize,
+    /// Max over the sampled heads of ‖g − ref‖/‖ref‖ for dq, dk, dv.
+    err: [f64; 3],
+    /// Non-finite gradient elements (poisoned with NaN before the run).
+    nonfinite: usize,
+    model_bytes: u64,
+    ok: bool,
+}
+
+/// The f64 gradients of one (batch, head): dq, dk, dv as `n × d` row-major.
+struct HeadGrads {
+    b: usize,
+    h: usize,
+    g: [Vec<f64>; 3],
+}
+
+/// `k` (batch, head) pairs: the first, the last, then random ones.
+fn sample_heads(sh: Shape, k: usize, seed: u64) -> Vec<(usize, usize)> {
+    let mut r = Rng::with_seed(seed ^ 0x0BAC_4A2D);
+    let mut v = vec![(0, 0), (sh.b - 1, sh.h - 1)];
+    while v.len() < k.max(2) {
+        v.push((r.below(sh.b), r.below(sh.h)));
+    }
+    v.truncate(k.max(1));
+    v
+}
+
+/// f64 gradients (`reference::attention_backward`, the definition) of the
+/// sampled heads of `host` (q, k, v, dout), one thread per head.
+fn reference_heads(sh: Shape, causal: bool, host: &[Vec<f32>; 4], heads: &[(usize, usize)]) -> Res<Vec<HeadGrads>> {
+    let shape = (sh.b, sh.n, sh.h, sh.d);
+    let views = host.each_ref().map(|x| ndarray::ArrayView4::from_shape(shape, &x[..]));
+    let [q, k, v, dout] = [&views[0], &views[1], &views[2], &views[3]].map(|x| x.as_ref().map_err(err_s));
+    let (q, k, v, dout) = (q?, k?, v?, dout?);
+    let p = ForwardParams { causal, ..Default::default() };
+    let one = |&(b, h): &(usize, usize)| -> Result<HeadGrads, String> {
+        let head = |x: &ndarray::ArrayView4<f32>| x.slice(s![b..b + 1, .., h..h + 1, ..]).mapv(f64::from);
+        let g = reference::attention_backward(head(q).view(), head(k).view(), head(v).view(), head(dout).view(), &p, None)
+            .map_err(err_s)?;
+        Ok(HeadGrads { b, h, g: [g.dq, g.dk, g.dv].map(|a| a.iter().copied().collect()) })
+    };
+    std::thread::scope(|sc| {
+        let hs: Vec<_> = heads.iter().map(|bh| sc.spawn(move || one(bh))).collect();
+        hs.into_iter().map(|t| Ok(t.join().map_err(|_| "reference thread panicked")??)).collect()
+    })
+}
+
+/// The forward into `out`/`stats` (FA1: `l`, `m`; else the LSE).
+fn stats_mut(stats: &mut RowStats) -> StatsMut<'_> {
+    match stats {
+        RowStats::Fa1 { l, m } => StatsMut::Fa1 { l: l.as_view_mut(), m: m.as_view_mut() },
+        RowStats::LogSumExp(a) => StatsMut::LogSumExp(a.as_view_mut()),
+    }
+}
+
+/// The backward's main kernel and Bc, as the library picks them
+/// (`host-crate/src/backward/`: f32 by the plan; 16-bit: the Hopper kernel
+/// on an sm_90a build at d 64/128 unless `FLASH_ATTN_BACKWARD_KERNEL=tc`,
+/// else the `mma.sync` kernel).
+fn bwd_kernel<T: AttnElem>(g: &Gpu, sh: Shape, bp: &BackwardParams) -> Res<(String, usize)> {
+    let (l, n) = (sh.layout(), sh.elems());
+    let problem = flash_attn::advanced::validate::validate((&l, n), (&l, n), (&l, n), (&l, n), &bp.forward)?;
+    let plan = g.fa.plan_backward::<T>(&problem, bp, None)?;
+    if let Some(main) = plan.main {
+        return Ok((format!("{} Bc {}", main.kernel, plan.bc), plan.bc));
+    }
+    let hopper = g.fa.ptx_build().arch == "sm_90a"
+        && g.fa.compute_capability().0 == 9
+        && (sh.d == 64 || sh.d == 128)
+        && std::env::var("FLASH_ATTN_BACKWARD_KERNEL").map_or(true, |v| v != "tc");
+    Ok(if hopper { ("Hopper wgmma Bc 128".into(), 128) } else { (format!("mma.sync Bc {}", plan.bc), plan.bc) })
+}
+
+/// Checks, then times, one forward + backward row on `host` (q, k, v, dout
+/// as f32 values; rounded to `T` on upload).
+fn run_bwd_row<T: AttnElem>(o: &Opts, g: &Gpu, sh: Shape, host: &[Vec<f32>; 4], order: LoopOrder, refs: &[HeadGrads]) -> Res<BwdLine> {
+    let (l, n) = (sh.layout(), sh.elems());
+    let up = |x: &Vec<f32>| g.stream.clone_htod(&x.iter().map(|&v| T::from_f32(v)).collect::<Vec<T>>());
+    let (q, k, v, dout) = (up(&host[0])?, up(&host[1])?, up(&host[2])?, up(&host[3])?);
+    let mut out = g.stream.alloc_zeros::<T>(n)?;
+    let rows = || g.stream.alloc_zeros::<f32>(sh.rows());
+    let mut stats = if order == LoopOrder::Fa1 { RowStats::Fa1 { l: rows()?, m: rows()? } } else { RowStats::LogSumExp(rows()?) };
+    let (mut dq, mut dk, mut dv) = (g.stream.alloc_zeros::<T>(n)?, g.stream.alloc_zeros::<T>(n)?, g.stream.alloc_zeros::<T>(n)?);
+    let p = params(order, o.causal);
+    let bp = BackwardParams { forward: p, deterministic: false };
+    let mut scratch = BackwardScratch::new(&g.stream, g.fa.backward_scratch_sizes::<T>(&l, &l, &bp)?)?;
+    let (kernel, bc) = bwd_kernel::<T>(g, sh, &bp)?;
+    let ext = Extras::default();
+    let fwd = |out: &mut CudaSlice<T>, stats: &mut RowStats| -> Res<()> {
+        let t = |x| Tensor::new(x, l);
+        g.fa.forward_into(&g.stream, t(&q), t(&k), t(&v), TensorMut::new(out, l), stats_mut(stats), &p)?;
+        Ok(())
+    };
+    // Check run: gradients poisoned with NaN, forward then backward.
+    let blocks = plan_blocks(&plan_of::<T>(g, sh, &p)?);
+    let fwd_model = model_bytes(sh, order, T::DTYPE, blocks)?;
+    let e = if T::DTYPE == DType::F32 { 4 } else { 2 };
+    let (nn, d) = (sh.n as u64, sh.d as u64);
+    let bwd_model = match order {
+        LoopOrder::Fa1 => traffic::fa1_backward(nn, nn, d, bc as u64, e, 4)?,
+        _ => HbmTraffic::fa2_backward(nn, nn, d, bc as u64, e, 4)?,
+    };
+    let nan = vec![T::from_f32(f32::NAN); n];
+    fwd(&mut out, &mut stats)?;
+    g.stream.synchronize()?;
+    for buf in [&mut dq, &mut dk, &mut dv] {
+        g.stream.memcpy_htod(&nan, buf)?;
+    }
+    let mut bwd = |out: &CudaSlice<T>, stats: &RowStats, dq: &mut CudaSlice<T>, dk: &mut CudaSlice<T>, dv: &mut CudaSlice<T>| -> Res<()> {
+        let t = |x| Tensor::new(x, l);
+        g.fa.backward_into(
+            &g.stream,
+            t(&q),
+            t(&k),
+            t(&v),
+            t(out),
+            t(&dout),
+            stats,
+            TensorMut::new(dq, l),
+            TensorMut::new(dk, l),
+            TensorMut::new(dv, l),
+            Some(&mut scratch),
+            &bp,
+            &ext,
+        )?;
+        Ok(())
+    };
+    bwd(&out, &stats, &mut dq, &mut dk, &mut dv)?;
+    g.stream.synchronize()?;
+    let got = [&dq, &dk, &dv].map(|b| g.stream.clone_dtoh(b).map(|x| x.into_iter().map(|y| y.to_f32()).collect::<Vec<f32>>()));
+    let [gq, gk, gv] = got;
+    let got = [gq?, gk?, gv?];
+    let nonfinite = got.iter().map(|x| x.iter().filter(|y| !y.is_finite()).count()).sum();
+    let mut err = [0.0f64; 3];
+    for r in refs {
+        for (w, (gg, want)) in got.iter().zip(&r.g).enumerate() {
+            let one = (0..sh.n).flat_map(|i| {
+                let base = ((r.b * sh.n + i) * sh.h + r.h) * sh.d;
+                gg[base..base + sh.d].iter().map(|&x| x as f64)
+            });
+            let e = flash_attn_tests::rel_err(one, want.iter().copied());
+            err[w] = if e.is_nan() || err[w].is_nan() { f64::NAN } else { err[w].max(e) };
+        }
+    }
+
+    // Timing: forward + backward, then the backward alone, CUDA events.
+    let t = Timing { warmup: o.warmup.max(1), reps: o.reps, budget_s: o.budget_s };
+    let both = time_events(&g.ctx, &g.stream, t, |st| match st {
+        Step::Setup(_) => Ok(()),
+        Step::Timed(_) => {
+            fwd(&mut out, &mut stats)?;
+            bwd(&out, &stats, &mut dq, &mut dk, &mut dv)
+        }
+    })?;
+    let fwd_only = time_events(&g.ctx, &g.stream, t, |st| match st {
+        Step::Setup(_) => Ok(()),
+        Step::Timed(_) => fwd(&mut out, &mut stats),
+    })?;
+    let bwd_only = time_events(&g.ctx, &g.stream, t, |st| match st {
+        Step::Setup(_) => Ok(()),
+        Step::Timed(_) => bwd(&out, &stats, &mut dq, &mut dk, &mut dv),
+    })?;
+    let tol = tolerance(T::DTYPE);
+    let total_ms = both.ms.unwrap_or(f64::NAN);
+    Ok(BwdLine {
+        config: sh.label(o.causal),
+        order,
+        dtype: T::DTYPE,
+        kernel,
+        fwd_ms: fwd_only.ms.unwrap_or(f64::NAN),
+        bwd_ms: bwd_only.ms.unwrap_or(f64::NAN),
+        total_ms,
+        reps: both.reps,
+        err,
+        nonfinite,
+        model_bytes: fwd_model + bwd_model.times((sh.b * sh.h) as u64)?.total(),
+        ok: nonfinite == 0 && err.iter().all(|&e| e <= tol) && total_ms.is_finite(),
+    })
+}
+
+/// The forward + backward rows on the first shape (seed 002's GPT-2
+/// table), checked against the f64 gradients of sampled heads.
+fn run_bwd(o: &Opts, g: &Gpu, seed: u64) -> Res<Vec<BwdLine>> {
+    let sh = o.shapes[0];
+    let t0 = Instant::now();
+    let host: [Vec<f32>; 4] = std::array::from_fn(|t| {
+        let mut v = vec![0f32; sh.elems()];
+        fill_normal(input_seed(seed, 0, 0, t), &mut v);
+        v
+    });
+    let heads = sample_heads(sh, o.bwd_heads, seed);
+    let ref32 = reference_heads(sh, o.causal, &host, &heads)?;
+    let h16 = host.each_ref().map(|v| v.iter().map(|&x| half::bf16::from_f32(x).to_f32()).collect::<Vec<f32>>());
+    let ref16 = reference_heads(sh, o.causal, &h16, &heads)?;
+    let label = sh.label(o.causal);
+    eprintln!("fa-run: {label}: f64 gradients of {} heads in {:.1} s", heads.len(), t0.elapsed().as_secs_f64());
+    let mut lines = Vec::new();
+    for (order, dt) in BWD_ROWS {
+        let t = Instant::now();
+        let r = match dt {
+            DType::F32 => run_bwd_row::<f32>(o, g, sh, &host, order, &ref32)?,
+            _ => run_bwd_row::<half::bf16>(o, g, sh, &host, order, &ref16)?,
+        };
+        eprintln!(
+            "fa-run: {label}: forward + backward {} {}: {:.3} ms ({:.1} s)",
+            order_name(order),
+            dt.name(),
+            r.total_ms,
+            t.elapsed().as_secs_f64()
+        );
+        lines.push(r);
+    }
+    Ok(lines)
+}
+
+fn print_bwd_table(o: &Opts, lines: &[BwdLine]) {
+    let Some(first) = lines.first() else { return };
+    let sh = o.shapes[0];
+    println!("\n== Forward + backward on {} (seed 002's GPT-2 table), causal = {} ==", first.config, o.causal);
+    println!(
+        "  {:<10} {:<7} {:<34} {:>9} {:>9} {:>11} {:>9} {:>28} {:>9} {:>6}",
+        "loop order", "dtype", "backward kernel", "fwd ms", "bwd ms", "fwd+bwd ms", "TFLOP/s", "max rel err dq / dk / dv", "HBM GB", "check"
+    );
+    // FLOPs: forward 4·B·H·N²·d, backward 2.5× that (5 GEMMs against 2).
+    let flops = sh.flops(o.causal) * 3.5;
+    for l in lines {
+        println!(
+            "  {:<10} {:<7} {:<34} {:>9.3} {:>9.3} {:>11.3} {:>9.2} {:>28} {:>9.3} {:>6}",
+            order_name(l.order),
+            if l.dtype == DType::F32 { "f32" } else { "bf16 TC" },
+            l.kernel,
+            l.fwd_ms,
+            l.bwd_ms,
+            l.total_ms,
+            flops / (l.total_ms * 1e-3) / 1e12,
+            format!("{:.1e} / {:.1e} / {:.1e}", l.err[0], l.err[1], l.err[2]),
+            l.model_bytes as f64 / 1e9,
+            if l.ok { "ok" } else { "FAIL" }
+        );
+    }
+    println!(
+        "time: CUDA events, median of up to {} runs (forward + backward timed together; fwd and bwd also alone); the backward\n  \
+         uses caller scratch (no allocation timed); one input set, dO standard normal.",
+        lines.iter().map(|l| l.reps).max().unwrap_or(0)
+    );
+    println!("TFLOP/s = 3.5 · 4·B·H·N²·d / (fwd+bwd time){} (the FA papers' counting).", if o.causal { " / 2 (causal)" } else { "" });
+    println!(
+        "max rel err: over {} sampled (batch, head) of ‖g − ref‖/‖ref‖ for the whole head, ref = the f64 definition\n  \
+         (reference::attention_backward) on the same inputs (bf16: rounded); tolerance f32 1e-4, bf16 2e-2. Gradients were\n  \
+         poisoned with NaN before the checked run and must come back finite. FA2's rule itself: tests/tests/gpu_backward.rs.",
+        o.bwd_heads
+    );
+    println!(
+        "HBM model: forward as in the table above + the backward's (FA2: HbmTraffic::fa2_backward, FA1: Algorithm 4,\n  \
+         flash_attn_tests::traffic) with the kernel's Bc, all heads, counted dense. Standard attention has no backward kernel here:\n  \
+         its model row is in the forward + backward model above."
+    );
+}
+
+// ---------------------------------------------------------------------------
 // ncu
 // ---------------------------------------------------------------------------
 
@@ -1170,11 +1551,27 @@ fn run() -> Res<bool> {
         (Some(p), false) => measure_with_ncu(&o, p, &mut lines),
     };
     print_table(&o, &lines, &dev, &ncu_note, &ncu_cmd);
-    let failed: Vec<String> = lines
+    let bwd_lines = run_bwd(&o, &g, seed)?;
+    print_bwd_table(&o, &bwd_lines);
+    let mut failed: Vec<String> = lines
         .iter()
         .filter(|l| !l.ok)
         .map(|l| format!("{} {} {}", l.config, order_name(l.r.order), l.r.dtype.name()))
         .collect();
+    for l in bwd_lines.iter().filter(|l| !l.ok) {
+        eprintln!(
+            "fa-run: FAIL forward + backward {} {} {}: non-finite gradients {}, rel err dq/dk/dv {:.2e}/{:.2e}/{:.2e} (tolerance {:.0e})",
+            l.config,
+            order_name(l.order),
+            l.dtype.name(),
+            l.nonfinite,
+            l.err[0],
+            l.err[1],
+            l.err[2],
+            tolerance(l.dtype)
+        );
+        failed.push(format!("{} forward + backward {} {}", l.config, order_name(l.order), l.dtype.name()));
+    }
     for l in lines.iter().filter(|l| !l.ok) {
         eprintln!(
             "fa-run: FAIL {} {} {}: non-finite O {} of {}, row err {:.2e}, |Δlse| {:.2e}, cross rel {:.2e} (tolerance {:.0e})",
@@ -1190,7 +1587,7 @@ fn run() -> Res<bool> {
         );
     }
     if failed.is_empty() {
-        println!("\nrun: OK: {} rows, every check passed", lines.len());
+        println!("\nrun: OK: {} rows, every check passed", lines.len() + bwd_lines.len());
         Ok(true)
     } else {
         println!("\nrun: FAILED: {}", failed.join("; "));
