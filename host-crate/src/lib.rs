@@ -127,7 +127,7 @@ mod varlen;
 mod varlen_api;
 
 pub use backward::{BackwardParams, BackwardScratch, Gradients, ScratchSizes};
-pub use decode::{BlockTable, DecodeOptions, KvCache, KvCacheFp8, KvCacheRef, PagedCache, SplitScratch};
+pub use decode::{BlockTable, DecodeCache, DecodeOptions, KvCache, KvCacheFp8, KvCacheRef, PagedCache, SplitScratch};
 pub use device::{FlashAttention, KernelFamily, try_default_context};
 pub use error::{FlashAttnError, RefError, Result};
 pub use ndarray_api::{
@@ -146,8 +146,8 @@ pub use page_order::{KvCacheCall, MAX_DEVICE_ORDER_BLOCKS, order_block_table};
 pub use prefill_fp8::Fp8Descales;
 pub use params::{AlibiShape, ForwardParams, LoopOrder, Resolved, default_softmax_scale};
 pub use tensor::{
-    AlibiSlopes, AttnElem, Extras, ForwardOutput, RowStats, StatsMut, Tensor, TensorLayout, TensorMut, Varlen,
-    VarlenOutput,
+    AlibiSlopes, AttnElem, AttnOutput, Extras, ForwardOutput, RowStats, StatsMut, StatsRef, Tensor, TensorLayout,
+    TensorMut, Varlen,
 };
 pub use types::DType;
 
