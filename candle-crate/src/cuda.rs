@@ -508,7 +508,7 @@ fn run_bwd<T: AttnElem + CudaDType>(
     let stats = lse_v.slice(..n);
     let alibi = alibi_view(alibi)?;
     let ext = extras(&alibi);
-    let params = flash_attn::BackwardParams { forward: c.params.clone(), deterministic: false };
+    let params = flash_attn::BackwardParams { forward: c.params, deterministic: false };
     let (q_t, k_t, v_t) = (Tensor::new(&qv, c.q), Tensor::new(&kv, c.k), Tensor::new(&vv, c.v));
     let (o_t, do_t) = (Tensor::new(&ov, o_layout), Tensor::new(&dov, o_layout));
     let g = match idx {

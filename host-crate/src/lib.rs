@@ -20,7 +20,11 @@
 //!   [`FlashAttention::forward_kvcache`] (decode against a contiguous or
 //!   paged [`KvCache`]), [`FlashAttention::backward`]. Tensors are
 //!   [`Tensor`]s: a buffer and a [`TensorLayout`] `(batch, seqlen, nheads,
-//!   headdim)` with strides.
+//!   headdim)` with strides. The calls return [`AttnOutput`] `{ o, o_layout,
+//!   lse }`; the dense forward, whose loop order decides its statistics,
+//!   [`ForwardOutput`] `{ o, o_layout, stats }` ([`ForwardOutput::lse`]).
+//!   The caches ([`KvCache::new`] and its `with_` methods) take any cudarc
+//!   buffer.
 //! * [`order_block_table`]: a paged KV cache's block table sorted by page
 //!   address where the key order is free ([`KvCacheCall`]).
 //! * [`reference`](mod@reference): the CPU reference of every feature,
