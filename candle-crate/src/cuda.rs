@@ -16,7 +16,7 @@ use candle_core::cuda_backend::CudaDType;
 use candle_core::cuda_backend::cudarc::driver::{CudaStream, CudaView, DevicePtr, DevicePtrMut, DeviceRepr};
 use candle_core::{CudaStorage, DType, Layout, Result};
 use flash_attn::{
-    AlibiShape, AlibiSlopes, AttnElem, BlockTable, DecodeOptions, Extras, FlashAttention, KvCache, KvCacheCall, PagedCache, RowStats,
+    AlibiShape, AlibiSlopes, AttnElem, BlockTable, DecodeOptions, Extras, FlashAttention, KvCache, KvCacheCall, PagedCache,
     StatsMut, Tensor, TensorLayout, TensorMut, Varlen,
 };
 use half::{bf16, f16};
@@ -119,7 +119,7 @@ pub(crate) fn same_device(dev: &candle_core::CudaDevice, others: &[(&str, &CudaS
 
 /// New keys or values as the core's tensor of `dyn DevicePtr`.
 pub(crate) fn as_new<'a, T: DeviceRepr>((data, layout): &'a (CudaView<'_, T>, TensorLayout)) -> Tensor<'a, dyn DevicePtr<T> + 'a> {
-    Tensor { data: data as &dyn DevicePtr<T>, layout: *layout }
+    Tensor::new(data, *layout).into()
 }
 
 pub(crate) fn wrap<T: CudaDType>(s: candle_core::cuda_backend::cudarc::driver::CudaSlice<T>, dev: &candle_core::CudaDevice) -> CudaStorage {
@@ -403,10 +403,7 @@ fn run_kv<T: AttnElem + CudaDType>(
     let out = fa
         .forward_kvcache(&stream, Tensor::new(&qv, c.q), cache, &c.params, &extras(&alibi), DecodeOptions { num_splits, ..Default::default() })
         .map_err(core_err)?;
-    let RowStats::LogSumExp(lse) = out.stats else {
-        return Err(err("the KV-cache call returned no logsumexp"));
-    };
-    Ok((wrap(out.o, &dev), wrap(lse, &dev)))
+    Ok((wrap(out.o, &dev), wrap(out.lse, &dev)))
 }
 
 /// A block table (U32 or I32, contiguous) handed to `f` as the kernels'
@@ -444,7 +441,7 @@ pub(crate) fn order_block_table(
     (lens, lens_l): (&CudaStorage, &Layout),
     max_blocks: usize,
     page: usize,
-    call: &KvCacheCall<'_>,
+    call: &KvCacheCall,
 ) -> Result<()> {
     let dev = table.device().clone();
     same_device(&dev, &[("cache_seqlens", lens)])?;
@@ -508,10 +505,10 @@ fn run_bwd<T: AttnElem + CudaDType>(
     if lse_v.len() < n {
         return Err(err(format_args!("`softmax_lse`: {} values, expected {n}", lse_v.len())));
     }
-    let stats = RowStats::LogSumExp(stream.clone_dtod(&lse_v.slice(..n)).map_err(err)?);
+    let stats = lse_v.slice(..n);
     let alibi = alibi_view(alibi)?;
     let ext = extras(&alibi);
-    let params = flash_attn::BackwardParams { forward: c.params.clone(), deterministic: false };
+    let params = flash_attn::BackwardParams { forward: c.params, deterministic: false };
     let (q_t, k_t, v_t) = (Tensor::new(&qv, c.q), Tensor::new(&kv, c.k), Tensor::new(&vv, c.v));
     let (o_t, do_t) = (Tensor::new(&ov, o_layout), Tensor::new(&dov, o_layout));
     let g = match idx {

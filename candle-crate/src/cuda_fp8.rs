@@ -8,7 +8,7 @@ use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::CudaStorageSlice;
 use candle_core::cuda_backend::cudarc::driver::{CudaView, DevicePtr};
 use candle_core::{CudaStorage, DType, Layout, Result};
-use flash_attn::{AttnElem, BlockTable, DecodeOptions, KvCacheFp8, RowStats, Tensor, TensorLayout, TensorMut, Varlen};
+use flash_attn::{AttnElem, BlockTable, DecodeOptions, KvCacheFp8, Tensor, TensorLayout, TensorMut, Varlen};
 use half::{bf16, f16};
 
 use crate::check::{Checked, core_err, err};
@@ -261,8 +261,5 @@ fn run_kv<T: AttnElem + candle_core::cuda_backend::CudaDType>(
     let out = fa
         .forward_kvcache_fp8(&stream, Tensor::new(&qv, c.q), cache, &c.params, &extras(&alibi), DecodeOptions { num_splits, ..Default::default() })
         .map_err(core_err)?;
-    let RowStats::LogSumExp(lse) = out.stats else {
-        return Err(err("the FP8 KV-cache call returned no logsumexp"));
-    };
-    Ok((wrap(out.o, &dev), wrap(lse, &dev)))
+    Ok((wrap(out.o, &dev), wrap(out.lse, &dev)))
 }

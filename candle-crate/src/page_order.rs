@@ -63,25 +63,19 @@ impl FlashAttnKvCache {
         // Only the mask's shape matters here (the window is normalized with
         // the capacity by the core, as the paged calls do).
         let params = ForwardParams { window_left: self.window_size_left, window_right: self.window_size_right, ..Default::default() };
-        let order = Order { params, alibi: self.alibi_slopes.is_some(), seqlen_q, s_new: seqlen_new, page: page_block_size, max_blocks };
+        let call = KvCacheCall::from_shape(&params, self.alibi_slopes.is_some(), seqlen_q, seqlen_new);
+        let order = Order { call, page: page_block_size, max_blocks };
         block_table.inplace_op2(cache_seqlens, &order)
     }
 }
 
 /// The in-place op on the block table (`cache_seqlens` read).
 struct Order {
-    params: ForwardParams,
-    alibi: bool,
-    seqlen_q: usize,
-    s_new: usize,
+    /// The calls the table is ordered for (this op's mask and ALiBi, the
+    /// step's shape).
+    call: KvCacheCall,
     page: usize,
     max_blocks: usize,
-}
-
-impl Order {
-    fn call(&self) -> KvCacheCall<'_> {
-        KvCacheCall { params: &self.params, alibi: self.alibi, seqlen_q: self.seqlen_q, s_new: self.s_new }
-    }
 }
 
 impl InplaceOp2 for Order {
@@ -92,7 +86,7 @@ impl InplaceOp2 for Order {
     fn cpu_fwd(&self, table: &mut CpuStorage, table_l: &Layout, lens: &CpuStorage, lens_l: &Layout) -> Result<()> {
         let lens = index_i32("cache_seqlens", lens, lens_l)?;
         let mut rows = index_i32("block_table", table, table_l)?;
-        flash_attn::order_block_table(&mut rows, self.max_blocks, self.page, &lens, &self.call()).map_err(core_err)?;
+        flash_attn::order_block_table(&mut rows, self.max_blocks, self.page, &lens, &self.call).map_err(core_err)?;
         // Every entry came from (and fits) the tensor's dtype.
         let at = table_l.start_offset();
         match table {
@@ -111,6 +105,6 @@ impl InplaceOp2 for Order {
         lens: &candle_core::CudaStorage,
         lens_l: &Layout,
     ) -> Result<()> {
-        crate::cuda::order_block_table((table, table_l), (lens, lens_l), self.max_blocks, self.page, &self.call())
+        crate::cuda::order_block_table((table, table_l), (lens, lens_l), self.max_blocks, self.page, &self.call)
     }
 }

@@ -41,7 +41,7 @@ use flash_attn::context_parallel::nccl::{
     RingGradInputs, RingGrads, RingRank, RingShape, UlyssesRank, ring_backward, ring_forward, ulysses_backward, ulysses_forward,
 };
 use flash_attn::context_parallel::{ShardPlan, Sharding};
-use flash_attn::{BackwardParams, Extras, FlashAttention, FlashAttnError, ForwardParams, RowStats, StatsMut, Tensor, TensorLayout, TensorMut};
+use flash_attn::{BackwardParams, Extras, FlashAttention, FlashAttnError, ForwardParams, StatsMut, Tensor, TensorLayout, TensorMut};
 use half::bf16;
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
@@ -569,7 +569,6 @@ fn one_gpu_bwd(a: &Args, ctx: &Arc<CudaContext>, [q, k, v, dout]: [&[bf16]; 4]) 
         let t0 = timing_event(&s)?;
         fa.forward_into(&s, Tensor::new(&qd, lq), Tensor::new(&kd, lk), Tensor::new(&vd, lk), TensorMut::new(&mut o, lq), StatsMut::LogSumExp(lse.as_view_mut()), &params)?;
         let t1 = timing_event(&s)?;
-        let stats = RowStats::LogSumExp(s.clone_dtod(&lse)?);
         let t2 = timing_event(&s)?;
         fa.backward_into(
             &s,
@@ -578,7 +577,7 @@ fn one_gpu_bwd(a: &Args, ctx: &Arc<CudaContext>, [q, k, v, dout]: [&[bf16]; 4]) 
             Tensor::new(&vd, lk),
             Tensor::new(&o, lq),
             Tensor::new(&dod, lq),
-            &stats,
+            &lse,
             TensorMut::new(&mut dq, lq),
             TensorMut::new(&mut dk, lk),
             TensorMut::new(&mut dv, lk),

@@ -21,7 +21,7 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, sys};
+use cudarc::driver::{CudaSlice, CudaStream, sys};
 use flash_attn::{
     Backend, BlockTable, DecodeOptions, Extras, FlashAttention, ForwardParams, HostKvCache, KvCache, SplitScratch, Tensor,
     TensorLayout, TensorMut, default_backend, flash_attn_with_kvcache,
@@ -119,16 +119,10 @@ impl DeviceStep {
     fn run(&mut self, fa: &FlashAttention, stream: &Arc<CudaStream>, params: &ForwardParams) -> flash_attn::Result<()> {
         let q_layout = TensorLayout::contiguous([BATCH, 1, NHEADS, D]);
         let new_layout = TensorLayout::contiguous([BATCH, 1, NHEADS_K, D]);
-        let cache = KvCache {
-            k_cache: &mut self.k_pages,
-            v_cache: &mut self.v_pages,
-            layout: TensorLayout::contiguous([NUM_PAGES, PAGE, NHEADS_K, D]),
-            cache_seqlens: &self.cache_seqlens,
-            cache_batch_idx: None,
-            block_table: Some(BlockTable { table: &self.block_table, max_blocks_per_seq: MAX_BLOCKS }),
-            k_new: Some(Tensor::new(&self.k_new as &dyn DevicePtr<bf16>, new_layout)),
-            v_new: Some(Tensor::new(&self.v_new as &dyn DevicePtr<bf16>, new_layout)),
-        };
+        let pool = TensorLayout::contiguous([NUM_PAGES, PAGE, NHEADS_K, D]);
+        let cache = KvCache::new(&mut self.k_pages, &mut self.v_pages, pool, &self.cache_seqlens)
+            .with_block_table(BlockTable::new(&self.block_table, MAX_BLOCKS))
+            .with_new(Tensor::new(&self.k_new, new_layout), Tensor::new(&self.v_new, new_layout));
         let scratch = SplitScratch {
             o_accum: &mut self.o_accum,
             lse_accum: &mut self.lse_accum,

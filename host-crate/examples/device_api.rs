@@ -9,7 +9,7 @@
 //! Without a GPU (sm_80 or newer) it prints why and exits successfully:
 //! device buffers need a device (`ndarray_prefill` shows the CPU path).
 
-use flash_attn::{Backend, ForwardParams, RowStats, Tensor, TensorLayout, default_backend};
+use flash_attn::{Backend, ForwardParams, Tensor, TensorLayout, default_backend};
 use half::bf16;
 use ndarray::{Array4, s};
 
@@ -41,7 +41,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let params = ForwardParams { causal: true, ..Default::default() };
     let out = fa.forward::<bf16, _, _, _>(&stream, Tensor::new(&q, lq), Tensor::new(&k, lk), Tensor::new(&v, lk), &params)?;
-    let RowStats::LogSumExp(lse) = &out.stats else { return Err("FA2 returns a logsumexp".into()) };
+    let lse = out.lse().ok_or("FA2 returns a logsumexp")?;
 
     // Copy back (this synchronizes the stream) and check against the CPU
     // reference in f64: sequence 0, query heads 0..4 (they share KV head 0),

@@ -28,7 +28,7 @@ impl FlashAttention {
     /// ```no_run
     /// use std::sync::Arc;
     /// use cudarc::driver::CudaContext;
-    /// use flash_attn::{FlashAttention, ForwardParams, LoopOrder, RowStats, Tensor, TensorLayout};
+    /// use flash_attn::{FlashAttention, ForwardParams, Tensor, TensorLayout};
     ///
     /// # fn main() -> Result<(), flash_attn::FlashAttnError> {
     /// let ctx = CudaContext::new(0)?;
@@ -43,7 +43,7 @@ impl FlashAttention {
     /// let params = ForwardParams { causal: true, ..Default::default() };
     /// let out = fa.forward(&stream, Tensor::new(&q, layout), Tensor::new(&k, layout), Tensor::new(&v, layout), &params)?;
     /// let o: Vec<f32> = stream.clone_dtoh(&out.o)?; // synchronizes here, not before
-    /// if let RowStats::LogSumExp(lse) = &out.stats { let _lse = stream.clone_dtoh(lse)?; }
+    /// if let Some(lse) = out.lse() { let _lse = stream.clone_dtoh(lse)?; } // FA2, Standard; FA1: out.stats
     /// # Ok(()) }
     /// ```
     pub fn forward<T, Q, K, V>(

@@ -40,8 +40,8 @@ pub enum KernelFamily {
 /// against a paged cache:
 ///
 /// ```no_run
-/// use cudarc::driver::{CudaContext, DevicePtr};
-/// use flash_attn::{BlockTable, DecodeOptions, Extras, FlashAttention, ForwardParams, KvCache, RowStats, Tensor, TensorLayout};
+/// use cudarc::driver::CudaContext;
+/// use flash_attn::{BlockTable, DecodeOptions, Extras, FlashAttention, ForwardParams, KvCache, Tensor, TensorLayout};
 /// use half::f16;
 ///
 /// # fn main() -> Result<(), flash_attn::FlashAttnError> {
@@ -61,19 +61,12 @@ pub enum KernelFamily {
 /// let new = TensorLayout::contiguous([batch, 1, nheads_k, d]);
 /// let q = stream.alloc_zeros::<f16>(step.num_elements().unwrap())?;
 /// let (k_new, v_new) = (stream.alloc_zeros::<f16>(new.num_elements().unwrap())?, stream.alloc_zeros::<f16>(new.num_elements().unwrap())?);
-/// let cache = KvCache {
-///     k_cache: &mut k_pages,
-///     v_cache: &mut v_pages,
-///     layout: pool,
-///     cache_seqlens: &cache_seqlens,
-///     cache_batch_idx: None,
-///     block_table: Some(BlockTable { table: &block_table, max_blocks_per_seq: pages_per_seq }),
-///     k_new: Some(Tensor::new(&k_new as &dyn DevicePtr<f16>, new)),
-///     v_new: Some(Tensor::new(&v_new as &dyn DevicePtr<f16>, new)),
-/// };
+/// let cache = KvCache::new(&mut k_pages, &mut v_pages, pool, &cache_seqlens)
+///     .with_block_table(BlockTable::new(&block_table, pages_per_seq))
+///     .with_new(Tensor::new(&k_new, new), Tensor::new(&v_new, new));
 /// let params = ForwardParams { causal: true, ..Default::default() };
 /// let out = fa.forward_kvcache(&stream, Tensor::new(&q, step), cache, &params, &Extras::default(), DecodeOptions::default())?;
-/// let RowStats::LogSumExp(_lse) = &out.stats else { unreachable!("decode writes the logsumexp") };
+/// let (_o, _lse) = (out.o, out.lse); // (batch, 1, nheads, d) and (batch, nheads, 1), on the device
 /// # Ok(()) }
 /// ```
 #[derive(Debug)]

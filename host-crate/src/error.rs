@@ -339,11 +339,34 @@ pub enum RefError {
     },
 }
 
-/// "`argument` = value", or the value alone where it names the argument
-/// itself (`cu_seqlens_q[0] = 3`, `nheads_k = 4, nheads = 6`): each thing
-/// said once.
+/// "`argument` = value" for a plain value (`0`, `Some(8)`, `[0, 3]`); the
+/// value alone where it names the argument itself (`cu_seqlens_q[0] = 3`,
+/// `nheads_k = 4, nheads = 6`); "`argument`: value" where the value is a
+/// phrase of its own (`batch_c = 1, batch = 2`, `length 5`), which
+/// "`k_cache` = batch_c = 1" would chain into one equation: each thing said
+/// once.
 fn argument_value(argument: &str, value: &str) -> String {
-    if value.starts_with(argument) { value.to_string() } else { format!("`{argument}` = {value}") }
+    if value.starts_with(argument) {
+        value.to_string()
+    } else if is_plain(value) {
+        format!("`{argument}` = {value}")
+    } else {
+        format!("`{argument}`: {value}")
+    }
+}
+
+/// A value alone, not a phrase: no space outside brackets.
+fn is_plain(value: &str) -> bool {
+    let mut depth = 0i32;
+    for c in value.chars() {
+        match c {
+            '(' | '[' | '{' => depth += 1,
+            ')' | ']' | '}' => depth -= 1,
+            ' ' if depth <= 0 => return false,
+            _ => {}
+        }
+    }
+    true
 }
 
 /// An address in hex, a stride in decimal.

@@ -20,7 +20,11 @@
 //!   [`FlashAttention::forward_kvcache`] (decode against a contiguous or
 //!   paged [`KvCache`]), [`FlashAttention::backward`]. Tensors are
 //!   [`Tensor`]s: a buffer and a [`TensorLayout`] `(batch, seqlen, nheads,
-//!   headdim)` with strides.
+//!   headdim)` with strides. The calls return [`AttnOutput`] `{ o, o_layout,
+//!   lse }`; the dense forward, whose loop order decides its statistics,
+//!   [`ForwardOutput`] `{ o, o_layout, stats }` ([`ForwardOutput::lse`]).
+//!   The caches ([`KvCache::new`] and its `with_` methods) take any cudarc
+//!   buffer.
 //! * [`order_block_table`]: a paged KV cache's block table sorted by page
 //!   address where the key order is free ([`KvCacheCall`]).
 //! * [`reference`](mod@reference): the CPU reference of every feature,
@@ -127,7 +131,7 @@ mod varlen;
 mod varlen_api;
 
 pub use backward::{BackwardParams, BackwardScratch, Gradients, ScratchSizes};
-pub use decode::{BlockTable, DecodeOptions, KvCache, KvCacheFp8, KvCacheRef, PagedCache, SplitScratch};
+pub use decode::{BlockTable, DecodeCache, DecodeOptions, KvCache, KvCacheFp8, KvCacheRef, PagedCache, SplitScratch};
 pub use device::{FlashAttention, KernelFamily, try_default_context};
 pub use error::{FlashAttnError, RefError, Result};
 pub use ndarray_api::{
@@ -146,8 +150,8 @@ pub use page_order::{KvCacheCall, MAX_DEVICE_ORDER_BLOCKS, order_block_table};
 pub use prefill_fp8::Fp8Descales;
 pub use params::{AlibiShape, ForwardParams, LoopOrder, Resolved, default_softmax_scale};
 pub use tensor::{
-    AlibiSlopes, AttnElem, Extras, ForwardOutput, RowStats, StatsMut, Tensor, TensorLayout, TensorMut, Varlen,
-    VarlenOutput,
+    AlibiSlopes, AttnElem, AttnOutput, Extras, ForwardOutput, RowStats, StatsMut, StatsRef, Tensor, TensorLayout,
+    TensorMut, Varlen,
 };
 pub use types::DType;
 

@@ -18,7 +18,7 @@ use crate::ndarray_api::{Backend, default_backend, host_vec};
 use crate::params::ForwardParams;
 use crate::prefill_fp8::Fp8Descales;
 use crate::reference::fp8::attention_fp8;
-use crate::tensor::{AttnElem, RowStats, Tensor, TensorLayout};
+use crate::tensor::{AttnElem, Tensor, TensorLayout};
 
 /// FP8 attention on host arrays: q `(batch, seqlen_q, nheads, d)`, k and v
 /// `(batch, seqlen_k, nheads_k, d)` as e4m3 codes (the bit patterns of
@@ -73,10 +73,7 @@ fn gpu<T: AttnElem>(fa: &FlashAttention, q: ArrayView4<'_, u8>, k: ArrayView4<'_
     let (lq, lk) = (TensorLayout::contiguous([b, sq, h, d]), TensorLayout::contiguous(k.dim().into()));
     let out = fa.forward_fp8::<T, _, _, _>(&stream, Tensor::new(&qd, lq), Tensor::new(&kd, lk), Tensor::new(&vd, lk), &ds, params)?;
     let o = Array4::from_shape_vec((b, sq, h, d), stream.clone_dtoh(&out.o)?).map_err(|e| crate::error::FlashAttnError::InvalidArgument { argument: "o", value: e.to_string(), reason: "internal shape" })?;
-    let mut l = match &out.stats {
-        RowStats::LogSumExp(lse) => stream.clone_dtoh(lse)?,
-        _ => return Err(crate::error::FlashAttnError::InvalidArgument { argument: "lse", value: "FA1 statistics".into(), reason: "internal: the FP8 forward returns a logsumexp" }),
-    };
+    let mut l = stream.clone_dtoh(&out.lse)?;
     l.truncate(b * h * sq);
     let lse = Array3::from_shape_vec((b, h, sq), l).map_err(|e| crate::error::FlashAttnError::InvalidArgument { argument: "lse", value: e.to_string(), reason: "internal shape" })?;
     Ok((o, lse))

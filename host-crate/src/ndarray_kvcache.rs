@@ -12,10 +12,9 @@
 //! ([`reference::kvcache_attention`], [`reference::paged_kvcache_attention`],
 //! [`reference::attention_varlen_paged`]).
 
-use cudarc::driver::DevicePtr;
 use ndarray::{Array2, Array3, Array4, ArrayView2, ArrayView3, ArrayView4};
 
-use crate::tensor::{AttnElem, RowStats, Tensor, TensorLayout};
+use crate::tensor::{AttnElem, Tensor, TensorLayout};
 use crate::decode::{BlockTable, DecodeOptions, KvCache, MAX_SPLITS, PagedCache};
 use crate::types::DType;
 use crate::error::{FlashAttnError, Result};
@@ -115,18 +114,17 @@ pub fn flash_attn_with_kvcache<T: AttnElem>(
             v_cache: &mut vc,
             layout,
             cache_seqlens: &seqlens,
-            cache_batch_idx: idx_d.as_ref().map(|i| i as &dyn DevicePtr<i32>),
-            block_table: table_d.as_ref().zip(table.as_ref()).map(|(t, h)| BlockTable { table: t, max_blocks_per_seq: h.dim().1 }),
-            k_new: kn.as_ref().zip(new_layout).map(|(k, l)| Tensor::new(k as &dyn DevicePtr<T>, l)),
-            v_new: vn.as_ref().zip(new_layout).map(|(v, l)| Tensor::new(v as &dyn DevicePtr<T>, l)),
+            cache_batch_idx: idx_d.as_ref().map(|i| i as _),
+            block_table: table_d.as_ref().zip(table.as_ref()).map(|(t, h)| BlockTable::new(t, h.dim().1)),
+            k_new: kn.as_ref().zip(new_layout).map(|(k, l)| Tensor::new(k, l).into()),
+            v_new: vn.as_ref().zip(new_layout).map(|(v, l)| Tensor::new(v, l).into()),
         },
         params,
         &ext,
         DecodeOptions { num_splits, ..Default::default() },
     )?;
     let o = Array4::from_shape_vec((batch, sq, nheads, d), stream.clone_dtoh(&out.o)?)?;
-    let RowStats::LogSumExp(lse) = &out.stats else { unreachable!("the KV-cache call returns the logsumexp") };
-    let lse = Array3::from_shape_vec((batch, nheads, sq), stream.clone_dtoh(lse)?)?;
+    let lse = Array3::from_shape_vec((batch, nheads, sq), stream.clone_dtoh(&out.lse)?)?;
     for (host, dev) in [(k_host, &kc), (v_host, &vc)] {
         let shape = host.raw_dim();
         *host = Array4::from_shape_vec(shape, stream.clone_dtoh(dev)?)?;

@@ -8,10 +8,9 @@
 //! way (`reference::fp8::e4m3_from_f32(x / scale)`), then the f32 reference
 //! over the dequantized cache.
 
-use cudarc::driver::DevicePtr;
 use ndarray::{Array3, Array4, ArrayView4, s};
 
-use crate::tensor::{AttnElem, RowStats, Tensor, TensorLayout};
+use crate::tensor::{AttnElem, Tensor, TensorLayout};
 use crate::decode::{BlockTable, DecodeOptions, KvCacheFp8};
 use crate::types::DType;
 use crate::error::{FlashAttnError, Result};
@@ -143,18 +142,17 @@ fn gpu<T: AttnElem>(
             k_scale: &ks,
             v_scale: &vs,
             cache_seqlens: &seqlens,
-            cache_batch_idx: idx_d.as_ref().map(|i| i as &dyn DevicePtr<i32>),
-            block_table: table_d.as_ref().zip(table.as_ref()).map(|(t, h)| BlockTable { table: t, max_blocks_per_seq: h.dim().1 }),
-            k_new: kn.as_ref().zip(new_layout).map(|(k, l)| Tensor::new(k as &dyn DevicePtr<T>, l)),
-            v_new: vn.as_ref().zip(new_layout).map(|(v, l)| Tensor::new(v as &dyn DevicePtr<T>, l)),
+            cache_batch_idx: idx_d.as_ref().map(|i| i as _),
+            block_table: table_d.as_ref().zip(table.as_ref()).map(|(t, h)| BlockTable::new(t, h.dim().1)),
+            k_new: kn.as_ref().zip(new_layout).map(|(k, l)| Tensor::new(k, l).into()),
+            v_new: vn.as_ref().zip(new_layout).map(|(v, l)| Tensor::new(v, l).into()),
         },
         params,
         &ext,
         DecodeOptions { num_splits, ..Default::default() },
     )?;
     let o = Array4::from_shape_vec((batch, sq, nheads, d), stream.clone_dtoh(&out.o)?)?;
-    let RowStats::LogSumExp(lse) = &out.stats else { unreachable!("the KV-cache call returns the logsumexp") };
-    let lse = Array3::from_shape_vec((batch, nheads, sq), stream.clone_dtoh(lse)?)?;
+    let lse = Array3::from_shape_vec((batch, nheads, sq), stream.clone_dtoh(&out.lse)?)?;
     for (host, dev) in [(k_host, &kc), (v_host, &vc)] {
         let shape = host.raw_dim();
         *host = Array4::from_shape_vec(shape, stream.clone_dtoh(dev)?)?;

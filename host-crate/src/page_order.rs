@@ -7,23 +7,58 @@ use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, PushKernelArg};
 use flash_attn_common::mask::{UNBOUNDED, normalize_window};
 use flash_attn_common::page_order::{PageOrderParams, free_keys};
 
+use crate::decode::DecodeCache;
 use crate::device::FlashAttention;
 use crate::dispatch::Launch;
 use crate::error::{FlashAttnError, Result};
 use crate::params::ForwardParams;
 use crate::reference::decode::{check_lengths, paged_capacity};
+use crate::tensor::{Extras, TensorLayout, Varlen};
 
-/// The call an ordered table is made for: its options and shape.
+/// The call an ordered table is made for: its options and shape, taken
+/// from the arguments the call itself takes ([`KvCacheCall::new`],
+/// [`KvCacheCall::varlen_paged`]), so that a table is never ordered for
+/// another call than the one that reads it.
 #[derive(Clone, Copy, Debug)]
-pub struct KvCacheCall<'p> {
-    /// The options of the decode call the table is ordered for.
-    pub params: &'p ForwardParams,
+pub struct KvCacheCall {
+    /// The options of the call.
+    params: ForwardParams,
     /// Whether the call passes ALiBi slopes (position-dependent: no order).
-    pub alibi: bool,
+    alibi: bool,
     /// Query rows per sequence (≥ 1).
-    pub seqlen_q: usize,
+    seqlen_q: usize,
     /// Keys appended by the call (`k_new`/`v_new` rows; 0 without).
-    pub s_new: usize,
+    s_new: usize,
+}
+
+impl KvCacheCall {
+    /// The KV-cache call with these arguments:
+    /// [`FlashAttention::forward_kvcache`]`(stream, q, cache, params, ext,
+    /// opts)` is `KvCacheCall::new(&q.layout, &cache, params, ext)` (and
+    /// likewise `_into`, `_ref`, `_fp8`): `q`'s query rows per sequence,
+    /// the keys the cache appends (or counts as appended,
+    /// [`KvCacheRef::seqlen_new`](crate::KvCacheRef::seqlen_new)), whether
+    /// `ext` has ALiBi slopes.
+    pub fn new<C: DecodeCache + ?Sized>(q: &TensorLayout, cache: &C, params: &ForwardParams, ext: &Extras<'_>) -> Self {
+        Self::from_shape(params, ext.alibi_slopes.is_some(), q.seqlen(), cache.seqlen_new())
+    }
+
+    /// The varlen prefill over a paged cache with these arguments:
+    /// [`FlashAttention::forward_varlen_paged`]`(stream, q, cache, varlen,
+    /// params, ext, opts)` is `KvCacheCall::varlen_paged(&varlen, params,
+    /// ext)`: `varlen.max_seqlen_q` query rows (the longest chunk), no key
+    /// appended.
+    pub fn varlen_paged(varlen: &Varlen<'_>, params: &ForwardParams, ext: &Extras<'_>) -> Self {
+        Self::from_shape(params, ext.alibi_slopes.is_some(), varlen.max_seqlen_q, 0)
+    }
+
+    /// A call described by its shape, for callers that hold no call's
+    /// arguments (host tables for the ndarray front end, adapters that take
+    /// the step's shape): options `params`, ALiBi slopes or not, `seqlen_q`
+    /// query rows and `s_new` keys appended per sequence.
+    pub fn from_shape(params: &ForwardParams, alibi: bool, seqlen_q: usize, s_new: usize) -> Self {
+        Self { params: *params, alibi, seqlen_q, s_new }
+    }
 }
 
 /// The kernel of [`FlashAttention::order_block_table`].
@@ -47,8 +82,8 @@ struct FreeKeys {
 impl FreeKeys {
     /// The rule for `call` over a cache of `capacity` keys per sequence
     /// (the window normalization's `seqlen_k`, as the paged calls use).
-    fn new(call: &KvCacheCall<'_>, capacity: usize) -> Result<Self> {
-        let p = call.params;
+    fn new(call: &KvCacheCall, capacity: usize) -> Result<Self> {
+        let p = &call.params;
         if call.seqlen_q == 0 {
             return Err(invalid("seqlen_q", "0".into(), "a call has at least one query row"));
         }
@@ -92,8 +127,10 @@ impl FreeKeys {
 /// let mut table = vec![7, 2, 9, 0, /* */ 5, 1, 3, 8];
 /// let cache_seqlens = [60, 40]; // 3 full pages + a partial one; 2 full + 1 partial
 /// let params = ForwardParams { causal: true, ..Default::default() };
-/// // One decode step: one query token, one key appended.
-/// let call = KvCacheCall { params: &params, alibi: false, seqlen_q: 1, s_new: 1 };
+/// // One decode step: one query token, one key appended (described by
+/// // hand: for a device call, `KvCacheCall::new` takes it from the call's
+/// // arguments, see `FlashAttention::order_block_table`).
+/// let call = KvCacheCall::from_shape(&params, false, 1, 1);
 /// let ordered = order_block_table(&mut table, 4, 16, &cache_seqlens, &call)?;
 /// // The full pages in address order; partial pages and unused slots stay put.
 /// assert_eq!(table, [2, 7, 9, 0, /* */ 1, 5, 3, 8]);
@@ -151,7 +188,7 @@ pub fn order_block_table(
     max_blocks_per_seq: usize,
     page_size: usize,
     cache_seqlens: &[i32],
-    call: &KvCacheCall<'_>,
+    call: &KvCacheCall,
 ) -> Result<usize> {
     let capacity = check_table(table.len(), max_blocks_per_seq, page_size, cache_seqlens.len())?;
     let cached = check_lengths("cache_seqlens", cache_seqlens, cache_seqlens.len(), capacity)?;
@@ -204,6 +241,37 @@ impl FlashAttention {
     /// Errors: those of [`order_block_table`] that the host can see, a
     /// `max_blocks_per_seq` above [`MAX_DEVICE_ORDER_BLOCKS`], buffers of
     /// another context than this `FlashAttention`'s.
+    ///
+    /// Ordered once before a decode loop, for the loop's call as
+    /// [`KvCacheCall::new`] reads it from the call's own arguments (a
+    /// function builds the step's cache, as an engine does each step):
+    ///
+    /// ```no_run
+    /// # use std::sync::Arc;
+    /// use cudarc::driver::{CudaSlice, CudaStream};
+    /// use flash_attn::{BlockTable, DecodeOptions, Extras, FlashAttention, ForwardParams, KvCache, KvCacheCall, Tensor, TensorLayout};
+    /// use half::f16;
+    ///
+    /// /// One step's cache: 64 pages of 16 keys, 32 pages per sequence, one new key each.
+    /// fn step_cache<'a>(pages: [&'a mut CudaSlice<f16>; 2], table: &'a CudaSlice<i32>, lens: &'a CudaSlice<i32>, new: &'a [CudaSlice<f16>; 2]) -> KvCache<'a, f16> {
+    ///     let (pool, new_l) = (TensorLayout::contiguous([64, 16, 2, 64]), TensorLayout::contiguous([2, 1, 2, 64]));
+    ///     let [k, v] = pages;
+    ///     KvCache::new(k, v, pool, lens).with_block_table(BlockTable::new(table, 32)).with_new(Tensor::new(&new[0], new_l), Tensor::new(&new[1], new_l))
+    /// }
+    ///
+    /// # fn f(fa: &FlashAttention, stream: &Arc<CudaStream>) -> Result<(), flash_attn::FlashAttnError> {
+    /// # let (mut k_pages, mut v_pages) = (stream.alloc_zeros::<f16>(131072)?, stream.alloc_zeros::<f16>(131072)?);
+    /// # let (q, kv_new) = (stream.alloc_zeros::<f16>(1024)?, [stream.alloc_zeros::<f16>(256)?, stream.alloc_zeros::<f16>(256)?]);
+    /// # let (lens, mut table) = (stream.clone_htod(&[100i32, 200])?, stream.alloc_zeros::<i32>(64)?);
+    /// let step = TensorLayout::contiguous([2, 1, 8, 64]); // q: one token, 8 heads
+    /// let (params, ext) = (ForwardParams { causal: true, ..Default::default() }, Extras::default());
+    /// let call = KvCacheCall::new(&step, &step_cache([&mut k_pages, &mut v_pages], &table, &lens, &kv_new), &params, &ext);
+    /// fa.order_block_table(stream, &mut table, 32, 16, &lens, &call)?;
+    /// // … the decode loop, each step:
+    /// let cache = step_cache([&mut k_pages, &mut v_pages], &table, &lens, &kv_new);
+    /// let out = fa.forward_kvcache(stream, Tensor::new(&q, step), cache, &params, &ext, DecodeOptions::default())?;
+    /// # Ok(()) }
+    /// ```
     pub fn order_block_table(
         &self,
         stream: &Arc<CudaStream>,
@@ -211,7 +279,7 @@ impl FlashAttention {
         max_blocks_per_seq: usize,
         page_size: usize,
         cache_seqlens: &dyn DevicePtr<i32>,
-        call: &KvCacheCall<'_>,
+        call: &KvCacheCall,
     ) -> Result<()> {
         let batch = cache_seqlens.len();
         let capacity = check_table(table.len(), max_blocks_per_seq, page_size, batch)?;
@@ -268,8 +336,8 @@ fn invalid(argument: &'static str, value: String, reason: &'static str) -> Flash
 mod tests {
     use super::*;
 
-    fn call(p: &ForwardParams, seqlen_q: usize, s_new: usize) -> KvCacheCall<'_> {
-        KvCacheCall { params: p, alibi: false, seqlen_q, s_new }
+    fn call(p: &ForwardParams, seqlen_q: usize, s_new: usize) -> KvCacheCall {
+        KvCacheCall::from_shape(p, false, seqlen_q, s_new)
     }
 
     #[test]

@@ -30,7 +30,7 @@ use crate::types::{DType, Dims};
 use crate::error::{FlashAttnError, Result};
 use crate::hopper::fp8::{self, HopperFp8Kernel};
 use crate::params::ForwardParams;
-use crate::tensor::{AttnElem, ForwardOutput, RowStats, Tensor, TensorLayout, TensorMut, Varlen};
+use crate::tensor::{AttnElem, AttnOutput, Tensor, TensorLayout, TensorMut, Varlen};
 use crate::validate::{Problem, check_stats, validate, validate_varlen};
 use crate::varlen_api::VarlenLaunch;
 
@@ -122,7 +122,7 @@ impl FlashAttention {
     /// seqlen_q)` (module docs). q `(batch, seqlen_q, nheads, d)`, k and v
     /// `(batch, seqlen_k, nheads_k, d)`, e4m3 codes at any strides that are
     /// multiples of 16 bytes.
-    pub fn forward_fp8<T, Q, K, V>(&self, stream: &Arc<CudaStream>, q: Tensor<'_, Q>, k: Tensor<'_, K>, v: Tensor<'_, V>, descales: &Fp8Descales<'_>, params: &ForwardParams) -> Result<ForwardOutput<T>>
+    pub fn forward_fp8<T, Q, K, V>(&self, stream: &Arc<CudaStream>, q: Tensor<'_, Q>, k: Tensor<'_, K>, v: Tensor<'_, V>, descales: &Fp8Descales<'_>, params: &ForwardParams) -> Result<AttnOutput<T>>
     where
         T: AttnElem,
         Q: DevicePtr<u8> + ?Sized,
@@ -135,7 +135,7 @@ impl FlashAttention {
         let mut o = stream.alloc_zeros::<T>(n.max(1))?;
         let mut lse = stream.alloc_zeros::<f32>((b * h * sq).max(1))?;
         self.forward_fp8_into(stream, q, k, v, descales, TensorMut::new(&mut o, o_layout), &mut lse, params)?;
-        Ok(ForwardOutput { o, o_layout, stats: RowStats::LogSumExp(lse) })
+        Ok(AttnOutput { o, o_layout, lse })
     }
 
     /// [`FlashAttention::forward_fp8`] into caller-owned O (any strides that

@@ -100,10 +100,26 @@ pub struct Tensor<'a, S: ?Sized> {
     pub layout: TensorLayout,
 }
 
+impl<S: ?Sized> Clone for Tensor<'_, S> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<S: ?Sized> Copy for Tensor<'_, S> {}
+
 impl<'a, S: ?Sized> Tensor<'a, S> {
     /// `data` viewed as `layout`.
     pub fn new(data: &'a S, layout: TensorLayout) -> Self {
         Self { data, layout }
+    }
+}
+
+/// Any buffer's tensor as one of `dyn DevicePtr<T>`, the form the cache
+/// structs' optional fields take ([`KvCache::k_new`](crate::KvCache::k_new)):
+/// `Tensor::new(&k_new, layout).into()`.
+impl<'a, T, S: DevicePtr<T>> From<Tensor<'a, S>> for Tensor<'a, dyn DevicePtr<T> + 'a> {
+    fn from(t: Tensor<'a, S>) -> Self {
+        Tensor { data: t.data, layout: t.layout }
     }
 }
 
@@ -142,6 +158,48 @@ pub enum RowStats {
     },
 }
 
+/// The row statistics a backward call reads
+/// ([`FlashAttention::backward`](crate::FlashAttention::backward)): the
+/// forward's [`RowStats`] (`&out.stats`), or a logsumexp alone in any f32
+/// buffer (`&out.lse` of an [`AttnOutput`], a caller's `softmax_lse`); both
+/// convert with `into`.
+#[derive(Clone, Copy)]
+pub enum StatsRef<'a> {
+    /// The logsumexp of the FA2 and Standard forwards.
+    LogSumExp(&'a dyn DevicePtr<f32>),
+    /// FA1's `l` and `m` ([`RowStats::Fa1`]).
+    Fa1 {
+        /// Row sums.
+        l: &'a dyn DevicePtr<f32>,
+        /// Row maxima (base 2).
+        m: &'a dyn DevicePtr<f32>,
+    },
+}
+
+impl std::fmt::Debug for StatsRef<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StatsRef::LogSumExp(lse) => f.debug_struct("LogSumExp").field("len", &lse.len()).finish(),
+            StatsRef::Fa1 { l, m } => f.debug_struct("Fa1").field("l_len", &l.len()).field("m_len", &m.len()).finish(),
+        }
+    }
+}
+
+impl<'a> From<&'a RowStats> for StatsRef<'a> {
+    fn from(stats: &'a RowStats) -> Self {
+        match stats {
+            RowStats::LogSumExp(lse) => StatsRef::LogSumExp(lse),
+            RowStats::Fa1 { l, m } => StatsRef::Fa1 { l, m },
+        }
+    }
+}
+
+impl<'a, S: DevicePtr<f32>> From<&'a S> for StatsRef<'a> {
+    fn from(lse: &'a S) -> Self {
+        StatsRef::LogSumExp(lse)
+    }
+}
+
 /// Caller-owned row-statistics buffers for [`FlashAttention::forward_into`](crate::FlashAttention::forward_into)
 /// (views of at least `batch·nheads·seqlen_q` f32). FA1 initializes `l` and
 /// `m` itself (Algorithm 1, line 2).
@@ -158,7 +216,22 @@ pub enum StatsMut<'a> {
     },
 }
 
-/// Output of [`FlashAttention::forward`](crate::FlashAttention::forward).
+impl RowStats {
+    /// The logsumexp of the FA2 and Standard loop orders; `None` for FA1's
+    /// `l, m`.
+    pub fn lse(&self) -> Option<&CudaSlice<f32>> {
+        match self {
+            RowStats::LogSumExp(lse) => Some(lse),
+            RowStats::Fa1 { .. } => None,
+        }
+    }
+}
+
+/// Output of the dense forward ([`FlashAttention::forward`](crate::FlashAttention::forward)
+/// and [`forward_ext`](crate::FlashAttention::forward_ext)), whose loop
+/// order decides its row statistics: [`AttnOutput`]'s `o` and `o_layout`,
+/// and the statistics as [`RowStats`] ([`ForwardOutput::lse`] for the
+/// logsumexp of FA2 and Standard).
 #[derive(Debug)]
 pub struct ForwardOutput<T> {
     /// `(batch, seqlen_q, nheads, headdim)`, contiguous ([`ForwardOutput::o_layout`]).
@@ -167,6 +240,34 @@ pub struct ForwardOutput<T> {
     pub o_layout: TensorLayout,
     /// The row statistics of the loop order.
     pub stats: RowStats,
+}
+
+impl<T> ForwardOutput<T> {
+    /// The logsumexp `(batch, nheads, seqlen_q)` of the FA2 and Standard
+    /// loop orders; `None` for FA1 (its `l, m` are in [`ForwardOutput::stats`]).
+    pub fn lse(&self) -> Option<&CudaSlice<f32>> {
+        self.stats.lse()
+    }
+}
+
+/// Output of every call that computes the logsumexp whatever its options:
+/// the KV-cache calls ([`FlashAttention::forward_kvcache`](crate::FlashAttention::forward_kvcache),
+/// `_ref`, `_fp8`), varlen ([`FlashAttention::forward_varlen`](crate::FlashAttention::forward_varlen),
+/// [`forward_varlen_paged`](crate::FlashAttention::forward_varlen_paged))
+/// and FP8 attention ([`FlashAttention::forward_fp8`](crate::FlashAttention::forward_fp8)).
+/// `o` and `o_layout` as in [`ForwardOutput`]; the logsumexp is a field.
+#[derive(Debug)]
+pub struct AttnOutput<T> {
+    /// O, contiguous: `(batch, seqlen_q, nheads, headdim)`, or packed
+    /// `(total_q, nheads, headdim)` for the varlen calls (`o_layout` with
+    /// batch 1, [`TensorLayout::varlen`]).
+    pub o: CudaSlice<T>,
+    /// `o`'s layout (contiguous).
+    pub o_layout: TensorLayout,
+    /// The natural-log logsumexp of each row of `softmax_scale·QKᵀ` (−inf
+    /// for a row that sees no key), f32 contiguous: `(batch, nheads,
+    /// seqlen_q)`, or `(nheads, total_q)` for the varlen calls.
+    pub lse: CudaSlice<f32>,
 }
 
 mod sealed {
@@ -299,17 +400,6 @@ impl Varlen<'_> {
     pub fn batch(&self) -> usize {
         self.cu_seqlens_q.len().saturating_sub(1)
     }
-}
-
-/// Output of [`FlashAttention::forward_varlen`](crate::FlashAttention::forward_varlen).
-#[derive(Debug)]
-pub struct VarlenOutput<T> {
-    /// `(total_q, nheads, headdim)` contiguous (`o_layout` has batch 1).
-    pub o: CudaSlice<T>,
-    /// `o`'s layout: packed `(total_q, nheads, headdim)` (batch 1).
-    pub o_layout: TensorLayout,
-    /// `(nheads, total_q)`, natural log; −inf for rows that see no key.
-    pub lse: CudaSlice<f32>,
 }
 
 impl TensorLayout {

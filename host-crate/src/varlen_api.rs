@@ -21,7 +21,7 @@ use flash_attn_common::AttnParams;
 use crate::device::FlashAttention;
 use crate::error::Result;
 use crate::params::ForwardParams;
-use crate::tensor::{AttnElem, Extras, StatsMut, Tensor, TensorLayout, TensorMut, Varlen, VarlenOutput};
+use crate::tensor::{AttnElem, AttnOutput, Extras, StatsMut, Tensor, TensorLayout, TensorMut, Varlen};
 use crate::validate::validate_varlen;
 
 /// Device pointers of a varlen launch, their stream guards held until the
@@ -89,7 +89,7 @@ impl FlashAttention {
         varlen: &Varlen<'_>,
         params: &ForwardParams,
         ext: &Extras<'_>,
-    ) -> Result<VarlenOutput<T>>
+    ) -> Result<AttnOutput<T>>
     where
         T: AttnElem,
         Q: DevicePtr<T>,
@@ -113,7 +113,7 @@ impl FlashAttention {
         let mut lse = stream.alloc_zeros::<f32>(nheads * total_q)?;
         let stats = StatsMut::LogSumExp(lse.as_view_mut());
         self.forward_varlen_into(stream, q, k, v, TensorMut::new(&mut o, o_layout), stats, varlen, params, ext)?;
-        Ok(VarlenOutput { o, o_layout, lse })
+        Ok(AttnOutput { o, o_layout, lse })
     }
 
     /// Varlen attention forward into caller-owned buffers (`o` packed like

@@ -445,7 +445,7 @@ proptest! {
         let n = c.s_new.unwrap_or(0);
         let PagedData { seqlens, table, k_pages, v_pages, q, k_new, v_new, slopes: sl, .. } = c.data(c.seed ^ 0x0DE5);
         let p = c.f.params();
-        let call = KvCacheCall { params: &p, alibi: c.f.alibi.is_some(), seqlen_q: c.sq, s_new: n };
+        let call = KvCacheCall::from_shape(&p, c.f.alibi.is_some(), c.sq, n);
         let mut ordered = table.clone();
         let r = order_block_table(ordered.as_slice_mut().unwrap(), c.max_blocks, c.page, &seqlens, &call);
         let (left, _) = normalize_window(p.causal, p.window_left, p.window_right, cap);
@@ -530,7 +530,7 @@ proptest! {
         // as its cached length, no append, the longest query chunk as every
         // sequence's (fewer free keys: safe).
         let keys: Vec<i32> = if use_seqused { used.clone() } else { seg_k.iter().map(|&n| n as i32).collect() };
-        let call = KvCacheCall { params: &p, alibi: c.f.alibi.is_some(), seqlen_q: max_q.max(1), s_new: 0 };
+        let call = KvCacheCall::from_shape(&p, c.f.alibi.is_some(), max_q.max(1), 0);
         let mut ordered = table.clone();
         if order_block_table(ordered.as_slice_mut().unwrap(), c.max_blocks, page, &keys, &call).is_ok() {
             let pages = PagedKv { k_pages: k_pages.view(), v_pages: v_pages.view(), block_table: ordered.view() };

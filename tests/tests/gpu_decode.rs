@@ -6,9 +6,9 @@
 //! same-dtype error (+1e-5), the logsumexp within 1e-4·max(1, |ref|), the
 //! updated cache compared exactly.
 
-use cudarc::driver::{CudaSlice, DevicePtr};
+use cudarc::driver::CudaSlice;
 use flash_attn::{
-    AttnElem, BlockTable, DecodeOptions, Extras, FlashAttnError, ForwardParams, KvCache, KvCacheRef, PagedCache, RowStats, SplitScratch, Tensor, TensorLayout, Varlen,
+    AttnElem, BlockTable, DecodeOptions, Extras, FlashAttnError, ForwardParams, KvCache, KvCacheRef, PagedCache, SplitScratch, Tensor, TensorLayout, Varlen,
 };
 use flash_attn_tests::features::{Spec, assert_matches_reference, random};
 use flash_attn_tests::{Gpu, Rng, gpu};
@@ -95,13 +95,13 @@ fn run<T: AttnElem>(g: &Gpu, rng: &mut Rng, c: &Dec) -> Result<(), FlashAttnErro
     let btd = table.as_ref().map(|(t, _)| s.clone_htod(t)).transpose()?;
     let new_layout = TensorLayout::contiguous([batch, s_new, hk, d]);
     let params = ForwardParams { causal: c.causal, ..Default::default() };
-    let block_table = btd.as_ref().zip(table.as_ref()).map(|(t, (_, per))| BlockTable { table: t as &dyn DevicePtr<i32>, max_blocks_per_seq: *per });
+    let block_table = btd.as_ref().zip(table.as_ref()).map(|(t, (_, per))| BlockTable::new(t, *per));
     let qt = Tensor::new(&qd, TensorLayout::contiguous([batch, sq, h, d]));
     let opts = DecodeOptions { num_splits: c.num_splits, scratch: None, kernel: c.fa2d.then(|| fa2d_kernel::<T>(d)).or(c.dec), timeline: None, deterministic: false };
     let out = if c.two_step {
         if s_new > 0 {
-            g.fa.append_kv::<T>(s, &mut kd, layout, Tensor::new(&knd as &dyn DevicePtr<T>, new_layout), &csd, None, block_table)?;
-            g.fa.append_kv::<T>(s, &mut vd, layout, Tensor::new(&vnd as &dyn DevicePtr<T>, new_layout), &csd, None, block_table)?;
+            g.fa.append_kv::<T>(s, &mut kd, layout, Tensor::new(&knd, new_layout), &csd, None, block_table)?;
+            g.fa.append_kv::<T>(s, &mut vd, layout, Tensor::new(&vnd, new_layout), &csd, None, block_table)?;
         }
         let cache = KvCacheRef { k_cache: &kd, v_cache: &vd, layout, cache_seqlens: &csd, cache_batch_idx: None, block_table, seqlen_new: s_new };
         g.fa.forward_kvcache_ref::<T, _>(s, qt, cache, &params, &Extras::default(), opts)?
@@ -113,15 +113,14 @@ fn run<T: AttnElem>(g: &Gpu, rng: &mut Rng, c: &Dec) -> Result<(), FlashAttnErro
             cache_seqlens: &csd,
             cache_batch_idx: None,
             block_table,
-            k_new: (s_new > 0).then(|| Tensor::new(&knd as &dyn DevicePtr<T>, new_layout)),
-            v_new: (s_new > 0).then(|| Tensor::new(&vnd as &dyn DevicePtr<T>, new_layout)),
+            k_new: (s_new > 0).then(|| Tensor::new(&knd, new_layout).into()),
+            v_new: (s_new > 0).then(|| Tensor::new(&vnd, new_layout).into()),
         };
         g.fa.forward_kvcache::<T, _>(s, qt, cache, &params, &Extras::default(), opts)?
     };
     s.synchronize()?;
     let o = Array4::from_shape_vec((batch, sq, h, d), s.clone_dtoh(&out.o)?).unwrap();
-    let RowStats::LogSumExp(lse) = &out.stats else { unreachable!() };
-    let lse = ndarray::Array3::from_shape_vec((batch, h, sq), s.clone_dtoh(lse)?).unwrap();
+    let lse = ndarray::Array3::from_shape_vec((batch, h, sq), s.clone_dtoh(&out.lse)?).unwrap();
     // The updated cache, exactly: new rows at cached[b].., the rest untouched.
     let (k_after, v_after): (Vec<T>, Vec<T>) = (s.clone_dtoh(&kd)?, s.clone_dtoh(&vd)?);
     let k_after = Array4::from_shape_vec(k_phys.dim(), k_after).unwrap();
@@ -297,16 +296,8 @@ fn gpu_kvcache_append_strides() {
         let (mut kc, mut vc) = (s.clone_htod(&k0).unwrap(), s.clone_htod(&v0).unwrap());
         let table = s.clone_htod(&perm).unwrap();
         let layout = if paged { TensorLayout::contiguous([b * per, page, hk, d]) } else { TensorLayout::contiguous([b, cap, hk, d]) };
-        let cache = KvCache {
-            k_cache: &mut kc,
-            v_cache: &mut vc,
-            layout,
-            cache_seqlens: &seqlens,
-            cache_batch_idx: None,
-            block_table: paged.then(|| BlockTable { table: &table as &dyn DevicePtr<i32>, max_blocks_per_seq: per }),
-            k_new: Some(Tensor::new(&knd as &dyn DevicePtr<half::f16>, TensorLayout::contiguous([b, s_new, hk, d]))),
-            v_new: Some(Tensor::new(&vnd as &dyn DevicePtr<half::f16>, v_layout)),
-        };
+        let mut cache = KvCache::new(&mut kc, &mut vc, layout, &seqlens).with_new(Tensor::new(&knd, TensorLayout::contiguous([b, s_new, hk, d])), Tensor::new(&vnd, v_layout));
+        cache.block_table = paged.then(|| BlockTable::new(&table, per));
         g.fa.forward_kvcache::<half::f16, _>(s, Tensor::new(&q, TensorLayout::contiguous([b, 1, h, d])), cache, &ForwardParams::default(), &Extras::default(), DecodeOptions::default()).unwrap();
         let (k1, v1): (Vec<half::f16>, Vec<half::f16>) = (s.clone_dtoh(&kc).unwrap(), s.clone_dtoh(&vc).unwrap());
         let (mut k_want, mut v_want) = (k0.clone(), v0.clone());
@@ -380,16 +371,7 @@ fn gpu_decode_bad_input() {
     s.synchronize().unwrap();
     let knew: CudaSlice<half::f16> = s.clone_htod(&vec![half::f16::from_f32(1.0); b * 65 * hk * d]).unwrap();
     let nl = TensorLayout::contiguous([b, 65, hk, d]);
-    let cache = KvCache {
-        k_cache: &mut kc,
-        v_cache: &mut vc,
-        layout: lay,
-        cache_seqlens: &seqlens,
-        cache_batch_idx: None,
-        block_table: None,
-        k_new: Some(Tensor::new(&knew as &dyn DevicePtr<half::f16>, nl)),
-        v_new: Some(Tensor::new(&knew as &dyn DevicePtr<half::f16>, nl)),
-    };
+    let cache = KvCache::new(&mut kc, &mut vc, lay, &seqlens).with_new(Tensor::new(&knew, nl), Tensor::new(&knew, nl));
     let e = g.fa.forward_kvcache::<half::f16, _>(s, Tensor::new(&q, ql), cache, &ForwardParams::default(), &Extras::default(), DecodeOptions::default()).unwrap_err();
     assert!(matches!(e, FlashAttnError::InvalidArgument { argument: "k_new", .. }), "{e}");
 }
@@ -422,9 +404,9 @@ impl SplitCase {
     }
 
     /// The KV-cache call on this case with `opts` (7 splits unless set), synchronized.
-    fn call(&mut self, g: &Gpu, opts: DecodeOptions<'_>) -> Result<flash_attn::ForwardOutput<half::bf16>, FlashAttnError> {
+    fn call(&mut self, g: &Gpu, opts: DecodeOptions<'_>) -> Result<flash_attn::AttnOutput<half::bf16>, FlashAttnError> {
         let (b, _, hk, h, d, _) = Self::DIMS;
-        let cache = KvCache { k_cache: &mut self.kc, v_cache: &mut self.vc, layout: TensorLayout::contiguous([b, self.cap, hk, d]), cache_seqlens: &self.seqlens, cache_batch_idx: None, block_table: None, k_new: None, v_new: None };
+        let cache = KvCache::new(&mut self.kc, &mut self.vc, TensorLayout::contiguous([b, self.cap, hk, d]), &self.seqlens);
         let out = g.fa.forward_kvcache::<half::bf16, _>(&g.stream, Tensor::new(&self.q, TensorLayout::contiguous([b, 1, h, d])), cache, &ForwardParams::default(), &Extras::default(), opts)?;
         g.stream.synchronize().unwrap();
         Ok(out)
@@ -459,8 +441,7 @@ fn gpu_split_scratch_kinds() {
     let mut few: CudaSlice<u32> = s.alloc_zeros(b * hk - 1).unwrap();
     let mut call = |scratch: Option<SplitScratch<'_>>| -> Result<(Vec<u16>, Vec<f32>), FlashAttnError> {
         let out = case.call(g, DecodeOptions { num_splits: Some(ns), scratch, kernel: None, timeline: None, deterministic: true })?;
-        let RowStats::LogSumExp(lse) = &out.stats else { unreachable!("FA2 gives the LSE") };
-        Ok((s.clone_dtoh(&out.o).unwrap().iter().map(|x| x.to_bits()).collect(), s.clone_dtoh(lse).unwrap()))
+        Ok((s.clone_dtoh(&out.o).unwrap().iter().map(|x| x.to_bits()).collect(), s.clone_dtoh(&out.lse).unwrap()))
     };
     let library = call(None).unwrap();
     let launch = call(Some(SplitScratch { o_accum: &mut o_acc, lse_accum: &mut l_acc, max_splits: ns, counters: None })).unwrap();
@@ -508,8 +489,7 @@ fn gpu_split_tickets() {
         let mut call = |deterministic: bool| -> (Vec<f32>, Vec<f32>, Vec<u32>) {
             let scratch = SplitScratch { o_accum: &mut o_acc, lse_accum: &mut l_acc, max_splits, counters: Some(&mut counters) };
             let out = case.call(g, DecodeOptions { num_splits: Some(ns), scratch: Some(scratch), deterministic, ..Default::default() }).unwrap();
-            let RowStats::LogSumExp(lse) = &out.stats else { unreachable!("FA2 gives the LSE") };
-            (s.clone_dtoh(&out.o).unwrap().iter().map(|x| x.to_f32()).collect(), s.clone_dtoh(lse).unwrap(), s.clone_dtoh(&counters).unwrap())
+            (s.clone_dtoh(&out.o).unwrap().iter().map(|x| x.to_f32()).collect(), s.clone_dtoh(&out.lse).unwrap(), s.clone_dtoh(&counters).unwrap())
         };
         let (o_ref, lse_ref, _) = call(true);
         for round in 0..3 {
@@ -649,14 +629,9 @@ fn run_varlen_paged<T: AttnElem>(g: &Gpu, rng: &mut Rng, c: &VarPaged) -> Result
         cu_seqlens_k: &ckd,
         max_seqlen_q: max_q,
         max_seqlen_k: max_k,
-        seqused_k: ud.as_ref().map(|u| u as &dyn DevicePtr<i32>),
+        seqused_k: ud.as_ref().map(|u| u as _),
     };
-    let cache = PagedCache {
-        k_pages: &kd,
-        v_pages: &vd,
-        layout: TensorLayout::contiguous([n, page, hk, d]),
-        block_table: BlockTable { table: &btd, max_blocks_per_seq: per },
-    };
+    let cache = PagedCache::new(&kd, &vd, TensorLayout::contiguous([n, page, hk, d]), BlockTable::new(&btd, per));
     let out = g.fa.forward_varlen_paged::<T, _>(
         s,
         Tensor::new(&qd, TensorLayout::varlen(total_q, h, d)),
@@ -769,13 +744,12 @@ fn gpu_decode_page_tables() {
     let csd = s.clone_htod(&lens.map(|l| l as i32)).unwrap();
     let layout = TensorLayout::contiguous([pool, page, hk, d]);
     for splits in [Some(1), Some(4), None] {
-        let cache = KvCacheRef { k_cache: &kd, v_cache: &vd, layout, cache_seqlens: &csd, cache_batch_idx: None, block_table: Some(BlockTable { table: &td, max_blocks_per_seq: per }), seqlen_new: 0 };
+        let cache = KvCacheRef::new(&kd, &vd, layout, &csd).with_block_table(BlockTable::new(&td, per));
         let opts = DecodeOptions { num_splits: splits, ..Default::default() };
         let out = g.fa.forward_kvcache_ref::<half::bf16, _>(s, Tensor::new(&qd, TensorLayout::contiguous([batch, 1, h, d])), cache, &ForwardParams::default(), &Extras::default(), opts).unwrap();
         s.synchronize().unwrap();
         let o = Array4::from_shape_vec((batch, 1, h, d), s.clone_dtoh(&out.o).unwrap()).unwrap();
-        let RowStats::LogSumExp(lse) = &out.stats else { unreachable!() };
-        let lse: Vec<f32> = s.clone_dtoh(lse).unwrap();
+        let lse: Vec<f32> = s.clone_dtoh(&out.lse).unwrap();
         for b in 0..batch {
             let label = format!("table kind {b}, splits {splits:?}");
             let len = lens[b];

@@ -8,9 +8,9 @@
 //! 3 × the naive bf16 error, the logsumexp within 1e-4) and the cache
 //! compared exactly.
 
-use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, sys};
+use cudarc::driver::{CudaSlice, DevicePtrMut, sys};
 use flash_attn::{
-    BlockTable, DecodeOptions, Extras, FlashAttnError, ForwardParams, KvCache, KvCacheCall, KvCacheRef, RowStats, SplitScratch, Tensor, TensorLayout,
+    BlockTable, DecodeOptions, Extras, FlashAttnError, ForwardParams, KvCache, KvCacheCall, KvCacheRef, SplitScratch, Tensor, TensorLayout,
     TensorMut, order_block_table,
 };
 use flash_attn_tests::features::{Spec, assert_matches_reference, random};
@@ -114,16 +114,9 @@ impl PagedDecode {
     fn call_inputs(&mut self) -> (KvCache<'_, bf16>, &CudaSlice<bf16>) {
         let new_l = TensorLayout::contiguous([Self::B, 1, Self::HK, Self::D]);
         let Self { kc, vc, table_d, seqlens_d, knew_d, vnew_d, q_d, .. } = self;
-        let cache = KvCache {
-            k_cache: kc,
-            v_cache: vc,
-            layout: Self::cache_layout(),
-            cache_seqlens: &*seqlens_d,
-            cache_batch_idx: None,
-            block_table: Some(BlockTable { table: &*table_d, max_blocks_per_seq: Self::PER }),
-            k_new: Some(Tensor::new(&*knew_d as &dyn DevicePtr<bf16>, new_l)),
-            v_new: Some(Tensor::new(&*vnew_d as &dyn DevicePtr<bf16>, new_l)),
-        };
+        let cache = KvCache::new(kc, vc, Self::cache_layout(), &*seqlens_d)
+            .with_block_table(BlockTable::new(&*table_d, Self::PER))
+            .with_new(Tensor::new(&*knew_d, new_l), Tensor::new(&*vnew_d, new_l));
         (cache, &*q_d)
     }
 
@@ -226,8 +219,7 @@ fn gpu_kvcache_into() {
         let (c, q) = st.call_inputs();
         g.fa.forward_kvcache::<bf16, _>(s, Tensor::new(q, PagedDecode::q_layout()), c, &params, &ext, opts()).unwrap()
     };
-    let RowStats::LogSumExp(ref_lse) = &reference.stats else { unreachable!("FA2 gives the LSE") };
-    let (ref_o, ref_lse) = download(g, &reference.o, reference.o_layout, ref_lse);
+    let (ref_o, ref_lse) = download(g, &reference.o, reference.o_layout, &reference.lse);
     let padded = TensorLayout::new([b, 1, h, d], [h * (d + 8), h * (d + 8), d + 8]);
     const SENTINEL: u16 = 0x7fc1; // a NaN the kernels never write
     let mut o_buf: CudaSlice<bf16> = s.clone_htod(&vec![bf16::from_bits(SENTINEL); b * h * (d + 8)]).unwrap();
@@ -287,8 +279,7 @@ fn gpu_kvcache_into() {
             let (c, q1) = st.call_inputs();
             let q: &CudaSlice<bf16> = if sq == 1 { q1 } else { &q17 };
             let out = g.fa.forward_kvcache::<bf16, _>(s, Tensor::new(q, ql), c, &p, &ext, o_opts()).unwrap();
-            let RowStats::LogSumExp(l) = &out.stats else { unreachable!("FA2 gives the LSE") };
-            (s.clone_dtoh(&out.o).unwrap(), s.clone_dtoh(l).unwrap())
+            (s.clone_dtoh(&out.o).unwrap(), s.clone_dtoh(&out.lse).unwrap())
         };
         let pad = TensorLayout::new([b, sq, h, d], [sq * h * (d + 8), h * (d + 8), d + 8]);
         let mut o_pad: CudaSlice<bf16> = s.clone_htod(&vec![bf16::from_bits(SENTINEL); b * sq * h * (d + 8)]).unwrap();
@@ -308,8 +299,7 @@ fn gpu_kvcache_into() {
     // The read-only call checks its outputs the same way.
     let e = {
         let PagedDecode { kc, vc, table_d, seqlens_d, q_d, .. } = &st;
-        let table = Some(BlockTable { table: table_d as &dyn DevicePtr<i32>, max_blocks_per_seq: PagedDecode::PER });
-        let cache = KvCacheRef { k_cache: kc, v_cache: vc, layout: PagedDecode::cache_layout(), cache_seqlens: seqlens_d, cache_batch_idx: None, block_table: table, seqlen_new: 0 };
+        let cache = KvCacheRef::new(kc, vc, PagedDecode::cache_layout(), seqlens_d).with_block_table(BlockTable::new(table_d, PagedDecode::PER));
         g.fa.forward_kvcache_ref_into::<bf16, _, _>(s, Tensor::new(q_d, dense), cache, TensorMut::new(&mut short, dense), &mut lse_buf, &params, &ext, opts()).unwrap_err()
     };
     assert!(matches!(e, FlashAttnError::BufferTooShort { argument: "o", .. }), "forward_kvcache_ref_into, O too short: {e}");
@@ -374,10 +364,10 @@ fn graph_loop(g: &Gpu, rng: &mut Rng, two_step: bool) {
         }
         let PagedDecode { kc, vc, table_d, seqlens_d, knew_d, vnew_d, q_d, .. } = st;
         let (layout, new_l) = (PagedDecode::cache_layout(), TensorLayout::contiguous([b, 1, PagedDecode::HK, d]));
-        let table = || Some(BlockTable { table: &*table_d as &dyn DevicePtr<i32>, max_blocks_per_seq: PagedDecode::PER });
-        g.fa.append_kv::<bf16>(s, kc, layout, Tensor::new(&*knew_d as &dyn DevicePtr<bf16>, new_l), &*seqlens_d, None, table())?;
-        g.fa.append_kv::<bf16>(s, vc, layout, Tensor::new(&*vnew_d as &dyn DevicePtr<bf16>, new_l), &*seqlens_d, None, table())?;
-        let cache = KvCacheRef { k_cache: &*kc, v_cache: &*vc, layout, cache_seqlens: &*seqlens_d, cache_batch_idx: None, block_table: table(), seqlen_new: 1 };
+        let table = BlockTable::new(&*table_d, PagedDecode::PER);
+        g.fa.append_kv::<bf16>(s, kc, layout, Tensor::new(&*knew_d, new_l), &*seqlens_d, None, Some(table))?;
+        g.fa.append_kv::<bf16>(s, vc, layout, Tensor::new(&*vnew_d, new_l), &*seqlens_d, None, Some(table))?;
+        let cache = KvCacheRef::new(&*kc, &*vc, layout, &*seqlens_d).with_block_table(table).with_seqlen_new(1);
         g.fa.forward_kvcache_ref_into::<bf16, _, _>(s, Tensor::new(&*q_d, PagedDecode::q_layout()), cache, TensorMut::new(o_buf, o_l), lse_buf, &params, &ext, opts)
     };
 
@@ -452,7 +442,9 @@ fn gpu_decode_ordered_table() {
     let s = &g.stream;
     let mut st = PagedDecode::new(g, &mut rng, [0, 300, 77]);
     let params = ForwardParams::default();
-    let call = KvCacheCall { params: &params, alibi: false, seqlen_q: 1, s_new: 1 };
+    // The call as the decode call's own arguments give it: one query token,
+    // one key appended.
+    let call = KvCacheCall::new(&PagedDecode::q_layout(), &st.call_inputs().0, &params, &Extras::default());
     let mut ordered = st.table.clone();
     let n = order_block_table(&mut ordered, PagedDecode::PER, PagedDecode::PAGE, &st.lens_i32(), &call).unwrap();
     assert_eq!(n, 300 / 16 + 77 / 16, "the full pages of the cached keys");
@@ -466,8 +458,7 @@ fn gpu_decode_ordered_table() {
             let (c, q) = st.call_inputs();
             g.fa.forward_kvcache::<bf16, _>(s, Tensor::new(q, PagedDecode::q_layout()), c, &params, &Extras::default(), opts).unwrap()
         };
-        let RowStats::LogSumExp(lse) = &out.stats else { unreachable!("FA2 gives the LSE") };
-        let (o, lse) = download(g, &out.o, out.o_layout, lse);
+        let (o, lse) = download(g, &out.o, out.o_layout, &out.lse);
         st.check_step(g, &format!("ordered table, step {k}"), &o, &lse);
         st.next_inputs(g, &mut rng);
     }
@@ -501,7 +492,7 @@ fn gpu_order_block_table() {
         let lens_d: Vec<i32> = lens.iter().map(|&l| l as i32).collect();
         let lens_h: Vec<i32> = lens.iter().map(|&l| l.clamp(0, cap) as i32).collect();
         for (p, sq) in [(&plain, 1), (&causal, 4)] {
-            let call = KvCacheCall { params: p, alibi: false, seqlen_q: sq, s_new: 0 };
+            let call = KvCacheCall::from_shape(p, false, sq, 0);
             let what = format!("batch {batch}, {max_blocks} slots of {page}, causal {}, {sq} rows", p.causal);
             let mut want = table.clone();
             order_block_table(&mut want, max_blocks, page, &lens_h, &call).unwrap();
@@ -520,13 +511,13 @@ fn gpu_order_block_table() {
     let mut t_d = s.clone_htod(&table).unwrap();
     let l_d = s.clone_htod(&[512i32, 512]).unwrap();
     let window = ForwardParams { causal: true, window_left: Some(100), ..Default::default() };
-    let with = |p| KvCacheCall { params: p, alibi: false, seqlen_q: 1, s_new: 0 };
-    let cases: [(&str, usize, usize, KvCacheCall<'_>); 5] = [
+    let with = |p| KvCacheCall::from_shape(p, false, 1, 0);
+    let cases: [(&str, usize, usize, KvCacheCall); 5] = [
         ("a left window", 32, 16, with(&window)),
-        ("ALiBi", 32, 16, KvCacheCall { alibi: true, ..with(&plain) }),
+        ("ALiBi", 32, 16, KvCacheCall::from_shape(&plain, true, 1, 0)),
         ("page size 0", 32, 0, with(&plain)),
         ("a table of another length", 31, 16, with(&plain)),
-        ("no query row", 32, 16, KvCacheCall { seqlen_q: 0, ..with(&plain) }),
+        ("no query row", 32, 16, KvCacheCall::from_shape(&plain, false, 0, 0)),
     ];
     for (what, max_blocks, page, call) in cases {
         let e = g.fa.order_block_table(s, &mut t_d, max_blocks, page, &l_d, &call).expect_err(what);

@@ -9,9 +9,8 @@
 //! cache is exact in f16/bf16 and the naive reference sees exactly the
 //! kernel's inputs; `gpu_fp8_decode_scale_any` covers other scales.
 
-use cudarc::driver::DevicePtr;
 use flash_attn::reference::fp8::{e4m3_from_f32, e4m3_to_f32};
-use flash_attn::{AttnElem, BlockTable, DecodeOptions, Extras, FlashAttnError, ForwardParams, KvCacheFp8, RowStats, Tensor, TensorLayout};
+use flash_attn::{AttnElem, BlockTable, DecodeOptions, Extras, FlashAttnError, ForwardParams, KvCacheFp8, Tensor, TensorLayout};
 use flash_attn_tests::features::{Spec, assert_matches_reference, random};
 use flash_attn_tests::{Gpu, Rng, gpu};
 use ndarray::{Array4, Axis, s};
@@ -103,7 +102,7 @@ fn run<T: AttnElem>(g: &Gpu, rng: &mut Rng, c: &Case) -> Result<(), FlashAttnErr
     let btd = table.as_ref().map(|(t, _)| st.clone_htod(t)).transpose()?;
     let new_layout = TensorLayout::contiguous([batch, s_new, hk, d]);
     let params = ForwardParams { causal: c.causal, softcap: (c.softcap > 0.0).then_some(c.softcap), ..Default::default() };
-    let block_table = btd.as_ref().zip(table.as_ref()).map(|(t, (_, per))| BlockTable { table: t as &dyn DevicePtr<i32>, max_blocks_per_seq: *per });
+    let block_table = btd.as_ref().zip(table.as_ref()).map(|(t, (_, per))| BlockTable::new(t, *per));
     let qt = Tensor::new(&qd, TensorLayout::contiguous([batch, sq, h, d]));
     let opts = DecodeOptions { num_splits: c.num_splits, ..Default::default() };
     let cache = KvCacheFp8 {
@@ -115,14 +114,13 @@ fn run<T: AttnElem>(g: &Gpu, rng: &mut Rng, c: &Case) -> Result<(), FlashAttnErr
         cache_seqlens: &csd,
         cache_batch_idx: None,
         block_table,
-        k_new: (s_new > 0).then(|| Tensor::new(&knd as &dyn DevicePtr<T>, new_layout)),
-        v_new: (s_new > 0).then(|| Tensor::new(&vnd as &dyn DevicePtr<T>, new_layout)),
+        k_new: (s_new > 0).then(|| Tensor::new(&knd, new_layout).into()),
+        v_new: (s_new > 0).then(|| Tensor::new(&vnd, new_layout).into()),
     };
     let out = g.fa.forward_kvcache_fp8::<T, _>(st, qt, cache, &params, &Extras::default(), opts)?;
     st.synchronize()?;
     let o = Array4::from_shape_vec((batch, sq, h, d), st.clone_dtoh(&out.o)?).unwrap();
-    let RowStats::LogSumExp(lse) = &out.stats else { unreachable!() };
-    let lse = ndarray::Array3::from_shape_vec((batch, h, sq), st.clone_dtoh(lse)?).unwrap();
+    let lse = ndarray::Array3::from_shape_vec((batch, h, sq), st.clone_dtoh(&out.lse)?).unwrap();
     // The cache's bytes: new rows quantized at cached[b].., the rest untouched.
     let k_after = Array4::from_shape_vec(k_phys.dim(), st.clone_dtoh(&kd)?).unwrap();
     let v_after = Array4::from_shape_vec(v_phys.dim(), st.clone_dtoh(&vd)?).unwrap();
@@ -247,8 +245,7 @@ fn gpu_fp8_decode_scale_any() {
     };
     let out = g.fa.forward_kvcache_fp8(st, Tensor::new(&qd, TensorLayout::contiguous([batch, 1, h, d])), cache, &ForwardParams::default(), &Extras::default(), DecodeOptions::default()).unwrap();
     let o = Array4::from_shape_vec((batch, 1, h, d), st.clone_dtoh(&out.o).unwrap()).unwrap();
-    let RowStats::LogSumExp(lse) = &out.stats else { unreachable!() };
-    let lse: Vec<f32> = st.clone_dtoh(lse).unwrap();
+    let lse: Vec<f32> = st.clone_dtoh(&out.lse).unwrap();
     // O / v_scale against attention over the codes with softmax_scale·k_scale.
     let o_unscaled = o.mapv(|x| half::bf16::from_f32(x.to_f32() / v_scale));
     let as_t = |a: &Array4<u8>| a.mapv(|c| half::bf16::from_f32(e4m3_to_f32(c)));
@@ -304,8 +301,7 @@ fn gpu_fp8_decode_every_code() {
         let params = ForwardParams { softmax_scale: Some(1.0), ..Default::default() };
         let out = g.fa.forward_kvcache_fp8(st, Tensor::new(&qd, TensorLayout::contiguous([1, 1, h, d])), cache, &params, &Extras::default(), DecodeOptions::default()).unwrap();
         let o: Vec<T> = st.clone_dtoh(&out.o).unwrap();
-        let RowStats::LogSumExp(lse) = &out.stats else { unreachable!() };
-        let lse: Vec<f32> = st.clone_dtoh(lse).unwrap();
+        let lse: Vec<f32> = st.clone_dtoh(&out.lse).unwrap();
         for i in 0..h {
             for j in 0..d {
                 let want = e4m3_to_f32(row[j]);

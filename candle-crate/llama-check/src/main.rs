@@ -369,15 +369,7 @@ fn core_attend(q: &Tensor, k_cache: &Tensor, v_cache: &Tensor, ctx: usize, scale
 
 impl CoreAttend {
     fn run(&self) -> Result<()> {
-        let cache = flash_attn::KvCacheRef {
-            k_cache: &self.k,
-            v_cache: &self.v,
-            layout: self.layout,
-            cache_seqlens: &self.lens,
-            cache_batch_idx: None,
-            block_table: None,
-            seqlen_new: 0,
-        };
+        let cache = flash_attn::KvCacheRef::new(&self.k, &self.v, self.layout, &self.lens);
         let q = flash_attn::Tensor::new(&self.q, self.q_layout);
         self.fa
             .forward_kvcache_ref(&self.stream, q, cache, &self.params, &flash_attn::Extras::default(), flash_attn::DecodeOptions::default())

@@ -2,12 +2,12 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, PushKernelArg};
+use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, PushKernelArg};
 use flash_attn_common::{AttnParams, BwdParams};
 
 use super::validate::{check_stats_len, ranges_overlap};
 use super::{BackwardParams, BackwardPlan, BackwardScratch};
-use crate::tensor::{AttnElem, Extras, RowStats, Tensor, TensorLayout, TensorMut};
+use crate::tensor::{AttnElem, Extras, StatsRef, Tensor, TensorLayout, TensorMut};
 use crate::validate::Problem;
 use crate::device::FlashAttention;
 use crate::error::{FlashAttnError, Result};
@@ -23,7 +23,7 @@ pub(crate) struct Buffers<'a, Q, K, V, O, DO, GQ, GK, GV> {
     pub v: Tensor<'a, V>,
     pub out: Tensor<'a, O>,
     pub dout: Tensor<'a, DO>,
-    pub stats: &'a RowStats,
+    pub stats: StatsRef<'a>,
     pub dq: TensorMut<'a, GQ>,
     pub dk: TensorMut<'a, GK>,
     pub dv: TensorMut<'a, GV>,
@@ -71,21 +71,21 @@ impl FlashAttention {
         // Row statistics: (batch, nheads, seqlen_q), or (nheads, total_q) for varlen.
         let n = varlen.map_or(problem.stats_len(), |vl| dims.nheads * vl.total_q);
         let fa1 = params.forward.loop_order == LoopOrder::Fa1;
-        let (stat_a, stat_b): (&CudaSlice<f32>, Option<&CudaSlice<f32>>) = match (stats, fa1) {
-            (RowStats::LogSumExp(lse), false) => {
+        let (stat_a, stat_b): (&dyn DevicePtr<f32>, Option<&dyn DevicePtr<f32>>) = match (stats, fa1) {
+            (StatsRef::LogSumExp(lse), false) => {
                 check_stats_len("softmax_lse", lse.len(), n)?;
                 (lse, None)
             }
-            (RowStats::Fa1 { l, m }, true) => {
+            (StatsRef::Fa1 { l, m }, true) => {
                 check_stats_len("l", l.len(), n)?;
                 check_stats_len("m", m.len(), n)?;
                 (l, Some(m))
             }
-            (given, _) => {
+            _ => {
                 let (expected, given) = if fa1 {
-                    ("RowStats::Fa1 { l, m } (the FA1 forward's statistics)", "RowStats::LogSumExp")
+                    ("RowStats::Fa1 { l, m } (the FA1 forward's statistics)", "a logsumexp")
                 } else {
-                    ("RowStats::LogSumExp (softmax_lse of the FA2 forward)", if matches!(given, RowStats::Fa1 { .. }) { "RowStats::Fa1" } else { "RowStats::LogSumExp" })
+                    ("a logsumexp (softmax_lse of the FA2 forward)", "RowStats::Fa1")
                 };
                 return Err(FlashAttnError::StatsMismatch { loop_order: params.forward.loop_order, expected, given });
             }

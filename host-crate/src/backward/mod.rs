@@ -26,7 +26,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 
-use crate::tensor::{AttnElem, Extras, RowStats, Tensor, TensorLayout, TensorMut, Varlen};
+use crate::tensor::{AttnElem, Extras, StatsRef, Tensor, TensorLayout, TensorMut, Varlen};
 use crate::device::FlashAttention;
 use crate::error::Result;
 use crate::params::ForwardParams;
@@ -144,8 +144,8 @@ impl FlashAttention {
 
     /// Gradients of attention into freshly allocated, contiguous buffers
     /// (and scratch), on `stream` (only enqueues work). `stats` is what the
-    /// forward returned: [`RowStats::LogSumExp`] (`softmax_lse`) for the FA2
-    /// order, [`RowStats::Fa1`] for FA1.
+    /// forward returned ([`StatsRef`]): `&out.stats`, the logsumexp
+    /// (`softmax_lse`) for the FA2 order, [`RowStats::Fa1`](crate::RowStats::Fa1) for FA1.
     ///
     /// ```no_run
     /// use cudarc::driver::CudaContext;
@@ -169,7 +169,7 @@ impl FlashAttention {
     /// # Ok(()) }
     /// ```
     #[allow(clippy::too_many_arguments)]
-    pub fn backward<T, Q, K, V, O, DO>(
+    pub fn backward<'s, T, Q, K, V, O, DO>(
         &self,
         stream: &Arc<CudaStream>,
         q: Tensor<'_, Q>,
@@ -177,7 +177,7 @@ impl FlashAttention {
         v: Tensor<'_, V>,
         out: Tensor<'_, O>,
         dout: Tensor<'_, DO>,
-        stats: &RowStats,
+        stats: impl Into<StatsRef<'s>>,
         params: &BackwardParams,
         ext: &Extras<'_>,
     ) -> Result<Gradients<T>>
@@ -214,7 +214,7 @@ impl FlashAttention {
     /// caller's scratch if given (else allocated on `stream`). Only
     /// enqueues work: preprocess, the main kernel, the dQ cast.
     #[allow(clippy::too_many_arguments)]
-    pub fn backward_into<T, Q, K, V, O, DO, GQ, GK, GV>(
+    pub fn backward_into<'s, T, Q, K, V, O, DO, GQ, GK, GV>(
         &self,
         stream: &Arc<CudaStream>,
         q: Tensor<'_, Q>,
@@ -222,7 +222,7 @@ impl FlashAttention {
         v: Tensor<'_, V>,
         out: Tensor<'_, O>,
         dout: Tensor<'_, DO>,
-        stats: &RowStats,
+        stats: impl Into<StatsRef<'s>>,
         dq: TensorMut<'_, GQ>,
         dk: TensorMut<'_, GK>,
         dv: TensorMut<'_, GV>,
@@ -243,7 +243,7 @@ impl FlashAttention {
     {
         let problem = validate_backward(&shapes_of!(q, k, v, out, dout, dq, dk, dv), &params.forward)?;
         let plan = self.plan_backward::<T>(&problem, params, None)?;
-        let bufs = launch::Buffers { q, k, v, out, dout, stats, dq, dk, dv, scratch, varlen: None };
+        let bufs = launch::Buffers { q, k, v, out, dout, stats: stats.into(), dq, dk, dv, scratch, varlen: None };
         self.launch_backward(stream, &problem, &plan, bufs, params, ext)
     }
 
@@ -251,10 +251,10 @@ impl FlashAttention {
     /// packed buffers: dq `(total_q, nheads, d)`, dk, dv `(total_k,
     /// nheads_k, d)`, contiguous, zero in rows no sequence covers. q, k, v,
     /// `out`, `dout` packed as for [`FlashAttention::forward_varlen`];
-    /// `stats` the forward's [`RowStats::LogSumExp`] (`softmax_lse`,
+    /// `stats` the forward's logsumexp (`&out.lse`, `softmax_lse`,
     /// `(nheads, total_q)`); FA2 loop order. Only enqueues work.
     #[allow(clippy::too_many_arguments)]
-    pub fn backward_varlen<T, Q, K, V, O, DO>(
+    pub fn backward_varlen<'s, T, Q, K, V, O, DO>(
         &self,
         stream: &Arc<CudaStream>,
         q: Tensor<'_, Q>,
@@ -262,7 +262,7 @@ impl FlashAttention {
         v: Tensor<'_, V>,
         out: Tensor<'_, O>,
         dout: Tensor<'_, DO>,
-        stats: &RowStats,
+        stats: impl Into<StatsRef<'s>>,
         varlen: &Varlen<'_>,
         params: &BackwardParams,
         ext: &Extras<'_>,
@@ -306,7 +306,7 @@ impl FlashAttention {
     /// with the caller's scratch if given
     /// ([`FlashAttention::backward_varlen_scratch_sizes`]).
     #[allow(clippy::too_many_arguments)]
-    pub fn backward_varlen_into<T, Q, K, V, O, DO, GQ, GK, GV>(
+    pub fn backward_varlen_into<'s, T, Q, K, V, O, DO, GQ, GK, GV>(
         &self,
         stream: &Arc<CudaStream>,
         q: Tensor<'_, Q>,
@@ -314,7 +314,7 @@ impl FlashAttention {
         v: Tensor<'_, V>,
         out: Tensor<'_, O>,
         dout: Tensor<'_, DO>,
-        stats: &RowStats,
+        stats: impl Into<StatsRef<'s>>,
         dq: TensorMut<'_, GQ>,
         dk: TensorMut<'_, GK>,
         dv: TensorMut<'_, GV>,
@@ -340,7 +340,7 @@ impl FlashAttention {
         let (total_q, total_k) = (q.layout.seqlen(), k.layout.seqlen());
         let plan = self.plan_backward::<T>(&problem, params, Some(total_q))?;
         let launch = self.varlen_launch(stream, varlen, total_q, total_k)?;
-        let bufs = launch::Buffers { q, k, v, out, dout, stats, dq, dk, dv, scratch, varlen: Some(&launch) };
+        let bufs = launch::Buffers { q, k, v, out, dout, stats: stats.into(), dq, dk, dv, scratch, varlen: Some(&launch) };
         self.launch_backward(stream, &problem, &plan, bufs, params, ext)
     }
 }

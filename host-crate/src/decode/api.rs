@@ -9,12 +9,12 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut};
 
-use super::args::{BlockTable, CallerOut, DecodeOptions, KvCache, KvCacheRef, OwnOut, PagedCache, allocated};
+use super::args::{BlockTable, CallerOut, DecodeOptions, KvCache, KvCacheRef, NewRows, OwnOut, PagedCache, allocated};
 use super::validate::{check_cache, check_new, check_new_pair, check_q_o_alignment, invalid};
 use crate::device::FlashAttention;
 use crate::error::{FlashAttnError, Result};
 use crate::params::ForwardParams;
-use crate::tensor::{AttnElem, Extras, ForwardOutput, RowStats, Tensor, TensorLayout, TensorMut, Varlen, VarlenOutput};
+use crate::tensor::{AttnElem, AttnOutput, Extras, Tensor, TensorLayout, TensorMut, Varlen};
 use crate::types::DType;
 use crate::validate::varlen::check_varlen_lens;
 
@@ -33,14 +33,14 @@ impl FlashAttention {
         params: &ForwardParams,
         ext: &Extras<'_>,
         opts: DecodeOptions<'_>,
-    ) -> Result<ForwardOutput<T>>
+    ) -> Result<AttnOutput<T>>
     where
         T: AttnElem,
         Q: DevicePtr<T> + ?Sized,
     {
         let (own, o_layout) = self.kvcache_call(stream, q, cache, None, params, ext, opts)?;
         let (o, lse) = allocated(own);
-        Ok(ForwardOutput { o, o_layout, stats: RowStats::LogSumExp(lse) })
+        Ok(AttnOutput { o, o_layout, lse })
     }
 
     /// [`FlashAttention::forward_kvcache`] into caller-owned buffers: O `o`
@@ -149,14 +149,14 @@ impl FlashAttention {
         params: &ForwardParams,
         ext: &Extras<'_>,
         opts: DecodeOptions<'_>,
-    ) -> Result<ForwardOutput<T>>
+    ) -> Result<AttnOutput<T>>
     where
         T: AttnElem,
         Q: DevicePtr<T> + ?Sized,
     {
         let (own, o_layout) = self.kvcache_ref_call(stream, q, cache, None, params, ext, opts)?;
         let (o, lse) = allocated(own);
-        Ok(ForwardOutput { o, o_layout, stats: RowStats::LogSumExp(lse) })
+        Ok(AttnOutput { o, o_layout, lse })
     }
 
     /// [`FlashAttention::forward_kvcache_ref`] into caller-owned buffers, as
@@ -258,7 +258,7 @@ impl FlashAttention {
         params: &ForwardParams,
         ext: &Extras<'_>,
         opts: DecodeOptions<'_>,
-    ) -> Result<VarlenOutput<T>>
+    ) -> Result<AttnOutput<T>>
     where
         T: AttnElem,
         Q: DevicePtr<T> + ?Sized,
@@ -293,7 +293,7 @@ impl FlashAttention {
         let (kp, _gk) = cache.k_pages.device_ptr(stream);
         let (vp, _gv) = cache.v_pages.device_ptr(stream);
         let (o, lse) = allocated(self.attend_launch::<T>(stream, &plan, q.data, (kp, vp), varlen.cu_seqlens_k, None, Some(&cache.block_table), Some(varlen), None, ext, opts, None)?);
-        Ok(VarlenOutput { o, o_layout: plan.o_layout, lse })
+        Ok(AttnOutput { o, o_layout: plan.o_layout, lse })
     }
 
     /// Appends `new` `(batch, s_new, nheads_k, d)` to one cache tensor
@@ -308,7 +308,7 @@ impl FlashAttention {
         stream: &Arc<CudaStream>,
         cache: &mut dyn DevicePtrMut<T>,
         layout: TensorLayout,
-        new: Tensor<'_, dyn DevicePtr<T> + '_>,
+        new: Tensor<'_, impl DevicePtr<T>>,
         cache_seqlens: &dyn DevicePtr<i32>,
         cache_batch_idx: Option<&dyn DevicePtr<i32>>,
         block_table: Option<BlockTable<'_>>,
@@ -316,6 +316,7 @@ impl FlashAttention {
         if T::DTYPE == DType::F32 {
             return Err(FlashAttnError::Unsupported { argument: "cache", dtype: "f32", what: "the KV-cache calls (f16/bf16)" });
         }
+        let new: NewRows<'_, T> = new.into();
         let [batch, _, _, d] = new.layout.shape;
         let len = cache.len();
         let geom = check_cache(("cache", "cache"), &layout, (len, len), d, batch, cache_batch_idx.map(|c| c.len()), block_table.as_ref())?;

@@ -15,6 +15,14 @@ pub struct BlockTable<'a> {
     pub max_blocks_per_seq: usize,
 }
 
+impl<'a> BlockTable<'a> {
+    /// `table` (i32, `batch · max_blocks_per_seq`, row major) read as
+    /// `(batch, max_blocks_per_seq)`.
+    pub fn new<B: DevicePtr<i32>>(table: &'a B, max_blocks_per_seq: usize) -> Self {
+        Self { table, max_blocks_per_seq }
+    }
+}
+
 /// The KV cache of a decode call. `layout` describes k_cache and v_cache
 /// alike: `(batch_c, seqlen_cache, nheads_k, d)` or, with a block table,
 /// `(num_pages, page_size, nheads_k, d)`.
@@ -29,6 +37,97 @@ pub struct KvCache<'a, T> {
     pub k_new: Option<Tensor<'a, dyn DevicePtr<T> + 'a>>,
     pub v_new: Option<Tensor<'a, dyn DevicePtr<T> + 'a>>,
 }
+
+impl<'a, T> KvCache<'a, T> {
+    /// A contiguous cache `k_cache`, `v_cache` of `layout` with
+    /// `cache_seqlens` (i32 `(batch)`) keys cached per sequence: no batch
+    /// index, no block table, nothing appended. The `with_` methods add
+    /// them:
+    ///
+    /// ```no_run
+    /// # use flash_attn::{BlockTable, KvCache, Tensor, TensorLayout};
+    /// # fn f(stream: &std::sync::Arc<cudarc::driver::CudaStream>) -> Result<(), flash_attn::FlashAttnError> {
+    /// # let (pool, new) = (TensorLayout::contiguous([64, 16, 2, 64]), TensorLayout::contiguous([2, 1, 2, 64]));
+    /// # let (mut k_pages, mut v_pages) = (stream.alloc_zeros::<half::f16>(131072)?, stream.alloc_zeros::<half::f16>(131072)?);
+    /// # let (k_new, v_new) = (stream.alloc_zeros::<half::f16>(256)?, stream.alloc_zeros::<half::f16>(256)?);
+    /// # let (cache_seqlens, table) = (stream.clone_htod(&[100i32, 200])?, stream.alloc_zeros::<i32>(64)?);
+    /// let cache = KvCache::new(&mut k_pages, &mut v_pages, pool, &cache_seqlens)
+    ///     .with_block_table(BlockTable::new(&table, 32))
+    ///     .with_new(Tensor::new(&k_new, new), Tensor::new(&v_new, new));
+    /// # Ok(()) }
+    /// ```
+    pub fn new<K, V, S>(k_cache: &'a mut K, v_cache: &'a mut V, layout: TensorLayout, cache_seqlens: &'a S) -> Self
+    where
+        K: DevicePtrMut<T>,
+        V: DevicePtrMut<T>,
+        S: DevicePtr<i32>,
+    {
+        Self { k_cache, v_cache, layout, cache_seqlens, cache_batch_idx: None, block_table: None, k_new: None, v_new: None }
+    }
+}
+
+/// The `with_` methods of the decode caches, whose fields share their names:
+/// a block table, a batch index and, for the caches a call appends to
+/// (`appends`), the new rows (and [`DecodeCache`] from them).
+macro_rules! cache_builders {
+    ($cache:ident) => {
+        impl<'a, T> $cache<'a, T> {
+            /// The cache paged through `block_table` (`layout` then
+            /// `(num_pages, page_size, nheads_k, d)`).
+            pub fn with_block_table(self, block_table: BlockTable<'a>) -> Self {
+                Self { block_table: Some(block_table), ..self }
+            }
+
+            /// Sequence `b` in cache row `cache_batch_idx[b]` (i32 `(batch)`).
+            pub fn with_cache_batch_idx<I: DevicePtr<i32>>(self, cache_batch_idx: &'a I) -> Self {
+                Self { cache_batch_idx: Some(cache_batch_idx), ..self }
+            }
+        }
+    };
+    ($cache:ident, appends) => {
+        cache_builders!($cache);
+
+        impl<'a, T> $cache<'a, T> {
+            /// New keys and values `(batch, s_new, nheads_k, d)` in the
+            /// call's element type, appended by the call before it attends.
+            pub fn with_new<KN: DevicePtr<T>, VN: DevicePtr<T>>(self, k_new: Tensor<'a, KN>, v_new: Tensor<'a, VN>) -> Self {
+                Self { k_new: Some(k_new.into()), v_new: Some(v_new.into()), ..self }
+            }
+        }
+
+        impl<T> sealed::Sealed for $cache<'_, T> {}
+        impl<T> DecodeCache for $cache<'_, T> {
+            fn seqlen_new(&self) -> usize {
+                self.k_new.as_ref().map_or(0, |k| k.layout.seqlen())
+            }
+        }
+    };
+}
+pub(super) use cache_builders;
+
+cache_builders!(KvCache, appends);
+
+/// The KV caches of the decode calls ([`KvCache`], [`KvCacheRef`],
+/// [`KvCacheFp8`](super::KvCacheFp8)), as
+/// [`KvCacheCall::new`](crate::KvCacheCall::new) reads them. Sealed.
+pub trait DecodeCache: sealed::Sealed {
+    /// Keys per sequence that the call attends to past `cache_seqlens[b]`:
+    /// the rows of `k_new` (0 without), or [`KvCacheRef::seqlen_new`].
+    fn seqlen_new(&self) -> usize;
+}
+
+pub(super) mod sealed {
+    pub trait Sealed {}
+}
+
+impl<T> sealed::Sealed for KvCacheRef<'_, T> {}
+impl<T> DecodeCache for KvCacheRef<'_, T> {
+    fn seqlen_new(&self) -> usize {
+        self.seqlen_new
+    }
+}
+
+cache_builders!(KvCacheRef);
 
 /// Caller-owned split-KV scratch (fixed size: usable under CUDA-graph
 /// capture): `o_accum` ≥ `max_splits · batch · nheads · seqlen_q · d` f32,
@@ -66,6 +165,26 @@ pub struct KvCacheRef<'a, T> {
     pub seqlen_new: usize,
 }
 
+impl<'a, T> KvCacheRef<'a, T> {
+    /// A contiguous cache read in place, as [`KvCache::new`]: no batch
+    /// index, no block table, no keys appended before the call; the
+    /// `with_` methods add them.
+    pub fn new<K, V, S>(k_cache: &'a K, v_cache: &'a V, layout: TensorLayout, cache_seqlens: &'a S) -> Self
+    where
+        K: DevicePtr<T>,
+        V: DevicePtr<T>,
+        S: DevicePtr<i32>,
+    {
+        Self { k_cache, v_cache, layout, cache_seqlens, cache_batch_idx: None, block_table: None, seqlen_new: 0 }
+    }
+
+    /// `seqlen_new` keys appended after `cache_seqlens[b]` before the call
+    /// ([`FlashAttention::append_kv`](crate::FlashAttention::append_kv)), attended to by it.
+    pub fn with_seqlen_new(self, seqlen_new: usize) -> Self {
+        Self { seqlen_new, ..self }
+    }
+}
+
 /// A paged cache read by a varlen prefill ([`FlashAttention::forward_varlen_paged`](crate::FlashAttention::forward_varlen_paged)):
 /// `k_pages`/`v_pages` `(num_pages, page_size, nheads_k, d)` (`layout`),
 /// key `t` of sequence `b` at row `t % page_size` of page
@@ -75,6 +194,14 @@ pub struct PagedCache<'a, T> {
     pub v_pages: &'a dyn DevicePtr<T>,
     pub layout: TensorLayout,
     pub block_table: BlockTable<'a>,
+}
+
+impl<'a, T> PagedCache<'a, T> {
+    /// Pages `k_pages`, `v_pages` of `layout` `(num_pages, page_size,
+    /// nheads_k, d)` through `block_table`.
+    pub fn new<K: DevicePtr<T>, V: DevicePtr<T>>(k_pages: &'a K, v_pages: &'a V, layout: TensorLayout, block_table: BlockTable<'a>) -> Self {
+        Self { k_pages, v_pages, layout, block_table }
+    }
 }
 
 impl<T> Clone for PagedCache<'_, T> {

@@ -24,13 +24,13 @@ use std::sync::Arc;
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut};
 use flash_attn_common::AttnParams;
 
-use super::args::{BlockTable, CallerOut, DecodeOptions, NewRows, OwnOut, allocated};
+use super::args::{BlockTable, CallerOut, DecodeCache, DecodeOptions, NewRows, OwnOut, allocated, cache_builders, sealed};
 use super::launch::Quant;
 use super::validate::{check_cache, check_new, check_new_pair, check_q_o_alignment, invalid};
 use crate::device::FlashAttention;
 use crate::error::{FlashAttnError, Result};
 use crate::params::ForwardParams;
-use crate::tensor::{AttnElem, Extras, ForwardOutput, RowStats, Tensor, TensorLayout, TensorMut};
+use crate::tensor::{AttnElem, AttnOutput, Extras, Tensor, TensorLayout, TensorMut};
 use crate::types::DType;
 
 /// An FP8 (e4m3) KV cache of a decode call: as [`super::KvCache`], with the
@@ -54,6 +54,25 @@ pub struct KvCacheFp8<'a, T> {
     pub k_new: Option<Tensor<'a, dyn DevicePtr<T> + 'a>>,
     pub v_new: Option<Tensor<'a, dyn DevicePtr<T> + 'a>>,
 }
+
+impl<'a, T> KvCacheFp8<'a, T> {
+    /// A contiguous FP8 cache with its scales, as [`super::KvCache::new`]:
+    /// no batch index, no block table, nothing appended; the `with_`
+    /// methods add them.
+    pub fn new<K, V, KS, VS, S>(k_cache: &'a mut K, v_cache: &'a mut V, layout: TensorLayout, k_scale: &'a KS, v_scale: &'a VS, cache_seqlens: &'a S) -> Self
+    where
+        K: DevicePtrMut<u8>,
+        V: DevicePtrMut<u8>,
+        KS: DevicePtr<f32>,
+        VS: DevicePtr<f32>,
+        S: DevicePtr<i32>,
+    {
+        Self { k_cache, v_cache, layout, k_scale, v_scale, cache_seqlens, cache_batch_idx: None, block_table: None, k_new: None, v_new: None }
+    }
+}
+
+// The new rows (f16/bf16) are quantized into the cache.
+cache_builders!(KvCacheFp8, appends);
 
 /// FP8 caches move in 16-byte chunks of 16 codes: head dims and strides in
 /// multiples of 16 bytes.
@@ -116,14 +135,14 @@ impl FlashAttention {
         params: &ForwardParams,
         ext: &Extras<'_>,
         opts: DecodeOptions<'_>,
-    ) -> Result<ForwardOutput<T>>
+    ) -> Result<AttnOutput<T>>
     where
         T: AttnElem,
         Q: DevicePtr<T> + ?Sized,
     {
         let (own, o_layout) = self.kvcache_fp8_call(stream, q, cache, None, params, ext, opts)?;
         let (o, lse) = allocated(own);
-        Ok(ForwardOutput { o, o_layout, stats: RowStats::LogSumExp(lse) })
+        Ok(AttnOutput { o, o_layout, lse })
     }
 
     /// [`FlashAttention::forward_kvcache_fp8`] into caller-owned buffers, as
@@ -211,7 +230,7 @@ impl FlashAttention {
         cache: &mut dyn DevicePtrMut<u8>,
         layout: TensorLayout,
         scale: &dyn DevicePtr<f32>,
-        new: Tensor<'_, dyn DevicePtr<T> + '_>,
+        new: Tensor<'_, impl DevicePtr<T>>,
         cache_seqlens: &dyn DevicePtr<i32>,
         cache_batch_idx: Option<&dyn DevicePtr<i32>>,
         block_table: Option<BlockTable<'_>>,
@@ -220,13 +239,13 @@ impl FlashAttention {
             return Err(FlashAttnError::Unsupported { argument: "new", dtype: "f32", what: "the KV-cache calls (f16/bf16)" });
         }
         self.check_fp8_device()?;
+        let new: NewRows<'_, T> = new.into();
         let [batch, _, _, d] = new.layout.shape;
         let len = cache.len();
         let geom = check_cache(("cache", "cache"), &layout, (len, len), d, batch, cache_batch_idx.map(|c| c.len()), block_table.as_ref())?;
         check_layout_fp8("cache", &layout)?;
         let head_stride = scale_head_stride(scale.len(), scale.len(), geom.nheads_k)?;
-        let rows: &NewRows<'_, T> = &new;
-        check_new("new", rows, batch, &geom, d)?;
+        check_new("new", &new, batch, &geom, d)?;
         if cache_seqlens.len() != batch {
             return Err(invalid("cache_seqlens", format!("length {}", cache_seqlens.len()), "must hold one i32 per sequence (new's batch)"));
         }
@@ -239,7 +258,7 @@ impl FlashAttention {
         }
         let (sp, _gs) = scale.device_ptr(stream);
         let quant = Quant { k: sp, v: 0, head_stride };
-        self.append_launch::<T, u8>(stream, (cache, rows), None, &layout, cache_seqlens, cache_batch_idx, block_table.as_ref(), &geom, Some(quant))
+        self.append_launch::<T, u8>(stream, (cache, &new), None, &layout, cache_seqlens, cache_batch_idx, block_table.as_ref(), &geom, Some(quant))
     }
 }
 

@@ -46,7 +46,7 @@ mod plan;
 mod split;
 mod validate;
 
-pub use args::{BlockTable, DecodeOptions, KvCache, KvCacheRef, PagedCache, SplitScratch};
+pub use args::{BlockTable, DecodeCache, DecodeOptions, KvCache, KvCacheRef, PagedCache, SplitScratch};
 pub use fp8::KvCacheFp8;
 pub use kernels::{DEC_F8_KERNELS, DEC_KERNELS, DecKernel};
 pub(crate) use launch::{DECODE_FP8_KERNELS, DECODE_KERNELS};

@@ -12,7 +12,7 @@ use super::args::{BlockTable, CallerOut, NewRows};
 use crate::device::FlashAttention;
 use crate::error::{FlashAttnError, Result};
 use crate::tensor::{Tensor, TensorLayout};
-use crate::validate::{MAX_DIM, check_layout, check_tc_alignment};
+use crate::validate::{AXES, MAX_DIM, PAGE_AXES, check_layout, check_layout_axes, check_tc_alignment};
 
 pub(super) fn invalid(argument: &'static str, value: String, reason: &'static str) -> FlashAttnError {
     FlashAttnError::InvalidArgument {
@@ -47,8 +47,10 @@ pub(super) fn check_cache(
     block_table: Option<&BlockTable<'_>>,
 ) -> Result<CacheGeom> {
     let [n_rows, rows_per, nheads_k, dk] = layout.shape;
-    check_layout(names.0, layout, lens.0)?;
-    check_layout(names.1, layout, lens.1)?;
+    // A paged cache's axes by their own names (a page size of 0 is no seqlen).
+    let axes = if block_table.is_some() { PAGE_AXES } else { AXES };
+    check_layout_axes(names.0, axes, layout, lens.0)?;
+    check_layout_axes(names.1, axes, layout, lens.1)?;
     if dk != d {
         return Err(FlashAttnError::ShapeMismatch { argument: names.0, axis: "headdim", actual: dk, expected: d, rule: "same as q" });
     }
@@ -60,12 +62,12 @@ pub(super) fn check_cache(
             return Err(invalid("cache_batch_idx", format!("length {n}"), "must hold one i32 per sequence (q's batch)"));
         }
     } else if block_table.is_none() && n_rows < batch {
-        return Err(invalid(names.0, format!("batch_c = {n_rows} < batch = {batch}"), "needs a cache row per sequence (or cache_batch_idx)"));
+        return Err(invalid(names.0, format!("batch_c = {n_rows}, batch = {batch}"), "needs a cache row per sequence (or cache_batch_idx)"));
     }
     let capacity = match block_table {
         Some(bt) => {
             if bt.max_blocks_per_seq == 0 {
-                return Err(invalid("block_table", "0 blocks per sequence".into(), "max_blocks_per_seq must be positive"));
+                return Err(invalid("block_table", "max_blocks_per_seq = 0".into(), "a block table row holds at least one page"));
             }
             if bt.table.len() < batch * bt.max_blocks_per_seq {
                 return Err(invalid("block_table", format!("length {}", bt.table.len()), "must hold batch · max_blocks_per_seq i32"));
@@ -88,7 +90,7 @@ pub(super) fn check_new<T>(name: &'static str, new: &Tensor<'_, dyn DevicePtr<T>
         return Err(invalid(name, format!("shape {:?}", new.layout.shape), "must be (batch, s_new, nheads_k, headdim)"));
     }
     if s_new > geom.capacity {
-        return Err(invalid(name, format!("{s_new} new keys"), "more new keys than the cache holds (capacity)"));
+        return Err(invalid(name, format!("s_new = {s_new}, capacity = {}", geom.capacity), "more rows than a sequence's cache holds"));
     }
     Ok(s_new)
 }
@@ -106,7 +108,8 @@ pub(super) fn check_new_pair<'a, T>(k_new: Option<NewRows<'a, T>>, v_new: Option
             check_new("v_new", &vn, batch, geom, d)?;
             Ok(Some((kn, vn)))
         }
-        _ => Err(invalid("v_new", "missing or extra".into(), "k_new and v_new come together")),
+        (Some(_), None) => Err(invalid("v_new", "None".into(), "new keys and values must be given together")),
+        (None, Some(_)) => Err(invalid("k_new", "None".into(), "new keys and values must be given together")),
     }
 }
 

@@ -271,7 +271,7 @@ fn check_pages<'t>(ks: [usize; 4], vs: [usize; 4], block_table: ArrayView2<'t, i
     }
     check_dims("k_pages", ks, &[2, 3])?;
     let rule = "v_pages must have the shape of k_pages (num_blocks, page_size, nheads_k, headdim)";
-    for (a, axis) in ["num_blocks", "page_size", "nheads", "headdim"].into_iter().enumerate() {
+    for (a, axis) in ["num_blocks", "page_size", "nheads_k", "headdim"].into_iter().enumerate() {
         same("v_pages", axis, vs[a], ks[a], rule)?;
     }
     let (rows, max_blocks) = block_table.dim();

@@ -73,9 +73,10 @@ impl Problem {
     }
 }
 
-const AXES: [&str; 4] = ["batch", "seqlen", "nheads", "headdim"];
+/// The axes of a `(batch, seqlen, nheads, headdim)` tensor.
+pub(crate) const AXES: [&str; 4] = ["batch", "seqlen", "nheads", "headdim"];
 /// The axes of a paged cache's pool (`k_pages`, `v_pages`).
-const PAGE_AXES: [&str; 4] = ["num_blocks", "page_size", "nheads_k", "headdim"];
+pub(crate) const PAGE_AXES: [&str; 4] = ["num_blocks", "page_size", "nheads_k", "headdim"];
 
 /// The names of `argument`'s axes, for messages.
 fn axes_of(argument: &str) -> [&'static str; 4] {
@@ -90,7 +91,11 @@ pub const MAX_HEADDIM: usize = 256;
 /// One tensor argument: no zero-sized axis, head dim and sizes within the
 /// kernels' range, its buffer long enough for shape and strides.
 pub(crate) fn check_layout(argument: &'static str, l: &TensorLayout, buffer_len: usize) -> Result<()> {
-    let axes = axes_of(argument);
+    check_layout_axes(argument, axes_of(argument), l, buffer_len)
+}
+
+/// [`check_layout`] with the axes named `axes` in its messages.
+pub(crate) fn check_layout_axes(argument: &'static str, axes: [&'static str; 4], l: &TensorLayout, buffer_len: usize) -> Result<()> {
     for (a, &n) in l.shape.iter().enumerate() {
         if n == 0 {
             return Err(FlashAttnError::ZeroSizedDim { argument, axis: axes[a], shape: l.shape });
@@ -246,6 +251,11 @@ mod tests {
         // Otherwise the argument is named once, then its value.
         let e = FlashAttnError::InvalidArgument { argument: "num_splits", value: "0".into(), reason: "must be in 1..=128" };
         assert_eq!(e.to_string(), "`num_splits` = 0: must be in 1..=128");
+        // A value that is a phrase of its own follows a colon: no chain of "=".
+        let e = FlashAttnError::InvalidArgument { argument: "k_cache", value: "batch_c = 1, batch = 2".into(), reason: "needs a cache row per sequence" };
+        assert_eq!(e.to_string(), "`k_cache`: batch_c = 1, batch = 2: needs a cache row per sequence");
+        let e = FlashAttnError::InvalidArgument { argument: "window_left", value: "Some(8)".into(), reason: "r" };
+        assert_eq!(e.to_string(), "`window_left` = Some(8): r");
         // A misaligned address in hex, a misaligned stride in decimal.
         let p = AttnParams { q_ptr: 0x7f00_0000_0102, k_ptr: 0x10, v_ptr: 0x10, o_ptr: 0x10, batch: 1, seqlen_q: 1, seqlen_k: 1, nheads: 1, ..Default::default() };
         let m = check_tc_alignment(&p).unwrap_err().to_string();

@@ -4,7 +4,7 @@
 //! in a random order), one query token per sequence, full `cache_seqlens`,
 //! and split scratch sized for 128 splits (with the fused combine's counters) — and one decode call over them.
 
-use cudarc::driver::{CudaSlice, DevicePtr};
+use cudarc::driver::CudaSlice;
 use flash_attn::{
     BlockTable, DecodeOptions, Extras, ForwardParams, KvCache, SplitScratch, Tensor, TensorLayout, TensorMut,
 };
@@ -187,8 +187,8 @@ impl PageOrder {
 
 /// The benchmark's call as its tables are ordered for it (`p` the call's
 /// options): one query token, no append — every full page by address.
-fn ordered_call(p: &ForwardParams) -> flash_attn::KvCacheCall<'_> {
-    flash_attn::KvCacheCall { params: p, alibi: false, seqlen_q: 1, s_new: 0 }
+fn ordered_call(p: &ForwardParams) -> flash_attn::KvCacheCall {
+    flash_attn::KvCacheCall::from_shape(p, false, 1, 0)
 }
 
 /// The device inputs of one cell.
@@ -323,10 +323,10 @@ impl DecodeInputs {
             &g.stream,
             &mut self.kc,
             self.layout,
-            Tensor::new(&self.q as &dyn DevicePtr<half::bf16>, TensorLayout::contiguous([c.batch, 1, c.hk, D])),
+            Tensor::new(&self.q, TensorLayout::contiguous([c.batch, 1, c.hk, D])),
             &self.seqlens,
             None,
-            c.page.map(|_| BlockTable { table: &self.table as &dyn DevicePtr<i32>, max_blocks_per_seq: self.per }),
+            c.page.map(|_| BlockTable::new(&self.table, self.per)),
         )?;
         Ok(())
     }
@@ -387,14 +387,14 @@ impl DecodeInputs {
     fn parts(&mut self, with_new: bool) -> (KvCache<'_, half::bf16>, SplitScratch<'_>, Tensor<'_, CudaSlice<half::bf16>>, &mut CudaSlice<half::bf16>, &mut CudaSlice<f32>) {
         let c = self.cell;
         let Self { kc, vc, q, seqlens, table, o_acc, l_acc, counters, o, lse, layout, per, fused, .. } = self;
-        let new = || with_new.then(|| Tensor::new(&*q as &dyn DevicePtr<half::bf16>, TensorLayout::contiguous([c.batch, 1, c.hk, D])));
+        let new = || with_new.then(|| Tensor::new(&*q, TensorLayout::contiguous([c.batch, 1, c.hk, D])).into());
         let cache = KvCache {
             k_cache: kc,
             v_cache: vc,
             layout: *layout,
             cache_seqlens: &*seqlens,
             cache_batch_idx: None,
-            block_table: c.page.map(|_| BlockTable { table: &*table as &dyn DevicePtr<i32>, max_blocks_per_seq: *per }),
+            block_table: c.page.map(|_| BlockTable::new(&*table, *per)),
             k_new: new(),
             v_new: new(),
         };

@@ -19,7 +19,7 @@
 use std::path::PathBuf;
 
 use clap::{ArgAction, Parser};
-use cudarc::driver::{CudaSlice, DevicePtr};
+use cudarc::driver::CudaSlice;
 use flash_attn::reference::fp8::{e4m3_from_f32, scale_for_amax};
 use flash_attn::{BlockTable, DecodeOptions, Extras, ForwardParams, KvCache, KvCacheFp8, SplitScratch, Tensor, TensorLayout};
 use flash_attn_tests::bench::flush::{FlushKind, L2Flush};
@@ -136,7 +136,7 @@ impl Inputs {
     /// O returned (stream-ordered).
     fn call(&mut self, g: &Gpu, fp8: Option<Option<&'static str>>) -> Res<CudaSlice<half::bf16>> {
         let q = Tensor::new(&self.q, TensorLayout::contiguous([self.batch, 1, H, D]));
-        let block_table = self.paged.then(|| BlockTable { table: &self.table as &dyn DevicePtr<i32>, max_blocks_per_seq: self.per });
+        let block_table = self.paged.then(|| BlockTable::new(&self.table, self.per));
         let scratch = SplitScratch { o_accum: &mut self.o_acc, lse_accum: &mut self.l_acc, max_splits: MAX_SPLITS, counters: Some(&mut self.counters) };
         let opts = DecodeOptions { scratch: Some(scratch), kernel: fp8.flatten(), ..Default::default() };
         let (p, e) = (ForwardParams::default(), Extras::default());

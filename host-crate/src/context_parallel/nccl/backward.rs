@@ -36,7 +36,7 @@ use crate::context_parallel::schedule::{Mask, Span, grad_sums_buffer, grad_sums_
 use crate::context_parallel::sharding::Sharding;
 use crate::error::Result;
 use crate::params::ForwardParams;
-use crate::tensor::{AttnElem, Extras, RowStats, Tensor, TensorLayout, TensorMut};
+use crate::tensor::{AttnElem, Extras, Tensor, TensorLayout, TensorMut};
 
 /// One rank's inputs to [`ring_backward`], all its shards on its GPU,
 /// contiguous: `q`, `out` (the ring forward's merged output), `dout`
@@ -98,8 +98,8 @@ pub(super) struct BwdBuffers<T> {
     dq_part: CudaSlice<T>,
     dk_part: CudaSlice<T>,
     dv_part: CudaSlice<T>,
-    lse_whole: RowStats,
-    lse_second: RowStats,
+    lse_whole: CudaSlice<f32>,
+    lse_second: CudaSlice<f32>,
     scratch: BackwardScratch,
 }
 
@@ -149,8 +149,8 @@ impl<T: AttnElem + NcclType> RingRank<T> {
             dq_part: c.alloc_zeros::<T>(q)?,
             dk_part: c.alloc_zeros::<T>(kv)?,
             dv_part: c.alloc_zeros::<T>(kv)?,
-            lse_whole: RowStats::LogSumExp(f32s(b * h * n)?),
-            lse_second: RowStats::LogSumExp(f32s((b * h * (n / 2)).max(1))?),
+            lse_whole: f32s(b * h * n)?,
+            lse_second: f32s((b * h * (n / 2)).max(1))?,
             scratch: BackwardScratch::new(c, need)?,
         });
         Ok(())
@@ -167,9 +167,7 @@ impl<T: AttnElem + NcclType> RingRank<T> {
         let (b, h, n) = (self.shape.batch, self.shape.nheads, self.shape.seqlen_local);
         let compute = self.compute.clone();
         let bufs = self.bwd.as_mut().expect("allocated by bwd_buffers");
-        let (RowStats::LogSumExp(whole), RowStats::LogSumExp(second)) = (&mut bufs.lse_whole, &mut bufs.lse_second) else {
-            unreachable!("bwd_buffers makes LogSumExp statistics")
-        };
+        let (whole, second) = (&mut bufs.lse_whole, &mut bufs.lse_second);
         compute.memcpy_dtod(lse, whole)?;
         if self.sharding == Sharding::Zigzag && self.params.causal {
             let half = n / 2;

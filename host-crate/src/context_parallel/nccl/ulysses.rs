@@ -38,7 +38,7 @@ use crate::backward::{BackwardParams, BackwardScratch};
 use crate::device::FlashAttention;
 use crate::error::{FlashAttnError, Result};
 use crate::params::ForwardParams;
-use crate::tensor::{AttnElem, Extras, RowStats, StatsMut, Tensor, TensorLayout, TensorMut};
+use crate::tensor::{AttnElem, Extras, StatsMut, Tensor, TensorLayout, TensorMut};
 use crate::varlen::check_gqa;
 
 /// One rank of Ulysses: its GPU's kernels, its NCCL communicator (whose
@@ -70,7 +70,7 @@ pub struct UlyssesRank<T> {
 struct UlyssesBwd<T> {
     pack: [CudaSlice<T>; 2],
     full: [CudaSlice<T>; 4],
-    stats: RowStats,
+    lse: CudaSlice<f32>,
     scratch: BackwardScratch,
 }
 
@@ -373,7 +373,7 @@ pub fn ulysses_backward<T: AttnElem + NcclType>(
             r.bwd = Some(UlyssesBwd {
                 pack: [c.alloc_zeros(q)?, c.alloc_zeros(q)?],
                 full: [c.alloc_zeros(q)?, c.alloc_zeros(q)?, c.alloc_zeros(kv)?, c.alloc_zeros(kv)?],
-                stats: RowStats::LogSumExp(c.alloc_zeros(lse)?),
+                lse: c.alloc_zeros(lse)?,
                 scratch: BackwardScratch::new(c, sizes)?,
             });
         }
@@ -398,9 +398,8 @@ pub fn ulysses_backward<T: AttnElem + NcclType>(
         send_to_sequence(comm, shape, &b.pack[0], fo, hq)?;
         let [fdo, ..] = &mut b.full;
         send_to_sequence(comm, shape, &b.pack[1], fdo, hq)?;
-        let RowStats::LogSumExp(stats) = &mut b.stats else { unreachable!("allocated as LogSumExp") };
         // The forward's LSE to this rank's heads: into the backward's statistics.
-        lse_to_full(comm, shape, inputs[i].lse, stats)
+        lse_to_full(comm, shape, inputs[i].lse, &mut b.lse)
     })?;
     for r in ranks.iter_mut() {
         r.transfers.wait(&r.compute)?;
@@ -416,7 +415,7 @@ pub fn ulysses_backward<T: AttnElem + NcclType>(
             Tensor::new(fv, lk),
             Tensor::new(fo, lq),
             Tensor::new(&*fdo, lq),
-            &b.stats,
+            &b.lse,
             TensorMut::new(fdq, lq),
             TensorMut::new(fdk, lk),
             TensorMut::new(fdv, lk),

@@ -191,16 +191,15 @@ fn run_cell<T: AttnElem>(fa: &FlashAttention, stream: &Arc<CudaStream>, ctx: &Ar
         Step::Timed(i) => bwd(i, &mut dq, &mut dk, &mut dv, &mut scratch),
     })?;
     // Forward + backward: the forward into each set's own out/LSE, then the backward.
-    let mut outs: Vec<(CudaSlice<T>, RowStats)> = (0..sets.len())
-        .map(|_| Ok((stream.alloc_zeros::<T>(len)?, RowStats::LogSumExp(stream.alloc_zeros::<f32>(c.batch * c.heads * c.n)?))))
+    let mut outs: Vec<(CudaSlice<T>, CudaSlice<f32>)> = (0..sets.len())
+        .map(|_| Ok((stream.alloc_zeros::<T>(len)?, stream.alloc_zeros::<f32>(c.batch * c.heads * c.n)?)))
         .collect::<Res<_>>()?;
     let mfb = time_events(ctx, stream, t, |s| match s {
         Step::Setup(_) => Ok(()),
         Step::Timed(i) => {
             let j = i % sets.len();
             let s = &sets[j];
-            let (o_buf, st) = &mut outs[j];
-            let RowStats::LogSumExp(lse) = st else { return Err("FA2 forward returns an LSE".into()) };
+            let (o_buf, lse) = &mut outs[j];
             fa.forward_into::<T, _, _, _, _>(
                 stream,
                 Tensor::new(&s.q, layout),
@@ -217,7 +216,7 @@ fn run_cell<T: AttnElem>(fa: &FlashAttention, stream: &Arc<CudaStream>, ctx: &Ar
                 Tensor::new(&s.v, layout),
                 Tensor::new(&*o_buf, layout),
                 Tensor::new(&s.dout, layout),
-                &*st,
+                &*lse,
                 TensorMut::new(&mut dq, layout),
                 TensorMut::new(&mut dk, layout),
                 TensorMut::new(&mut dv, layout),
