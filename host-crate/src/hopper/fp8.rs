@@ -63,10 +63,9 @@ impl HopperFp8Kernel {
     }
 }
 
-/// The tensor maps of q, k (K-major panels of `min(d, 128)` bytes, 128B or
-/// 64B swizzle) and v (whole rows of `d` bytes, unswizzled: the kernel
-/// transposes them) of one launch; varlen tensors as one batch of `total`
-/// rows.
+/// The tensor maps of q, k and v (panels of `min(d, 128)`-byte rows, 128B or
+/// 64B swizzle: K-major for q and k; the kernel transposes v's) of one
+/// launch; varlen tensors as one batch of `total` rows.
 fn tensor_maps(k: &HopperFp8Kernel, p: &AttnParams) -> std::result::Result<[TensorMap; 3], DriverError> {
     let (h, hd) = (p.nheads as usize, p.headdim as usize);
     let (b, nq, nk) = if p.is_varlen() { (1, p.total_q as usize, p.total_k as usize) } else { (p.batch as usize, p.seqlen_q as usize, p.seqlen_k as usize) };
@@ -76,7 +75,7 @@ fn tensor_maps(k: &HopperFp8Kernel, p: &AttnParams) -> std::result::Result<[Tens
     Ok([
         TensorMap::encode_bshd_e4m3(p.q_ptr, [b, nq, h, hd], st(p.q_stride), rb, HOPPER_FP8_BR as u32, rb)?,
         TensorMap::encode_bshd_e4m3(p.k_ptr, [b, nk, hk, hd], st(p.k_stride), rb, k.bc() as u32, rb)?,
-        TensorMap::encode_bshd_e4m3(p.v_ptr, [b, nk, hk, hd], st(p.v_stride), k.d as u32, k.bc() as u32, 0)?,
+        TensorMap::encode_bshd_e4m3(p.v_ptr, [b, nk, hk, hd], st(p.v_stride), rb, k.bc() as u32, rb)?,
     ])
 }
 

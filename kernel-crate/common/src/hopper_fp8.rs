@@ -5,11 +5,11 @@
 //! Block: one producer warpgroup and two consumer warpgroups of 64 query
 //! rows (`Br = 128`). Q and K tiles are K-major e4m3 rows (one byte per
 //! element) in panels of `min(d, 128)` bytes with the matching swizzle
-//! (128B, or 64B at d = 64); V arrives row-major (`Bc × d`, unswizzled) and
-//! the producer warpgroup transposes it into `Vᵀ` (`d × Bc`, keys
-//! contiguous, `Bc`-byte swizzled rows): 8-bit `wgmma` takes both operands
-//! K-major only. Shared memory (from a 1024-byte aligned base):
-//! `Q | K stage 0, 1 | Vᵀ stage 0, 1 | V stage 0, 1 | 13 mbarriers | uniforms`.
+//! (128B, or 64B at d = 64); V arrives the same way (`Bc × d`) and the
+//! producer warpgroup transposes it into `Vᵀ` (`d × Bc`, keys contiguous,
+//! `Bc`-byte swizzled rows): 8-bit `wgmma` takes both operands K-major
+//! only. Shared memory (from a 1024-byte aligned base), [`HOPPER_FP8_STAGES`]
+//! stages: `Q | K stages | Vᵀ stages | V stages | mbarriers | uniforms`.
 
 /// Query rows per block (two consumer warpgroups of 64).
 pub const HOPPER_FP8_BR: usize = 128;
@@ -19,6 +19,11 @@ pub const HOPPER_FP8_THREADS: usize = 384;
 /// V) and the consumers, 40 + 2 · 232 = 504 of the 512 per lane.
 pub const HOPPER_FP8_PRODUCER_REGS: u32 = 40;
 pub const HOPPER_FP8_CONSUMER_REGS: u32 = 232;
+
+/// K/V pipeline stages. Two: the producer's transpose of block `i + 1`
+/// waits for both consumers to finish `P·V` of block `i − 1`, yet three
+/// measured 5% slower at d = 128 (docs/perf-notes.md, FP8 prefill attempt 5).
+pub const HOPPER_FP8_STAGES: usize = 2;
 
 /// Keys per K/V block of the d-`d` kernel: 128, or 64 at d = 256 (the O
 /// accumulator takes 128 registers there).
@@ -39,13 +44,14 @@ pub const HOPPER_FP8_UNI_BYTES: usize = crate::hopper::HOPPER_UNI_BYTES;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HopperFp8Smem {
     pub q: usize,
-    pub k: [usize; 2],
+    pub k: [usize; HOPPER_FP8_STAGES],
     /// `Vᵀ` (`d × Bc`), what `P·V` reads.
-    pub vt: [usize; 2],
-    /// V as copied (`Bc × d`, row-major), what the transpose reads.
-    pub v: [usize; 2],
-    /// The mbarriers (8 bytes each): Q full, Q empty, K full ×2, K empty ×2,
-    /// V full ×2 (the copies), Vᵀ full ×2, Vᵀ empty ×2, then one spare.
+    pub vt: [usize; HOPPER_FP8_STAGES],
+    /// V as copied (`Bc × d`, panels as K), what the transpose reads.
+    pub v: [usize; HOPPER_FP8_STAGES],
+    /// The mbarriers (8 bytes each): Q full, Q empty, then per stage K full,
+    /// K empty, V full (the copies), Vᵀ full, Vᵀ empty (5 groups of
+    /// [`HOPPER_FP8_STAGES`]), then two spare.
     pub bars: usize,
     pub uni: usize,
     pub used: usize,
@@ -56,11 +62,17 @@ impl HopperFp8Smem {
         let bc = hopper_fp8_bc(d);
         let q_bytes = HOPPER_FP8_BR * d;
         let kv = bc * d;
-        let k = [q_bytes, q_bytes + kv];
-        let vt = [q_bytes + 2 * kv, q_bytes + 3 * kv];
-        let v = [q_bytes + 4 * kv, q_bytes + 5 * kv];
-        let bars = q_bytes + 6 * kv;
-        let uni = bars + 8 * 14;
+        let n = HOPPER_FP8_STAGES;
+        let (mut k, mut vt, mut v) = ([0; HOPPER_FP8_STAGES], [0; HOPPER_FP8_STAGES], [0; HOPPER_FP8_STAGES]);
+        let mut i = 0;
+        while i < n {
+            k[i] = q_bytes + i * kv;
+            vt[i] = q_bytes + (n + i) * kv;
+            v[i] = q_bytes + (2 * n + i) * kv;
+            i += 1;
+        }
+        let bars = q_bytes + 3 * n * kv;
+        let uni = bars + 8 * (2 + 5 * n + 2);
         Self { q: 0, k, vt, v, bars, uni, used: uni + HOPPER_FP8_UNI_BYTES }
     }
 
@@ -81,9 +93,11 @@ mod tests {
             let s = HopperFp8Smem::new(d);
             assert!(s.request_bytes() <= 227 * 1024, "d = {d}: {}", s.request_bytes());
             // Every tile starts on a 1024-byte swizzle atom.
-            for off in [s.q, s.k[0], s.k[1], s.vt[0], s.vt[1], s.v[0], s.v[1]] {
+            for off in [[s.q].as_slice(), &s.k, &s.vt, &s.v].concat() {
                 assert_eq!(off % 1024, 0, "d = {d}");
             }
+            // Tiles, then barriers, then the uniforms, without overlap.
+            assert!(s.v[HOPPER_FP8_STAGES - 1] + hopper_fp8_bc(d) * d <= s.bars && s.bars + 8 * (2 + 5 * HOPPER_FP8_STAGES) < s.uni, "d = {d}");
         }
     }
 }

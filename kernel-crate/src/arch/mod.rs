@@ -8,6 +8,7 @@ pub mod sync;
 pub mod cp_async;
 pub mod global;
 pub mod cvt;
+pub mod math;
 pub mod ldmatrix;
 pub mod mma;
 pub mod opaque;

@@ -11,11 +11,13 @@
 //! * 8-bit `wgmma` (`m64nNk32`) reads both operands K-major only. Q and K
 //!   are (their head dim contiguous); V is not for `P·V`, so the **producer
 //!   warpgroup transposes V in shared memory**: thread 0 copies each V block
-//!   (`Bc × d`, row-major, unswizzled) by TMA, then the producer's 128
+//!   (`Bc × d`, swizzled panels like K) by TMA, then the producer's 128
 //!   threads write it as `Vᵀ` (`d × Bc`, keys contiguous, swizzled as the
-//!   tensor cores read it) — 4 × 4 byte blocks through 8 `prmt`s, read and
-//!   written without bank conflicts ([`transpose_v`]) — overlapped with the
-//!   consumers' products of the previous block.
+//!   tensor cores read it) — `ldmatrix.trans`, two `prmt`s per 4 bytes,
+//!   `stmatrix`, without bank conflicts ([`transpose_v`]) — overlapped with
+//!   the consumers' products of the previous block. `Vᵀ`'s rows (O's
+//!   columns) are interleaved within each 16 ([`vt_row`]); the epilogue
+//!   writes them back in order.
 //! * P goes from the f32 accumulator to the register A operand of the next
 //!   product without leaving its thread. The accumulator gives thread `t`
 //!   of a quad the key columns `2t, 2t+1, 8+2t, 9+2t` (and `+16`) of a
@@ -38,12 +40,15 @@
 //! `P·V` completes).
 
 use super::fwd::{Tile, Uni, rescale_o, softmax_block, uni_addr_fresh, vw_mask};
-use crate::arch::cvt::{pack_e4m3x2, transpose_4x4_bytes};
+use crate::tc::fa2::quad_max;
+use crate::arch::cvt::{pack_e4m3x2, prmt};
+use crate::arch::ldmatrix::{ldmatrix_x4_trans, stmatrix_x4};
+use crate::arch::math::fma_f32;
 use crate::arch::mbarrier::{fence_mbarrier_init, mbarrier_arrive, mbarrier_arrive_expect_tx, mbarrier_init, mbarrier_wait};
 use crate::arch::named_barrier::named_bar_sync;
 use crate::arch::opaque;
 use crate::arch::setmaxnreg::{setmaxnreg_dec, setmaxnreg_inc};
-use crate::arch::smem::{dynamic_smem, ld_shared_u32, smem_addr, st_shared_u32};
+use crate::arch::smem::{dynamic_smem, smem_addr};
 use crate::arch::sreg;
 use crate::arch::sync::sync_threads;
 use crate::arch::tma::{fence_proxy_async_shared, prefetch_tensormap, tma_load_4d};
@@ -51,9 +56,9 @@ use crate::arch::wgmma::{self, wgmma_commit, wgmma_fence, wgmma_wait};
 use crate::tc::fa2::quad_sum;
 use crate::tc::{Elem16, pack};
 use flash_attn_common::hopper_fp8::{
-    HOPPER_FP8_BR, HOPPER_FP8_CONSUMER_REGS, HOPPER_FP8_PRODUCER_REGS, HopperFp8Smem, hopper_fp8_panel_bytes,
+    HOPPER_FP8_BR, HOPPER_FP8_CONSUMER_REGS, HOPPER_FP8_PRODUCER_REGS, HOPPER_FP8_STAGES, HopperFp8Smem, hopper_fp8_panel_bytes,
 };
-use flash_attn_common::{AttnParams, RowState};
+use flash_attn_common::{AttnParams, Real, RowState};
 
 /// Named barrier of the producer warpgroup's transpose (1–3 are the 16-bit
 /// kernels').
@@ -83,7 +88,7 @@ const fn swizzle(off: u32, rb: usize) -> u32 {
 /// # Safety
 /// See the entry points in `super`: tensor maps `tq`, `tk` (e4m3, boxes
 /// `min(d,128) × 128` and `min(d,128) × Bc`, swizzled as [`desc_k8`]) and
-/// `tv` (box `d × Bc`, unswizzled); `p` valid with the descale pointers
+/// `tv` (as `tk`); `p` valid with the descale pointers
 /// null or holding the scales [`AttnParams::q_descale_ptr`] describes;
 /// launched with `HOPPER_FP8_THREADS` threads, `HopperFp8Smem::new(D)`'s
 /// request of dynamic shared memory, `ceil(seqlen_q / 128) · batch · nheads` blocks.
@@ -108,12 +113,14 @@ pub unsafe fn forward<T: Elem16, const D: usize, const BC: usize, const DN: usiz
     let s_vt = |s: u32| base + lay.vt[0] as u32 + s * kv_bytes;
     let s_v = |s: u32| base + lay.v[0] as u32 + s * kv_bytes;
     let bar_q = base + lay.bars as u32;
+    let ns = HOPPER_FP8_STAGES as u32;
     let bar_k_full = |s: u32| bar_q + 16 + 8 * s;
-    let bar_k_empty = |s: u32| bar_q + 32 + 8 * s;
-    let bar_v_full = |s: u32| bar_q + 48 + 8 * s;
-    let bar_vt_full = |s: u32| bar_q + 64 + 8 * s;
-    let bar_vt_empty = |s: u32| bar_q + 80 + 8 * s;
-    let stage = |it: usize| ((it & 1) as u32, ((it / 2) & 1) as u32);
+    let bar_k_empty = |s: u32| bar_q + 16 + 8 * (ns + s);
+    let bar_v_full = |s: u32| bar_q + 16 + 8 * (2 * ns + s);
+    let bar_vt_full = |s: u32| bar_q + 16 + 8 * (3 * ns + s);
+    let bar_vt_empty = |s: u32| bar_q + 16 + 8 * (4 * ns + s);
+    // Block `it` uses stage it % S; its barriers' phase flips every S blocks.
+    let stage = |it: usize| ((it % HOPPER_FP8_STAGES) as u32, ((it / HOPPER_FP8_STAGES) & 1) as u32);
     let uni = base + lay.uni as u32;
     let num_m = p.seqlen_q.div_ceil(br as u32);
 
@@ -123,7 +130,7 @@ pub unsafe fn forward<T: Elem16, const D: usize, const BC: usize, const DN: usiz
         // used by no one before the barrier below.
         unsafe {
             mbarrier_init(bar_q, 1);
-            for s in 0..2 {
+            for s in 0..ns {
                 mbarrier_init(bar_k_full(s), 1);
                 mbarrier_init(bar_k_empty(s), 256);
                 mbarrier_init(bar_v_full(s), 1);
@@ -154,9 +161,10 @@ pub unsafe fn forward<T: Elem16, const D: usize, const BC: usize, const DN: usiz
         // SAFETY (uniforms): written before the prologue's barrier.
         let n_blocks = unsafe { Uni::get(uni, Uni::N_BLOCKS) } as usize;
         // Thread 0 issues the copies of block `it` (K and V into stage
-        // it % 2): K waits for its stage's empty barrier; V's stage was last
-        // read by this warpgroup's own transpose of block it − 2, finished
-        // before the named barrier that ended it.
+        // it % S) during the transpose of block it − 1: K waits for its
+        // stage's empty barrier; V's stage was last read by this
+        // warpgroup's own transpose of block it − S, finished before the
+        // named barrier that ended it.
         let issue = |it: usize| {
             // SAFETY: uniforms as above; every destination is a tile no one
             // reads until its full barrier completes.
@@ -173,7 +181,9 @@ pub unsafe fn forward<T: Elem16, const D: usize, const BC: usize, const DN: usiz
                     tma_load_4d(s_k(s) + (pn * BC * rb) as u32, tk, [(rb * pn) as i32, row, hk, tma_b], bar_k_full(s));
                 }
                 mbarrier_arrive_expect_tx(bar_v_full(s), kv_bytes);
-                tma_load_4d(s_v(s), tv, [0, row, hk, tma_b], bar_v_full(s));
+                for pn in 0..D / rb {
+                    tma_load_4d(s_v(s) + (pn * BC * rb) as u32, tv, [(rb * pn) as i32, row, hk, tma_b], bar_v_full(s));
+                }
             }
         };
         if tid == 0 && n_blocks > 0 {
@@ -195,7 +205,7 @@ pub unsafe fn forward<T: Elem16, const D: usize, const BC: usize, const DN: usiz
             let (s, phase) = stage(it);
             // SAFETY: barriers initialized; V of block `it` lands on its full
             // barrier, and the consumers release Vᵀ stage s (read by block
-            // it − 2) on its empty one; all 128 producer threads run the
+            // it − S) on its empty one; all 128 producer threads run the
             // same iterations.
             unsafe {
                 let (nk, j_first) = (Uni::get(uni, Uni::NK) as usize, Uni::get(uni, Uni::J_FIRST) as usize);
@@ -256,7 +266,7 @@ pub unsafe fn forward<T: Elem16, const D: usize, const BC: usize, const DN: usiz
         // SAFETY: initialized barrier; the products reading K stage s0 completed.
         unsafe { mbarrier_arrive(bar_k_empty(s0)) };
         // SAFETY: uniforms as above.
-        softmax_block::<BC, BCN>(&mut r_s, &mut st, j_end() - 1, unsafe { vw_mask::<BC>(p, uni, j_end() - 1) }, t, scale_log2);
+        softmax_block_f8::<BC, BCN>(&mut r_s, &mut st, j_end() - 1, unsafe { vw_mask::<BC>(p, uni, j_end() - 1) }, t, scale_log2);
         let mut r_p = pack_p::<BCN, BCK>(&r_s);
         for it in 1..n_blocks {
             let j = j_end() - 1 - it;
@@ -273,7 +283,7 @@ pub unsafe fn forward<T: Elem16, const D: usize, const BC: usize, const DN: usiz
             // SAFETY: initialized barrier; S_i (the products reading K stage s) completed.
             unsafe { mbarrier_arrive(bar_k_empty(s)) };
             // SAFETY: uniforms as above.
-            let alpha = softmax_block::<BC, BCN>(&mut r_s_next, &mut st, j, unsafe { vw_mask::<BC>(p, uni, j) }, t, scale_log2);
+            let alpha = softmax_block_f8::<BC, BCN>(&mut r_s_next, &mut st, j, unsafe { vw_mask::<BC>(p, uni, j) }, t, scale_log2);
             // Pin the softmax above the wait (as the 16-bit kernel).
             super::acc_fence(&mut r_s_next);
             wgmma_wait::<0>();
@@ -306,12 +316,18 @@ pub unsafe fn forward<T: Elem16, const D: usize, const BC: usize, const DN: usiz
         let inv_l = st[0][r].inv_l() * v_ds;
         if row < nq {
             let o_row = g_o.wrapping_add(row * os1 as usize);
-            for n in 0..DN {
-                let v = pack::<T>(r_o[n][2 * r] * inv_l, r_o[n][2 * r + 1] * inv_l);
-                if n * 8 < hd {
-                    // SAFETY: row < nq, col < headdim (a multiple of 8);
-                    // 4-byte aligned (even column, host-checked strides).
-                    unsafe { *(o_row.wrapping_add(n * 8 + 2 * t) as *mut u32) = v };
+            // Accumulator blocks 2m, 2m + 1 hold head-dim columns 16m + 4t
+            // .. 16m + 4t + 4 as [2m][2r], [2m+1][2r], [2m][2r+1],
+            // [2m+1][2r+1] ([`vt_row`]'s order).
+            for m in 0..DN / 2 {
+                let (a, c) = (&r_o[2 * m], &r_o[2 * m + 1]);
+                let lo = pack::<T>(a[2 * r] * inv_l, c[2 * r] * inv_l);
+                let hi = pack::<T>(a[2 * r + 1] * inv_l, c[2 * r + 1] * inv_l);
+                if m * 16 < hd {
+                    // SAFETY: row < nq, columns < headdim (a multiple of
+                    // 16); 8-byte aligned (16-byte aligned O, strides
+                    // multiples of 8 elements: host-checked).
+                    unsafe { *(o_row.wrapping_add(m * 16 + 4 * t) as *mut u64) = lo as u64 | (hi as u64) << 32 };
                 }
             }
             if t == 0 && p.lse_ptr != 0 {
@@ -323,48 +339,146 @@ pub unsafe fn forward<T: Elem16, const D: usize, const BC: usize, const DN: usiz
     }
 }
 
-/// Writes V (`Bc × D` bytes, row-major at `s_v`) as `Vᵀ` (`D × Bc`, rows of
-/// `Bc` bytes swizzled, at `s_vt`) with the keys of each 32-key step in the
-/// order of [`pack_p`]'s A operand; keys `valid..` are written as zeros.
+/// The softmax of block `j` (as [`softmax_block`], whose result it
+/// returns): blocks without a mask take each row's extreme raw score — a
+/// tree over 8 independent chains per row, both rows interleaved, not a
+/// chain of `Bc/4` dependent maxima — and `P = exp2(fma(s, scale, −m))`,
+/// one FFMA per element where the 16-bit kernel spends a multiply and a
+/// subtraction. (The 16-bit kernel scales first so that the maximum gives
+/// `exp2(0) = 1` exactly; here the FMA's `2^r`, `|r|` ≤ half an ulp of
+/// `m`, is far below P's e4m3 rounding.) Masked blocks (diagonal, window
+/// edges, the last block) run [`softmax_block`]. A negative scale (a
+/// negative descale) takes the row minimum: `max(scale·s) = scale·min(s)`.
+#[inline(always)]
+fn softmax_block_f8<const BC: usize, const BCN: usize>(
+    r_s: &mut [[f32; 4]; BCN],
+    st: &mut [[RowState<f32>; 2]; 1],
+    j: usize,
+    masking: (bool, [i64; 2], [i64; 2]),
+    t: usize,
+    scale_log2: f32,
+) -> [f32; 2] {
+    if masking.0 {
+        return softmax_block::<BC, BCN>(r_s, st, j, masking, t, scale_log2);
+    }
+    let ext = if scale_log2 < 0.0 { row_extremes::<BCN, true>(r_s) } else { row_extremes::<BCN, false>(r_s) };
+    let mut alpha = [1f32; 2];
+    for r in 0..2 {
+        let (a, m_safe) = st[0][r].rescale(quad_max(ext[r] * scale_log2));
+        alpha[r] = a;
+        let neg_m = -m_safe;
+        let mut sum = [0.0f32; 4];
+        for n in 0..BCN {
+            for e in 0..2 {
+                let pe = fma_f32(r_s[n][2 * r + e], scale_log2, neg_m).exp2();
+                r_s[n][2 * r + e] = pe;
+                sum[(2 * n + e) % 4] += pe;
+            }
+        }
+        st[0][r].accumulate((sum[0] + sum[1]) + (sum[2] + sum[3]));
+    }
+    alpha
+}
+
+/// The thread's maximum (`MIN`: minimum) raw score of each of its two rows:
+/// 8 partial extremes per row (element `i` to chain `i % 8`), then a tree.
+#[inline(always)]
+fn row_extremes<const BCN: usize, const MIN: bool>(r_s: &[[f32; 4]; BCN]) -> [f32; 2] {
+    let init = if MIN { f32::INFINITY } else { f32::NEG_INFINITY };
+    let pick = |a: f32, b: f32| if MIN { a.min(b) } else { a.max(b) };
+    let mut c = [[init; 8]; 2];
+    for n in 0..BCN {
+        for e in 0..4 {
+            let i = (2 * n + (e & 1)) % 8;
+            c[e >> 1][i] = pick(c[e >> 1][i], r_s[n][e]);
+        }
+    }
+    let mut out = [init; 2];
+    for r in 0..2 {
+        let x = c[r];
+        out[r] = pick(pick(pick(x[0], x[1]), pick(x[2], x[3])), pick(pick(x[4], x[5]), pick(x[6], x[7])));
+    }
+    out
+}
+
+/// Writes V (`Bc × D` bytes, as the copy left it: 128-byte panels of
+/// `rb`-byte rows, swizzled like K) as `Vᵀ` (`D × Bc`, rows of `Bc` bytes,
+/// swizzled as the tensor cores read it) with the keys of each 16-key group
+/// in the order of [`pack_p`]'s A operand and the head-dim rows in the
+/// order of [`vt_row`]; keys `valid..` are written as zeros.
 ///
-/// Unit `u` (8 per thread at d = 128): key group `w = u % (Bc/4)` — keys
-/// `32⌊w/8⌋ + 16(⌊w/4⌋%2) + 2(w%4) + {0, 1, 8, 9}`, which land in byte
-/// `4w` of the `Vᵀ` rows — and word column `c = (⌊u/(Bc/4)⌋ + w) % (D/4)`:
-/// four 32-bit loads (the group's keys at columns `4c..4c+4`), one 4 × 4
-/// byte transpose, four 32-bit stores (rows `4c..4c+4`). At `Bc = 128` a
-/// warp's lanes read 32 distinct word columns (one per bank) and write
-/// rows whose swizzled chunks are distinct: no bank conflicts.
+/// One warp-wide step moves 16 keys (`16h..16h+16`) × 32 head-dim bytes
+/// (chunks `2c`, `2c+1`): `ldmatrix.trans` of four 8 × 8 16-bit blocks
+/// (keys `16h + 8(j%2) + r`, chunk `2c + j/2`) gives lane `(g, t)` the
+/// bytes `2g, 2g+1` of keys `2t, 2t+1` of each; two `prmt`s per chunk
+/// turn a key-half pair into the words of head-dim bytes `2g` and `2g+1`
+/// over keys `2t, 2t+1, 8+2t, 9+2t` — positions `4t..4t+4` of the group —
+/// and `stmatrix` writes them, 8 consecutive `Vᵀ` rows per matrix (both
+/// sides conflict-free). 6 instructions per 16 bytes a thread moves, where
+/// 4 × 4 byte blocks through 32-bit loads and stores took 16 and more.
 ///
 /// # Safety
 /// `s_v` holds a landed V block no one writes meanwhile; no product reads
 /// `s_vt` meanwhile; called by the 128 producer threads (`tp` their index).
 #[inline(always)]
 unsafe fn transpose_v<const D: usize, const BC: usize>(s_v: u32, s_vt: u32, valid: usize, tp: usize) {
-    let kg = BC / 4;
-    let cw = D / 4;
-    // Derived afresh per call: hoisted out of the K/V loop, the units'
+    let rb = hopper_fp8_panel_bytes(D);
+    let groups = BC / 16;
+    // Derived afresh per call: hoisted out of the K/V loop, the steps'
     // addresses would outlive the producer's 40 registers.
     let tp = opaque::u32_fresh(tp as u32);
-    for n in 0..kg * cw / 128 {
-        let u = tp + 128 * n as u32;
-        let w = u % kg as u32;
-        let c = (u / kg as u32 + w) % cw as u32;
-        let key0 = 32 * (w / 8) + 16 * ((w / 4) % 2) + 2 * (w % 4);
-        let mut x = [0u32; 4];
-        for i in 0..4 {
-            let key = key0 + [0, 1, 8, 9][i];
-            if (key as usize) < valid {
-                // SAFETY: inside the V tile (key < Bc, column < D); landed (caller).
-                x[i] = unsafe { ld_shared_u32(s_v + key * D as u32 + 4 * c) };
+    let (warp, lane) = (tp / 32, tp % 32);
+    let (j, r) = (lane / 8, lane % 8);
+    let t = lane % 4;
+    let full = valid >= BC;
+    let valid = valid.min(BC) as u32;
+    // Warp w takes steps w·S .. (w+1)·S (step u: key group u % groups,
+    // chunk pair u / groups), so that within a warp the steps differ by
+    // compile-time offsets; at d = 256 the steps interleave (u = w + 4n),
+    // whose addresses ptxas keeps in the producer's 40 registers.
+    let steps = groups * (D / 32) / 4;
+    for n in 0..steps {
+        let u = if D == 256 { warp + 4 * n as u32 } else { warp * steps as u32 + n as u32 };
+        let (h, c) = (u % groups as u32, u / groups as u32);
+        // ldmatrix: lane (j, r) gives row r of block j.
+        let key = 16 * h + 8 * (j % 2) + r;
+        let col = 32 * c + 16 * (j / 2);
+        let panel = col / rb as u32;
+        let src = s_v + panel * (BC * rb) as u32 + swizzle(key * rb as u32 + col % rb as u32, rb);
+        // SAFETY: inside the landed V tile (caller).
+        let x = unsafe { ldmatrix_x4_trans(src) };
+        let mut w = [
+            prmt(x[0], x[1], 0x6420),
+            prmt(x[0], x[1], 0x7531),
+            prmt(x[2], x[3], 0x6420),
+            prmt(x[2], x[3], 0x7531),
+        ];
+        if !full {
+            // Keys 16h + [2t, 2t+1, 8+2t, 9+2t], one per byte.
+            let k0 = 16 * h + 2 * t;
+            let keep = |k: u32, sh: u32| if k < valid { 0xFFu32 << sh } else { 0 };
+            let m = keep(k0, 0) | keep(k0 + 1, 8) | keep(k0 + 8, 16) | keep(k0 + 9, 24);
+            for v in &mut w {
+                *v &= m;
             }
         }
-        let y = transpose_4x4_bytes(x);
-        for i in 0..4 {
-            let off = (4 * c + i as u32) * BC as u32 + 4 * w;
-            // SAFETY: inside the Vᵀ tile (row < D, byte < Bc).
-            unsafe { st_shared_u32(s_vt + swizzle(off, BC), y[i]) };
-        }
+        // stmatrix: lane (j, r) gives row r of matrix j — Vᵀ row of
+        // head-dim byte 32c + 16(j/2) + 2r + j%2; lane (g, t) writes its
+        // word j to row g of matrix j at bytes 4t of group h's chunk.
+        let row = vt_row(32 * c + 16 * (j / 2) + 2 * r + j % 2);
+        let dst = s_vt + swizzle(row * BC as u32 + 16 * h, BC);
+        // SAFETY: inside the Vᵀ tile (row < D, chunk < Bc/16).
+        unsafe { stmatrix_x4(dst, w) };
     }
+}
+
+/// The `Vᵀ` row (= the column of `O`'s accumulators) that holds head-dim
+/// byte `c`: within each 16, the even bytes first (`16m + 2i → 16m + i`,
+/// `16m + 2i + 1 → 16m + 8 + i`), so that [`transpose_v`]'s matrices are 8
+/// consecutive rows. The epilogue reads the columns back in head-dim order.
+#[inline(always)]
+const fn vt_row(c: u32) -> u32 {
+    (c & !15) | ((c & 1) << 3) | ((c & 15) >> 1)
 }
 
 /// Issues `S = Q·Kᵀ` (`D/32` e4m3 products, one commit group).

@@ -15,10 +15,10 @@
 //! score modifiers; `fa2d`: decode — all of `fa2x` plus the KV cache
 //! (contiguous or paged) and split-KV partials; all take GQA, windows and
 //! zero-padded head dims);
-//! `host-crate/src/tc.rs` lists them and picks the default per head dim.
+//! `host-crate/src/tc/table.rs` lists them and picks the default per head dim.
 //! [`flash_decode`]: `flash_fwd_tc_dec_{f16,bf16}_d{D}_w{warps}_bc{Bc}_s{stages}`,
 //! one m-tile of 16 query rows whose warps split the keys (decode; listed
-//! in `host-crate/src/decode_kernels.rs`).
+//! in `host-crate/src/decode/kernels.rs`).
 
 pub mod bwd;
 pub mod fa1;
