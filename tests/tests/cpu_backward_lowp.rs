@@ -20,7 +20,7 @@ mod infer;
 
 use cpu_support::{Rng, max_abs_diff};
 use flash_attn::reference::HostAlibi;
-use flash_attn::reference::backward::{Grads, attention_backward, attention_backward_lowp};
+use flash_attn::reference::backward::{Grads, LowpElem, attention_backward, attention_backward_lowp};
 use flash_attn::{AlibiShape, AttnElem, FlashAttnError, ForwardParams};
 use half::{bf16, f16};
 use infer::{dense, host_alibi};
@@ -140,7 +140,7 @@ fn exact_where_every_intermediate_is_representable() {
     }
 }
 
-fn exact<T: AttnElem>(x: &[Array4<f64>; 4], p: &ForwardParams, want: &Grads<f64>) {
+fn exact<T: AttnElem + LowpElem>(x: &[Array4<f64>; 4], p: &ForwardParams, want: &Grads<f64>) {
     let t = x.clone().map(|a| down::<T>(&a));
     let got = attention_backward_lowp(t[0].view(), t[1].view(), t[2].view(), t[3].view(), p, None).unwrap();
     for (name, g, w) in [("dq", &got.dq, &want.dq), ("dk", &got.dk, &want.dk), ("dv", &got.dv, &want.dv)] {
@@ -149,7 +149,7 @@ fn exact<T: AttnElem>(x: &[Array4<f64>; 4], p: &ForwardParams, want: &Grads<f64>
 }
 
 /// The emulation's errors in `T` on inputs `x` rounded to `T`.
-fn lowp_errors<T: AttnElem>(x: &[Array4<f64>; 4], p: &ForwardParams, al: Option<HostAlibi>) -> [f64; 3] {
+fn lowp_errors<T: AttnElem + LowpElem>(x: &[Array4<f64>; 4], p: &ForwardParams, al: Option<HostAlibi>) -> [f64; 3] {
     let t = x.clone().map(|a| down::<T>(&a));
     let want = attention_backward(up(&t[0]).view(), up(&t[1]).view(), up(&t[2]).view(), up(&t[3]).view(), p, al).unwrap();
     errs(&attention_backward_lowp(t[0].view(), t[1].view(), t[2].view(), t[3].view(), p, al).unwrap(), &want)

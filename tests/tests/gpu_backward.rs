@@ -119,8 +119,18 @@ fn pt_grads<T: AttnElem>(
         let g = reference::attention_backward::<f32>(f(q).view(), f(k).view(), f(v).view(), f(dout).view(), p, al).unwrap();
         [g.dq, g.dk, g.dv].map(|x| x.mapv(f64::from))
     } else {
-        let g = reference::attention_backward_lowp::<T>(q.view(), k.view(), v.view(), dout.view(), p, al).unwrap();
-        [g.dq, g.dk, g.dv].map(|x| up(&x))
+        // The reference's own element type (it imports no GPU-side trait):
+        // the same 16-bit values, converted exactly.
+        fn lowp<L: reference::LowpElem + AttnElem, T: AttnElem>(
+            (q, k, v, dout): (&Array4<T>, &Array4<T>, &Array4<T>, &Array4<T>),
+            p: &ForwardParams,
+            al: Option<HostAlibi>,
+        ) -> [Array4<f64>; 3] {
+            let c = |a: &Array4<T>| a.mapv(|x| L::from_f32(x.to_f32()));
+            let g = reference::attention_backward_lowp::<L>(c(q).view(), c(k).view(), c(v).view(), c(dout).view(), p, al).unwrap();
+            [g.dq, g.dk, g.dv].map(|x| up(&x))
+        }
+        if T::DTYPE == DType::F16 { lowp::<half::f16, T>((q, k, v, dout), p, al) } else { lowp::<half::bf16, T>((q, k, v, dout), p, al) }
     }
 }
 

@@ -52,7 +52,6 @@ use super::varlen::{check_kv3, check_query_side};
 use super::{axpy, dot, softmax_safe};
 use crate::error::Result;
 use crate::params::ForwardParams;
-use crate::tensor::AttnElem;
 use crate::varlen::check_varlen;
 
 /// Gradients of a dense call.
@@ -512,9 +511,46 @@ pub fn attention_backward<F: Real>(
     Ok(run_dense((q, k, v, dout), DensePath::Definition, alibi, &opts))
 }
 
+/// The element types [`attention_backward_lowp`] computes in: `f32`,
+/// `half::f16`, `half::bf16` (the reference's own trait: it imports no
+/// GPU-side type).
+pub trait LowpElem: Copy {
+    /// Widens to f32 (exact).
+    fn widen(self) -> f32;
+    /// Rounds from f32 to nearest even.
+    fn narrow(x: f32) -> Self;
+}
+
+impl LowpElem for f32 {
+    fn widen(self) -> f32 {
+        self
+    }
+    fn narrow(x: f32) -> Self {
+        x
+    }
+}
+
+impl LowpElem for half::f16 {
+    fn widen(self) -> f32 {
+        self.to_f32()
+    }
+    fn narrow(x: f32) -> Self {
+        half::f16::from_f32(x)
+    }
+}
+
+impl LowpElem for half::bf16 {
+    fn widen(self) -> f32 {
+        self.to_f32()
+    }
+    fn narrow(x: f32) -> Self {
+        half::bf16::from_f32(x)
+    }
+}
+
 /// `x` rounded to `T` (to nearest even) and widened back.
-fn round_to<T: AttnElem>(x: f32) -> f32 {
-    T::from_f32(x).to_f32()
+fn round_to<T: LowpElem>(x: f32) -> f32 {
+    T::narrow(x).widen()
 }
 
 /// Gradients of attention as PyTorch's standard attention computes them on
@@ -547,7 +583,7 @@ fn round_to<T: AttnElem>(x: f32) -> f32 {
 /// by a per-row constant, which softmax ignores. For `T = f32` every rounding
 /// is exact and this is [`attention_backward`] in f32 up to the order of
 /// operations. Shapes, options and errors: [`attention_backward`]'s.
-pub fn attention_backward_lowp<T: AttnElem>(
+pub fn attention_backward_lowp<T: LowpElem>(
     q: ArrayView4<T>,
     k: ArrayView4<T>,
     v: ArrayView4<T>,
@@ -555,7 +591,7 @@ pub fn attention_backward_lowp<T: AttnElem>(
     params: &ForwardParams,
     alibi: Option<HostAlibi<'_>>,
 ) -> Result<Grads<T>> {
-    let up = |x: ArrayView4<T>| x.mapv(T::to_f32);
+    let up = |x: ArrayView4<T>| x.mapv(T::widen);
     let (q, k, v, dout) = (up(q), up(k), up(v), up(dout));
     let opts = check_dense(&q.view(), &k.view(), &v.view(), params, alibi.as_ref())?;
     check_like_q("dout", &dout.view(), &q.view())?;
@@ -563,7 +599,7 @@ pub fn attention_backward_lowp<T: AttnElem>(
     let g = run_dense((q.view(), k.view(), v.view(), dout.view()), path, alibi, &opts);
     // The last rounding: the KV heads' sums over their groups (a no-op for
     // dq and for groups of one head).
-    let down = |x: Array4<f32>| x.mapv(T::from_f32);
+    let down = |x: Array4<f32>| x.mapv(T::narrow);
     Ok(Grads { dq: down(g.dq), dk: down(g.dk), dv: down(g.dv) })
 }
 

@@ -50,7 +50,7 @@ pub use decode::{
     paged_kvcache_attention, paged_to_contiguous, split_kv_forward, split_kv_partials,
 };
 pub use backward::{
-    Grads, VarlenGrads, attention_backward, attention_backward_lowp, fa1_backward, fa2_backward, varlen_attention_backward,
+    Grads, LowpElem, VarlenGrads, attention_backward, attention_backward_lowp, fa1_backward, fa2_backward, varlen_attention_backward,
 };
 pub use features::{DEFAULT_BLOCK, HostAlibi, attention, fa2_forward_ext};
 pub use varlen::{VarlenOutput, attention_varlen};
