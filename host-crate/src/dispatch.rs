@@ -183,7 +183,7 @@ pub fn choose_block(
 /// (the kernels zero-pad the extra columns, as FlashAttention-2 rounds to
 /// 32/64/96/128/160/192/224/256).
 pub fn tc_head_dim(d: usize) -> Option<usize> {
-    if d == 0 || d % 8 != 0 {
+    if d == 0 || !d.is_multiple_of(8) {
         return None;
     }
     TC_HEAD_DIMS.iter().copied().find(|&k| k >= d)

@@ -437,9 +437,9 @@ mod sort_tests {
                 }
                 j /= 2;
             }
-            for l in 0..32 {
-                let (lo, hi) = (x[l][0].min(x[l][1]), x[l][0].max(x[l][1]));
-                x[l] = if keeps_min(base + 2 * l, 1, k) { [lo, hi] } else { [hi, lo] };
+            for (l, xl) in x.iter_mut().enumerate() {
+                let (lo, hi) = (xl[0].min(xl[1]), xl[0].max(xl[1]));
+                *xl = if keeps_min(base + 2 * l, 1, k) { [lo, hi] } else { [hi, lo] };
             }
         };
         for w in 0..warps {

@@ -97,7 +97,7 @@ struct Opts {
 fn parse_cell(s: &str) -> Result<(usize, usize, usize), String> {
     let v: Vec<usize> = s.split(':').map(|x| x.parse().map_err(|e| format!("{s}: {e}"))).collect::<Result<_, _>>()?;
     match v[..] {
-        [b, c, h] if b > 0 && c > 0 && h > 0 && H % h == 0 => Ok((b, c, h)),
+        [b, c, h] if b > 0 && c > 0 && h > 0 && H.is_multiple_of(h) => Ok((b, c, h)),
         _ => Err(format!("{s}: want batch:cache:kv_heads (kv_heads dividing {H})")),
     }
 }

@@ -44,6 +44,7 @@ impl Spec {
     }
 
     /// The score of `dot = q_i·k_j` (natural domain), or `None` when masked.
+    #[allow(clippy::too_many_arguments)] // the scalars of the score formula, named as in the math
     fn score(&self, dot: f64, i: usize, j: usize, sq: usize, sk: usize, slope: f64, scale: f64) -> Option<f64> {
         let (lo, hi) = self.bounds(i, sq, sk);
         let jj = j as i64;

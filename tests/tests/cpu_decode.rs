@@ -440,7 +440,6 @@ proptest! {
     /// keys carry positions (a left window, ALiBi) are refused.
     #[test]
     fn ordered_table_equals_logical(c in paged_case()) {
-        let b = c.batch;
         let cap = c.max_blocks * c.page;
         let n = c.s_new.unwrap_or(0);
         let PagedData { seqlens, table, k_pages, v_pages, q, k_new, v_new, slopes: sl, .. } = c.data(c.seed ^ 0x0DE5);
@@ -459,8 +458,8 @@ proptest! {
         let (_, right) = normalize_window(p.causal, p.window_left, p.window_right, cap);
         let mut want_table = table.clone();
         let mut free_pages = 0;
-        for bb in 0..b {
-            let (cached, seqlen_k) = (seqlens[bb] as i64, seqlens[bb] as i64 + n as i64);
+        for (bb, &cached_b) in seqlens.iter().enumerate() {
+            let (cached, seqlen_k) = (cached_b as i64, cached_b as i64 + n as i64);
             let seen_by_all = |j: i64| (0..c.sq as i64).all(|i| right == UNBOUNDED || j <= i + seqlen_k - c.sq as i64 + right as i64);
             let free = (0..cached).filter(|&j| seen_by_all(j)).count() / c.page;
             want_table.slice_mut(s![bb, ..free]).as_slice_mut().unwrap().sort_unstable();

@@ -48,7 +48,7 @@ fn dense_case(rng: &mut Rng, (b, sq, sk, h, hk, d): (usize, usize, usize, usize,
     let slopes: Vec<f32> = (0..h).map(|i| 0.1 + 0.05 * i as f32).collect();
     let al = || alibi.then(|| HostAlibi { slopes: &slopes, shape: AlibiShape::PerHead });
     let (out, lse) = flash_attn_func_ext(q.view(), k.view(), v.view(), p, al()).unwrap();
-    let bp = BackwardParams { forward: p.clone(), deterministic: false };
+    let bp = BackwardParams { forward: *p, deterministic: false };
     let g = flash_attn_backward_ext(q.view(), k.view(), v.view(), out.view(), dout.view(), lse.view(), &bp, al()).unwrap();
     let r = reference::attention_backward::<f64>(f64s(&q).view(), f64s(&k).view(), f64s(&v).view(), f64s(&dout).view(), p, al()).unwrap();
     let what = format!("{:?} {p:?} alibi {alibi}", (b, sq, sk, h, hk, d));
@@ -85,7 +85,7 @@ fn cpu_path_is_the_reference_fa2_backward() {
     let dout = rand4(&mut rng, (2, 9, 4, 16));
     let p = ForwardParams { causal: true, block: Some((4, 3)), ..Default::default() };
     let (out, lse) = flash_attn_func(q.view(), k.view(), v.view(), &p).unwrap();
-    let bp = BackwardParams { forward: p.clone(), deterministic: true };
+    let bp = BackwardParams { forward: p, deterministic: true };
     let g = flash_attn_backward_cpu_ext(q.view(), k.view(), v.view(), out.view(), dout.view(), lse.view(), &bp, None).unwrap();
     let r = reference::fa2_backward::<f32>(q.view(), k.view(), v.view(), out.view(), dout.view(), lse.view(), &p, None, 4, 3).unwrap();
     assert_eq!((g.dq, g.dk, g.dv), (r.dq, r.dk, r.dv));
@@ -101,7 +101,7 @@ fn bf16_gradients_within_rounding() {
     let (qh, kh, vh, doh) = (h(&q), h(&k), h(&v), h(&dout));
     let p = ForwardParams { causal: true, ..Default::default() };
     let (out, lse) = flash_attn_func(qh.view(), kh.view(), vh.view(), &p).unwrap();
-    let bp = BackwardParams { forward: p.clone(), deterministic: false };
+    let bp = BackwardParams { forward: p, deterministic: false };
     let g = flash_attn_backward(qh.view(), kh.view(), vh.view(), out.view(), doh.view(), lse.view(), &bp).unwrap();
     let up = |a: &Array4<bf16>| a.mapv(|x| f64::from(x.to_f32()));
     let r = reference::attention_backward::<f64>(up(&qh).view(), up(&kh).view(), up(&vh).view(), up(&doh).view(), &p, None).unwrap();
@@ -130,7 +130,7 @@ fn varlen_gradients_equal_each_sequence_alone() {
         let max = (6, 5);
         let (out, lse) = flash_attn_varlen_func(q.view(), k.view(), v.view(), &cq, &ck, None, max, &p, None).unwrap();
         let vl = HostVarlen { cu_seqlens_q: &cq, cu_seqlens_k: &ck, seqused_k: None, max_seqlen: max };
-        let bp = BackwardParams { forward: p.clone(), deterministic: false };
+        let bp = BackwardParams { forward: p, deterministic: false };
         let g = flash_attn_varlen_backward(q.view(), k.view(), v.view(), out.view(), dout.view(), lse.view(), &vl, &bp, None).unwrap();
         for bi in 0..3 {
             let (rq, rk) = (cq[bi] as usize..cq[bi + 1] as usize, ck[bi] as usize..ck[bi + 1] as usize);

@@ -14,6 +14,14 @@ use flash_attn_tests::features::{Spec, assert_matches_reference, random};
 use flash_attn_tests::{Gpu, Rng, gpu};
 use ndarray::{Array4, Axis, s};
 
+/// Where row `t` of sequence `b` of the logical cache lies in the physical
+/// storage: `(physical batch or page, row in it)`.
+type ToPhys = Box<dyn Fn(usize, usize) -> (usize, usize)>;
+
+/// The physical cache: its layout, the block table and pages per sequence
+/// (paged), K and V as stored, and [`ToPhys`].
+type Physical<E> = (TensorLayout, Option<(Vec<i32>, usize)>, Array4<E>, Array4<E>, ToPhys);
+
 /// One decode problem.
 #[derive(Clone, Debug)]
 struct Dec {
@@ -61,7 +69,7 @@ fn run<T: AttnElem>(g: &Gpu, rng: &mut Rng, c: &Dec) -> Result<(), FlashAttnErro
     let q = random::<T>(rng, (batch, sq, h, d));
     let (k_new, v_new) = (random::<T>(rng, (batch, s_new, hk, d)), random::<T>(rng, (batch, s_new, hk, d)));
     // Physical storage: contiguous, or pages in a random order.
-    let (layout, table, k_phys, v_phys, to_phys): (TensorLayout, Option<(Vec<i32>, usize)>, Array4<T>, Array4<T>, Box<dyn Fn(usize, usize) -> (usize, usize)>) =
+    let (layout, table, k_phys, v_phys, to_phys): Physical<T> =
         match c.page {
             None => (TensorLayout::contiguous([batch, capacity, hk, d]), None, k_log.clone(), v_log.clone(), Box::new(|b, t| (b, t))),
             Some(p) => {
@@ -127,9 +135,9 @@ fn run<T: AttnElem>(g: &Gpu, rng: &mut Rng, c: &Dec) -> Result<(), FlashAttnErro
     let v_after = Array4::from_shape_vec(v_phys.dim(), v_after).unwrap();
     let mut k_want = k_log.clone();
     let mut v_want = v_log.clone();
-    for b in 0..batch {
+    for (b, &cached_b) in cached.iter().enumerate() {
         for i in 0..s_new {
-            let t = cached[b] as usize + i;
+            let t = cached_b as usize + i;
             k_want.slice_mut(s![b, t, .., ..]).assign(&k_new.slice(s![b, i, .., ..]));
             v_want.slice_mut(s![b, t, .., ..]).assign(&v_new.slice(s![b, i, .., ..]));
         }
@@ -140,8 +148,8 @@ fn run<T: AttnElem>(g: &Gpu, rng: &mut Rng, c: &Dec) -> Result<(), FlashAttnErro
         }
     }
     // Attention per sequence over its cached + new keys.
-    for b in 0..batch {
-        let len = cached[b] as usize + s_new;
+    for (b, &cached_b) in cached.iter().enumerate() {
+        let len = cached_b as usize + s_new;
         let label = format!("{} {c:?} seq {b} ({len} keys)", std::any::type_name::<T>());
         let qb = q.slice(s![b..b + 1, .., .., ..]).to_owned();
         let ob = o.slice(s![b..b + 1, .., .., ..]).to_owned();
@@ -644,6 +652,7 @@ fn run_varlen_paged<T: AttnElem>(g: &Gpu, rng: &mut Rng, c: &VarPaged) -> Result
     s.synchronize()?;
     let o = Array4::from_shape_vec((1, total_q, h, d), s.clone_dtoh(&out.o)?).unwrap();
     let lse = ndarray::Array2::from_shape_vec((h, total_q), s.clone_dtoh(&out.lse)?).unwrap();
+    #[allow(clippy::needless_range_loop)] // b indexes cu_q (batch + 1 offsets), lens_q, lens_k and the tensors
     for b in 0..batch {
         let (q0, lq, lk) = (cu_q[b] as usize, c.lens_q[b], c.lens_k[b]);
         if lq == 0 {

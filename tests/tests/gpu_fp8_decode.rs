@@ -15,6 +15,14 @@ use flash_attn_tests::features::{Spec, assert_matches_reference, random};
 use flash_attn_tests::{Gpu, Rng, gpu};
 use ndarray::{Array4, Axis, s};
 
+/// Where row `t` of sequence `b` of the logical cache lies in the physical
+/// storage: `(physical batch or page, row in it)`.
+type ToPhys = Box<dyn Fn(usize, usize) -> (usize, usize)>;
+
+/// The physical cache: its layout, the block table and pages per sequence
+/// (paged), K and V as stored, and [`ToPhys`].
+type Physical<E> = (TensorLayout, Option<(Vec<i32>, usize)>, Array4<E>, Array4<E>, ToPhys);
+
 #[derive(Clone, Debug)]
 struct Case {
     batch: usize,
@@ -67,7 +75,7 @@ fn run<T: AttnElem>(g: &Gpu, rng: &mut Rng, c: &Case) -> Result<(), FlashAttnErr
         k_new[(0, 0, 0, 0)] = T::from_f32(1e4);
         k_new[(0, 0, 0, 1)] = T::from_f32(-1e4);
     }
-    let (layout, table, k_phys, v_phys, to_phys): (TensorLayout, Option<(Vec<i32>, usize)>, Array4<u8>, Array4<u8>, Box<dyn Fn(usize, usize) -> (usize, usize)>) = match c.page {
+    let (layout, table, k_phys, v_phys, to_phys): Physical<u8> = match c.page {
         None => (TensorLayout::contiguous([batch, capacity, hk, d]), None, k_log.clone(), v_log.clone(), Box::new(|b, t| (b, t))),
         Some(p) => {
             let per = capacity.div_ceil(p);
@@ -148,8 +156,8 @@ fn run<T: AttnElem>(g: &Gpu, rng: &mut Rng, c: &Case) -> Result<(), FlashAttnErr
     // The dequantized cache in T (exact: power-of-two scales).
     let deq = |a: &Array4<u8>, sc: &[f32]| Array4::from_shape_fn(a.dim(), |(b, t, kh, e)| T::from_f32(e4m3_to_f32(a[(b, t, kh, e)]) * scale_of(sc, kh)));
     let (kq, vq) = (deq(&k_want, &ks), deq(&v_want, &vs));
-    for b in 0..batch {
-        let len = cached[b] as usize + s_new;
+    for (b, &cached_b) in cached.iter().enumerate() {
+        let len = cached_b as usize + s_new;
         let label = format!("{} {c:?} seq {b} ({len} keys)", std::any::type_name::<T>());
         let ob = o.slice(s![b..b + 1, .., .., ..]).to_owned();
         if len == 0 {

@@ -51,7 +51,7 @@ fn codes(rng: &mut Rng, n: usize) -> Vec<u8> {
         .map(|_| {
             let r = rng.below(256);
             let x = rng.nonzero(1.0) * if r == 0 { 200.0 } else if r < 9 { 0.01 } else { 3.0 };
-            if r < 17 && r >= 9 { 0 } else { e4m3_from_f32(x) }
+            if (9..17).contains(&r) { 0 } else { e4m3_from_f32(x) }
         })
         .collect()
 }

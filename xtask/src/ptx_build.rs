@@ -43,11 +43,14 @@ pub fn channel() -> Result<String, String> {
     Ok(kernels)
 }
 
+/// The inputs a PTX build read and its `(arch, PTX)` per target.
+pub type Built = (Vec<inputs::Input>, Vec<(&'static str, String)>);
+
 /// Builds the PTX from source as `host-crate/build.rs` does (same flags and
 /// profile), in `target/kernels-ptx` (kept between runs: the nested cargo
 /// rebuilds only what changed). Returns the inputs it was built from and
 /// `(arch, PTX)` per target.
-pub fn build_from_source() -> Result<(Vec<inputs::Input>, Vec<(&'static str, String)>), String> {
+pub fn build_from_source() -> Result<Built, String> {
     let roots = roots();
     let channel = channel()?;
     let tc = toolchain::find(&channel)?;

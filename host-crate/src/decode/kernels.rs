@@ -337,7 +337,7 @@ mod tests {
         for &d in crate::tc::TC_HEAD_DIMS {
             for (bf16, page) in [(false, None), (false, Some(16)), (true, Some(256)), (true, Some(48))] {
                 let k = DecKernel::default_fitting(bf16, d, page, 163 * 1024).unwrap_or_else(|| panic!("d = {d}"));
-                assert!(k.bc % (16 * k.warps) == 0 && k.stages >= 2, "{k:?}");
+                assert!(k.bc.is_multiple_of(16 * k.warps) && k.stages >= 2, "{k:?}");
                 assert!(k.name.contains(if bf16 { "_bf16_" } else { "_f16_" }) && k.name.contains(&format!("_d{d}_")), "{k:?}");
                 assert_eq!(k.compact.map(String::from), Some(format!("{}_c", k.name)), "every default has a compact entry: {k:?}");
             }

@@ -16,7 +16,7 @@ use crate::params::AttnParams;
 
 /// Parameters of one backward launch (preprocess, main kernel, dQ pass).
 #[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct BwdParams {
     /// The forward's block: q, k, v, o (`o_ptr` = the forward's output),
     /// strides, shapes, masks, features, varlen; `lse_ptr` = the forward's
@@ -48,29 +48,6 @@ pub struct BwdParams {
     pub br: u32,
     pub bc: u32,
     pub _pad: u32,
-}
-
-impl Default for BwdParams {
-    fn default() -> Self {
-        Self {
-            fwd: AttnParams::default(),
-            do_ptr: 0,
-            do_stride: [0; 3],
-            dq_ptr: 0,
-            dq_stride: [0; 3],
-            dk_ptr: 0,
-            dk_stride: [0; 3],
-            dv_ptr: 0,
-            dv_stride: [0; 3],
-            delta_ptr: 0,
-            dq_accum_ptr: 0,
-            dq_semaphore_ptr: 0,
-            deterministic: 0,
-            br: 0,
-            bc: 0,
-            _pad: 0,
-        }
-    }
 }
 
 /// Dynamic shared memory of the f32 backward kernels (`bwd_fa2_f32`,

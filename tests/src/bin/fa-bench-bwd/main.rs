@@ -382,9 +382,9 @@ fn main() {
         if !r.bwd.note.is_empty() && r.bwd.ms.is_none() { md += &format!("- error: {}\n", r.bwd.note) }
     }
     println!("{md}");
-    if let Some(p) = &o.out {
-        if let Err(e) = std::fs::write(p, &md) {
-            eprintln!("cannot write {p}: {e}");
-        }
+    if let Some(p) = &o.out
+        && let Err(e) = std::fs::write(p, &md)
+    {
+        eprintln!("cannot write {p}: {e}");
     }
 }
