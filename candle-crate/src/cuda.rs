@@ -280,7 +280,7 @@ fn run_varlen<T: AttnElem + CudaDType>(
         Tensor::new(&kv, c.k),
         Tensor::new(&vv, c.v),
         TensorMut::new(&mut o, o_layout),
-        StatsMut::LogSumExp(lse.as_view_mut()),
+        &mut lse,
         &varlen,
         &c.params,
         &ext,

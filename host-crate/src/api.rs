@@ -141,7 +141,7 @@ impl FlashAttention {
         k: Tensor<'_, K>,
         v: Tensor<'_, V>,
         o: TensorMut<'_, O>,
-        stats: StatsMut<'_>,
+        mut stats: StatsMut<'_>,
         params: &ForwardParams,
         ext: &Extras<'_>,
     ) -> Result<()>
@@ -159,6 +159,6 @@ impl FlashAttention {
             (&o.layout, o.data.len()),
             params,
         )?;
-        self.launch_problem(stream, &problem, q, k, v, o, stats, params, ext, None)
+        self.launch_problem(stream, &problem, q, k, v, o, (&mut stats).into(), params, ext, None)
     }
 }

@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, PushKernelArg};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, PushKernelArg};
 use flash_attn_common::AttnParams;
 
 use crate::device::FlashAttention;
@@ -18,6 +18,33 @@ use crate::types::Features;
 use crate::validate::{Problem, check_stats, check_tc_alignment};
 use crate::varlen::check_alibi;
 use crate::varlen_api::VarlenLaunch;
+
+/// The row-statistics buffers a launch writes: the logsumexp (FA2 and
+/// Standard; the varlen front door's `lse`) or FA1's `l, m` (the dense
+/// front door's [`StatsMut`]).
+pub(crate) enum StatsOut<'a> {
+    LogSumExp(&'a mut dyn DevicePtrMut<f32>),
+    Fa1 { l: &'a mut dyn DevicePtrMut<f32>, m: &'a mut dyn DevicePtrMut<f32> },
+}
+
+impl StatsOut<'_> {
+    /// The variant's name as the caller wrote it, for error messages.
+    fn name(&self) -> &'static str {
+        match self {
+            StatsOut::LogSumExp(_) => "StatsMut::LogSumExp",
+            StatsOut::Fa1 { .. } => "StatsMut::Fa1 { l, m }",
+        }
+    }
+}
+
+impl<'a> From<&'a mut StatsMut<'_>> for StatsOut<'a> {
+    fn from(stats: &'a mut StatsMut<'_>) -> Self {
+        match stats {
+            StatsMut::LogSumExp(lse) => StatsOut::LogSumExp(lse),
+            StatsMut::Fa1 { l, m } => StatsOut::Fa1 { l, m },
+        }
+    }
+}
 
 impl FlashAttention {
     /// Checks streams, stats and extras of a validated problem, then
@@ -31,7 +58,7 @@ impl FlashAttention {
         k: Tensor<'_, K>,
         v: Tensor<'_, V>,
         o: TensorMut<'_, O>,
-        stats: StatsMut<'_>,
+        stats: StatsOut<'_>,
         params: &ForwardParams,
         ext: &Extras<'_>,
         varlen: Option<&VarlenLaunch<'_>>,
@@ -57,11 +84,11 @@ impl FlashAttention {
         let n = varlen.map_or(problem.stats_len(), |vl| dims.nheads * vl.total_q);
         let mut stats = stats;
         match (&mut stats, params.loop_order) {
-            (StatsMut::LogSumExp(lse), LoopOrder::Fa2 | LoopOrder::Standard) => {
+            (StatsOut::LogSumExp(lse), LoopOrder::Fa2 | LoopOrder::Standard) => {
                 check_stats("lse", lse.len(), n)?;
                 self.check_stream("lse", lse.stream())?;
             }
-            (StatsMut::Fa1 { l, m }, LoopOrder::Fa1) => {
+            (StatsOut::Fa1 { l, m }, LoopOrder::Fa1) => {
                 check_stats("l", l.len(), n)?;
                 check_stats("m", m.len(), n)?;
                 self.check_stream("l", l.stream())?;
@@ -91,7 +118,7 @@ impl FlashAttention {
         }
 
         match (plan, stats) {
-            (Plan::Fa2 { main, br, bc }, StatsMut::LogSumExp(mut lse)) => {
+            (Plan::Fa2 { main, br, bc }, StatsOut::LogSumExp(lse)) => {
                 let (lse_ptr, _lse_guard) = lse.device_ptr_mut(stream);
                 p.lse_ptr = lse_ptr;
                 p.br = br as u32;
@@ -108,7 +135,7 @@ impl FlashAttention {
                 // bytes of dynamic shared memory, within the limit set at load.
                 unsafe { stream.launch_builder(f).arg(&arg).launch(cfg) }?;
             }
-            (Plan::Fa1 { init, main, br, bc }, StatsMut::Fa1 { mut l, mut m }) => {
+            (Plan::Fa1 { init, main, br, bc }, StatsOut::Fa1 { l, m }) => {
                 let (l_ptr, _l_guard) = l.device_ptr_mut(stream);
                 let (m_ptr, _m_guard) = m.device_ptr_mut(stream);
                 p.lse_ptr = l_ptr;
@@ -129,7 +156,7 @@ impl FlashAttention {
                 // Fa1Smem::new(br, bc, d) bytes of dynamic shared memory.
                 unsafe { stream.launch_builder(f).arg(&arg).launch(cfg) }?;
             }
-            (Plan::Standard { scores, softmax, pv, scratch_len }, StatsMut::LogSumExp(mut lse)) => {
+            (Plan::Standard { scores, softmax, pv, scratch_len }, StatsOut::LogSumExp(lse)) => {
                 let (lse_ptr, _lse_guard) = lse.device_ptr_mut(stream);
                 // SAFETY: uninitialized f32 scratch; `standard_scores_f32` writes
                 // every element before `standard_softmax_f32` reads any.
@@ -153,7 +180,7 @@ impl FlashAttention {
                 // F32_THREADS threads, StdSmem bytes of shared memory.
                 unsafe { stream.launch_builder(f).arg(&arg).launch(cfg) }?;
             }
-            (Plan::TcFa2 { kernel, main }, StatsMut::LogSumExp(mut lse)) => {
+            (Plan::TcFa2 { kernel, main }, StatsOut::LogSumExp(lse)) => {
                 check_tc_alignment(&p)?;
                 let (lse_ptr, _lse_guard) = lse.device_ptr_mut(stream);
                 p.lse_ptr = lse_ptr;
@@ -170,7 +197,7 @@ impl FlashAttention {
                 // `cfg` has the kernel's threads, grid and dynamic shared memory.
                 unsafe { stream.launch_builder(f).arg(&arg).launch(cfg) }?;
             }
-            (Plan::Hopper { kernel, main }, StatsMut::LogSumExp(mut lse)) => {
+            (Plan::Hopper { kernel, main }, StatsOut::LogSumExp(lse)) => {
                 check_tc_alignment(&p)?;
                 let (lse_ptr, _lse_guard) = lse.device_ptr_mut(stream);
                 p.lse_ptr = lse_ptr;
@@ -184,7 +211,7 @@ impl FlashAttention {
                 // `main` is the plan's launch for `kernel`.
                 unsafe { crate::hopper::launch(self, stream, kernel, &main, &p) }?;
             }
-            (Plan::TcFa1 { kernel, init, main, accum_len }, StatsMut::Fa1 { mut l, mut m }) => {
+            (Plan::TcFa1 { kernel, init, main, accum_len }, StatsOut::Fa1 { l, m }) => {
                 check_tc_alignment(&p)?;
                 let (l_ptr, _l_guard) = l.device_ptr_mut(stream);
                 let (m_ptr, _m_guard) = m.device_ptr_mut(stream);

@@ -351,16 +351,6 @@ impl<'a> AlibiSlopes<'a> {
     }
 }
 
-impl StatsMut<'_> {
-    /// The variant's name, for error messages.
-    pub(crate) fn name(&self) -> &'static str {
-        match self {
-            StatsMut::LogSumExp(_) => "StatsMut::LogSumExp",
-            StatsMut::Fa1 { .. } => "StatsMut::Fa1 { l, m }",
-        }
-    }
-}
-
 /// The varlen description of a call (device-side prefix sums).
 #[derive(Clone, Copy)]
 pub struct Varlen<'a> {

@@ -20,8 +20,9 @@ use flash_attn_common::AttnParams;
 
 use crate::device::FlashAttention;
 use crate::error::Result;
+use crate::launch::StatsOut;
 use crate::params::ForwardParams;
-use crate::tensor::{AttnElem, AttnOutput, Extras, StatsMut, Tensor, TensorLayout, TensorMut, Varlen};
+use crate::tensor::{AttnElem, AttnOutput, Extras, Tensor, TensorLayout, TensorMut, Varlen};
 use crate::validate::validate_varlen;
 
 /// Device pointers of a varlen launch, their stream guards held until the
@@ -111,13 +112,14 @@ impl FlashAttention {
         )?;
         let mut o = stream.alloc_zeros::<T>(o_len)?;
         let mut lse = stream.alloc_zeros::<f32>(nheads * total_q)?;
-        let stats = StatsMut::LogSumExp(lse.as_view_mut());
-        self.forward_varlen_into(stream, q, k, v, TensorMut::new(&mut o, o_layout), stats, varlen, params, ext)?;
+        self.forward_varlen_into(stream, q, k, v, TensorMut::new(&mut o, o_layout), &mut lse, varlen, params, ext)?;
         Ok(AttnOutput { o, o_layout, lse })
     }
 
-    /// Varlen attention forward into caller-owned buffers (`o` packed like
-    /// q; `stats` a `StatsMut::LogSumExp` of ≥ `nheads·total_q` f32).
+    /// [`FlashAttention::forward_varlen`] into caller-owned buffers: O `o`
+    /// (`(total_q, nheads, d)`, packed like q) and the logsumexp `lse`
+    /// (`(nheads, total_q)` f32, unpadded: ≥ `nheads·total_q` elements).
+    /// Validated before anything is enqueued, as the allocating call.
     #[allow(clippy::too_many_arguments)]
     pub fn forward_varlen_into<T, Q, K, V, O>(
         &self,
@@ -126,7 +128,7 @@ impl FlashAttention {
         k: Tensor<'_, K>,
         v: Tensor<'_, V>,
         o: TensorMut<'_, O>,
-        stats: StatsMut<'_>,
+        lse: &mut dyn DevicePtrMut<f32>,
         varlen: &Varlen<'_>,
         params: &ForwardParams,
         ext: &Extras<'_>,
@@ -148,7 +150,7 @@ impl FlashAttention {
             params,
         )?;
         let launch = self.varlen_launch(stream, varlen, q.layout.seqlen(), k.layout.seqlen())?;
-        self.launch_problem(stream, &problem, q, k, v, o, stats, params, ext, Some(&launch))
+        self.launch_problem(stream, &problem, q, k, v, o, StatsOut::LogSumExp(lse), params, ext, Some(&launch))
     }
 }
 

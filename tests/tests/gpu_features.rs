@@ -277,7 +277,7 @@ fn varlen_case<T: AttnElem>(g: &Gpu, rng: &mut Rng, d: usize, max: usize, params
             Tensor::new(&kd, TensorLayout::varlen(tk, hk, d)),
             Tensor::new(&vd, TensorLayout::varlen(tk, hk, d)),
             TensorMut::new(&mut od, TensorLayout::varlen(tq, h, d)),
-            StatsMut::LogSumExp(lse.as_view_mut()),
+            &mut lse,
             &varlen,
             &params,
             &ext,

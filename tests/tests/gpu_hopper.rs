@@ -487,7 +487,7 @@ fn varlen_check<T: AttnElem>(g: &Gpu, rng: &mut Rng, c: &VarlenCase) -> Result<S
             Tensor::new(&kd, lk),
             Tensor::new(&vd, lk),
             TensorMut::new(&mut od, lq),
-            StatsMut::LogSumExp(lse.as_view_mut()),
+            &mut lse,
             &varlen,
             &c.params,
             &Extras::default(),

@@ -153,14 +153,14 @@ impl Gpu {
                 inp.o.transmute_mut::<T>(qe).expect("o length"),
             )
         };
-        let stats = StatsMut::LogSumExp(inp.lse.slice_mut(0..le));
+        let mut lse = inp.lse.slice_mut(0..le);
         let params = ForwardParams { causal: c.causal, block: c.block, ..Default::default() };
         match &c.shape {
             Shape::Dense(d) => {
                 let ql = TensorLayout::contiguous([d.b, d.n, d.h, d.d]);
                 let kl = TensorLayout::contiguous([d.b, d.n, d.hk, d.d]);
                 let (q, k, v) = (Tensor::new(&q, ql), Tensor::new(&k, kl), Tensor::new(&v, kl));
-                self.fa.forward_into(&self.stream, q, k, v, TensorMut::new(&mut out, ql), stats, &params)
+                self.fa.forward_into(&self.stream, q, k, v, TensorMut::new(&mut out, ql), StatsMut::LogSumExp(lse), &params)
             }
             Shape::Varlen(p) => {
                 let l = TensorLayout::varlen(p.total(), p.h, p.d);
@@ -168,7 +168,7 @@ impl Gpu {
                 let vl = Varlen { cu_seqlens_q: cu, cu_seqlens_k: cu, max_seqlen_q: p.max(), max_seqlen_k: p.max(), seqused_k: None };
                 let (q, k, v) = (Tensor::new(&q, l), Tensor::new(&k, l), Tensor::new(&v, l));
                 let o = TensorMut::new(&mut out, l);
-                self.fa.forward_varlen_into(&self.stream, q, k, v, o, stats, &vl, &params, &Extras::default())
+                self.fa.forward_varlen_into(&self.stream, q, k, v, o, &mut lse, &vl, &params, &Extras::default())
             }
         }
     }
