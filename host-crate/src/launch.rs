@@ -13,38 +13,11 @@ use crate::device::FlashAttention;
 use crate::dispatch::{self, DispatchKey, Plan};
 use crate::error::{FlashAttnError, Result};
 use crate::params::{ForwardParams, LoopOrder};
-use crate::tensor::{AttnElem, Extras, StatsMut, Tensor, TensorMut};
+use crate::tensor::{AttnElem, Extras, StatsOut, Tensor, TensorMut};
 use crate::types::Features;
 use crate::validate::{Problem, check_stats, check_tc_alignment};
 use crate::varlen::check_alibi;
 use crate::varlen_api::VarlenLaunch;
-
-/// The row-statistics buffers a launch writes: the logsumexp (FA2 and
-/// Standard; the varlen front door's `lse`) or FA1's `l, m` (the dense
-/// front door's [`StatsMut`]).
-pub(crate) enum StatsOut<'a> {
-    LogSumExp(&'a mut dyn DevicePtrMut<f32>),
-    Fa1 { l: &'a mut dyn DevicePtrMut<f32>, m: &'a mut dyn DevicePtrMut<f32> },
-}
-
-impl StatsOut<'_> {
-    /// The variant's name as the caller wrote it, for error messages.
-    fn name(&self) -> &'static str {
-        match self {
-            StatsOut::LogSumExp(_) => "StatsMut::LogSumExp",
-            StatsOut::Fa1 { .. } => "StatsMut::Fa1 { l, m }",
-        }
-    }
-}
-
-impl<'a> From<&'a mut StatsMut<'_>> for StatsOut<'a> {
-    fn from(stats: &'a mut StatsMut<'_>) -> Self {
-        match stats {
-            StatsMut::LogSumExp(lse) => StatsOut::LogSumExp(lse),
-            StatsMut::Fa1 { l, m } => StatsOut::Fa1 { l, m },
-        }
-    }
-}
 
 impl FlashAttention {
     /// Checks streams, stats and extras of a validated problem, then

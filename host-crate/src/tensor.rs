@@ -3,7 +3,7 @@
 //! only; the checks are in `validate`, the launches in `api` and the
 //! other front ends.
 
-use cudarc::driver::{CudaSlice, CudaViewMut, DevicePtr, DeviceRepr, ValidAsZeroBits};
+use cudarc::driver::{CudaSlice, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr, ValidAsZeroBits};
 
 use crate::params::AlibiShape;
 use crate::types::DType;
@@ -214,6 +214,33 @@ pub enum StatsMut<'a> {
         /// Row maxima (base 2).
         m: CudaViewMut<'a, f32>,
     },
+}
+
+/// The row-statistics buffers a launch writes: the logsumexp (FA2 and
+/// Standard; the varlen front door's `lse`) or FA1's `l, m` (the dense
+/// front door's [`StatsMut`]).
+pub(crate) enum StatsOut<'a> {
+    LogSumExp(&'a mut dyn DevicePtrMut<f32>),
+    Fa1 { l: &'a mut dyn DevicePtrMut<f32>, m: &'a mut dyn DevicePtrMut<f32> },
+}
+
+impl StatsOut<'_> {
+    /// The variant's name as the caller wrote it, for error messages.
+    pub(crate) fn name(&self) -> &'static str {
+        match self {
+            StatsOut::LogSumExp(_) => "StatsMut::LogSumExp",
+            StatsOut::Fa1 { .. } => "StatsMut::Fa1 { l, m }",
+        }
+    }
+}
+
+impl<'a> From<&'a mut StatsMut<'_>> for StatsOut<'a> {
+    fn from(stats: &'a mut StatsMut<'_>) -> Self {
+        match stats {
+            StatsMut::LogSumExp(lse) => StatsOut::LogSumExp(lse),
+            StatsMut::Fa1 { l, m } => StatsOut::Fa1 { l, m },
+        }
+    }
 }
 
 impl RowStats {

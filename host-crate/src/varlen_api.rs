@@ -20,9 +20,8 @@ use flash_attn_common::AttnParams;
 
 use crate::device::FlashAttention;
 use crate::error::Result;
-use crate::launch::StatsOut;
 use crate::params::ForwardParams;
-use crate::tensor::{AttnElem, AttnOutput, Extras, Tensor, TensorLayout, TensorMut, Varlen};
+use crate::tensor::{AttnElem, AttnOutput, Extras, StatsOut, Tensor, TensorLayout, TensorMut, Varlen};
 use crate::validate::validate_varlen;
 
 /// Device pointers of a varlen launch, their stream guards held until the
