@@ -127,14 +127,3 @@ pub fn prmt(a: u32, b: u32, sel: u32) -> u32 {
     unsafe { core::arch::asm!("prmt.b32 {d}, {a}, {b}, {s};", d = out(reg32) d, a = in(reg32) a, b = in(reg32) b, s = in(reg32) sel, options(pure, nomem, nostack)) };
     d
 }
-
-/// The 4 × 4 byte transpose: byte `j` of output `i` is byte `i` of input
-/// `j` (8 `prmt`s).
-#[inline(always)]
-pub fn transpose_4x4_bytes(x: [u32; 4]) -> [u32; 4] {
-    let t0 = prmt(x[0], x[1], 0x5140); // x0.0 x1.0 x0.1 x1.1
-    let t1 = prmt(x[2], x[3], 0x5140); // x2.0 x3.0 x2.1 x3.1
-    let t2 = prmt(x[0], x[1], 0x7362); // x0.2 x1.2 x0.3 x1.3
-    let t3 = prmt(x[2], x[3], 0x7362); // x2.2 x3.2 x2.3 x3.3
-    [prmt(t0, t1, 0x5410), prmt(t0, t1, 0x7632), prmt(t2, t3, 0x5410), prmt(t2, t3, 0x7632)]
-}

@@ -40,7 +40,6 @@
 //! `P·V` completes).
 
 use super::fwd::{Tile, Uni, rescale_o, softmax_block, uni_addr_fresh, vw_mask};
-use crate::tc::fa2::quad_max;
 use crate::arch::cvt::{pack_e4m3x2, prmt};
 use crate::arch::ldmatrix::{ldmatrix_x4_trans, stmatrix_x4};
 use crate::arch::math::fma_f32;
@@ -53,7 +52,7 @@ use crate::arch::sreg;
 use crate::arch::sync::sync_threads;
 use crate::arch::tma::{fence_proxy_async_shared, prefetch_tensormap, tma_load_4d};
 use crate::arch::wgmma::{self, wgmma_commit, wgmma_fence, wgmma_wait};
-use crate::tc::fa2::quad_sum;
+use crate::tc::fa2::{quad_max, quad_sum};
 use crate::tc::{Elem16, pack};
 use flash_attn_common::hopper_fp8::{
     HOPPER_FP8_BR, HOPPER_FP8_CONSUMER_REGS, HOPPER_FP8_PRODUCER_REGS, HOPPER_FP8_STAGES, HopperFp8Smem, hopper_fp8_panel_bytes,
