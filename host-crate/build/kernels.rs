@@ -38,8 +38,8 @@ const PROFILE: &[(&str, &str)] = &[
 /// unless the kernel has a register cap at entry, which `.maxntid` with
 /// `.minnctapersm 1` gives (rustc has no launch-bounds attribute).
 /// Threads: 128 per warpgroup, the producer and 2 consumers, or 3 consumers
-/// for the kernels named `*_w3*`.
-const HOPPER_ENTRY_PREFIX: &str = ".entry flash_fwd_hopper_";
+/// for the kernels named `*_w3*`; the backward's as the forward's.
+const HOPPER_ENTRY_PREFIXES: [&str; 2] = [".entry flash_fwd_hopper_", ".entry flash_bwd_hopper_"];
 const HOPPER_ENTRY_DIRECTIVES: &str = ".maxntid 384, 1, 1\n.minnctapersm 1";
 const HOPPER_ENTRY_DIRECTIVES_W3: &str = ".maxntid 512, 1, 1\n.minnctapersm 1";
 
@@ -124,14 +124,15 @@ fn asm_output(deps: &Path) -> Result<PathBuf, String> {
 }
 
 /// Inserts [`HOPPER_ENTRY_DIRECTIVES`] after the parameter list of every
-/// entry named `flash_fwd_hopper_*` (between its closing `)` and `{`).
+/// entry named `flash_fwd_hopper_*` or `flash_bwd_hopper_*` (between its
+/// closing `)` and `{`).
 fn add_hopper_entry_directives(ptx: &str) -> Result<String, String> {
     let mut out = String::with_capacity(ptx.len() + 4096);
     let mut in_hopper_params = false;
     let mut w3 = false;
     let mut edited = 0;
     for line in ptx.lines() {
-        if line.contains(HOPPER_ENTRY_PREFIX) {
+        if HOPPER_ENTRY_PREFIXES.iter().any(|p| line.contains(p)) {
             in_hopper_params = true;
             w3 = line.contains("_w3");
         }

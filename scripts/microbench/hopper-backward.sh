@@ -6,15 +6,31 @@
 #  2. compute-sanitizer memcheck over the varlen and deterministic tests;
 #  3. fa-bench-bwd: Hopper backward with PyTorch flash/cuDNN in the same
 #     run, then the tensor-core (mma.sync) backward alone.
-# Usage: OUT=/tmp/out bash scripts/microbench/hopper-backward.sh [quick|tests|bench|check]
+#  4. (mode ncu only) ncu --set full on one d 128 N 16384 bf16 launch of the
+#     Hopper backward: the details page and the warp stalls per SASS
+#     instruction (ncu-sass.csv).
+# Usage: OUT=/tmp/out bash scripts/microbench/hopper-backward.sh [quick|tests|bench|check|ncu]
 # (check: the Hopper tests, memcheck and the quick benchmark with PyTorch,
-# without the tensor-core rows)
+# without the tensor-core rows; every mode but bench and ncu starts with the
+# bf16 gradient test alone, 90 s at most, and stops if it fails)
 set -u
 mkdir -p /tmp/h && tar xJf .stage-hb/bins.tar.xz -C /tmp/h || exit 1
 export FA_REQUIRE_GPU=1
 nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader | tee $OUT/gpu.txt
 mode=${1:-quick}
+if [ "$mode" = ncu ]; then
+  timeout 400 ncu --set full --import-source no -k regex:${NCU_KERNEL:-flash_bwd_hopper_bf16_d128} -s 2 -c 1 -o $OUT/ncu-bwd /tmp/h/fa-bench-bwd --no-torch --quick --sets 1 --dtypes bf16 --dims 128 --seqlens 16384 --out $OUT/ncu-bench.md > $OUT/ncu.log 2>&1
+  echo "ncu rc=$?"; tail -3 $OUT/ncu.log
+  ncu --import $OUT/ncu-bwd.ncu-rep --page details > $OUT/ncu-bwd.txt 2>&1
+  ncu --import $OUT/ncu-bwd.ncu-rep --page source --print-source sass --csv > $OUT/ncu-sass.csv 2>&1
+  rm -f $OUT/ncu-bwd.ncu-rep
+  grep -E "Duration|Issue Slots Busy|Executed Ipc A|No Eligible|Warp Cycles Per Issued|Stall|Tensor" $OUT/ncu-bwd.txt | head -30
+  exit 0
+fi
 if [ "$mode" != bench ]; then
+  timeout 90 /tmp/h/gpu_backward --test-threads 1 --nocapture bf16_gradients > $OUT/tests-smoke.txt 2>&1
+  rc=$?; echo "=== smoke (bf16 gradients) rc=$rc: $(grep -E 'test result|largest' $OUT/tests-smoke.txt | tr '\n' ' ')"
+  [ $rc = 0 ] || { grep -E "FAILED|panicked" $OUT/tests-smoke.txt | head -5; exit 1; }
   timeout 240 /tmp/h/gpu_backward --test-threads 1 --nocapture > $OUT/tests-hopper.txt 2>&1
   echo "=== gpu_backward (Hopper) rc=$?: $(grep -E 'test result|largest' $OUT/tests-hopper.txt | tr '\n' ' ')"
   grep -E "FAILED|panicked" $OUT/tests-hopper.txt | head -5

@@ -9,19 +9,20 @@
 //! the tensor-core kernel, `tc`), and the environment does not set
 //! `FLASH_ATTN_BACKWARD_KERNEL=tc` (read once per process: the tensor-core
 //! kernel for every call, e.g. to compare the two). Kernel names: `flash_bwd_hopper_{f16,bf16}_d{64,128}`.
-//! Grid: `batch · nheads_k · ceil(seqlen_k / 128)` blocks of 256 threads.
+//! Grid: `batch · nheads_k · ceil(seqlen_k / 128)` blocks of 384 threads;
+//! the kernel reads q, dO, k and v through tensor maps (TMA) encoded here.
 
 use std::sync::Arc;
 
-use cudarc::driver::CudaStream;
+use cudarc::driver::{CudaStream, DriverError, LaunchConfig, PushKernelArg};
 use flash_attn_common::BwdParams;
 use flash_attn_common::hopper_bwd::{HOPPER_BWD_BC, HOPPER_BWD_THREADS, HopperBwdSmem, hopper_bwd_br, hopper_bwd_head_dim};
 
 use crate::device::FlashAttention;
+use crate::error::{FlashAttnError, Result};
+use crate::hopper::{TensorMap, maps_argument};
+use crate::tc::KernelArg;
 use crate::types::DType;
-use crate::error::Result;
-
-use super::tc::launch_key_blocks;
 
 /// Every Hopper backward kernel compiled into the sm_90a PTX (mirrors the
 /// `hopper_bwd_kernels!` list of `kernel-crate/src/hopper/mod.rs`):
@@ -73,12 +74,55 @@ pub(crate) unsafe fn launch_hopper_backward(fa: &FlashAttention, stream: &Arc<Cu
         return Ok(false);
     };
     let Some(f) = fa.kernel(name)? else { return Ok(false) };
-    let tiles = (hopper_bwd_br(d), HOPPER_BWD_BC);
-    // SAFETY: threads and shared memory are `hopper_bwd`'s for compiled
-    // head dim `d` (as the kernel's const generics); `p` is the caller's
-    // contract (see `# Safety`).
-    unsafe { launch_key_blocks(stream, f, p, tiles, HOPPER_BWD_THREADS, HopperBwdSmem::new(d).request_bytes()) }?;
+    let (br, bc) = (hopper_bwd_br(d), HOPPER_BWD_BC);
+    let blocks = p.fwd.batch as u64 * p.fwd.kv_heads() as u64 * (p.fwd.seqlen_k as u64).div_ceil(bc as u64);
+    if blocks == 0 {
+        return Ok(true);
+    }
+    if blocks > i32::MAX as u64 {
+        return Err(FlashAttnError::DimTooLarge { argument: "k", axis: "batch · nheads_k · key blocks", value: blocks as usize, max: i32::MAX as usize });
+    }
+    let mut p = *p;
+    p.br = br as u32;
+    p.bc = bc as u32;
+    let maps = backward_tensor_maps(&p, br, bc, dtype == DType::BF16)?;
+    let (global, g_ptr) = maps_argument(stream, &maps)?;
+    let cfg = LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (HOPPER_BWD_THREADS as u32, 1, 1), shared_mem_bytes: HopperBwdSmem::new(d).request_bytes() as u32 };
+    let arg = KernelArg(p);
+    let mut b = stream.launch_builder(f);
+    b.arg(&maps[0]).arg(&maps[1]).arg(&maps[2]).arg(&maps[3]).arg(&maps[4]).arg(&arg).arg(&g_ptr);
+    // SAFETY: `flash_bwd_hopper_*(tq, tdo, tk, tv, tdq: TensorMap, p:
+    // BwdParams, g_tmaps: u64)`; the maps describe the buffers `p` names (encoded
+    // above from the same pointers, shapes and strides); threads, grid and
+    // shared memory are the kernel's for compiled head dim `d`; `p` is the
+    // caller's contract (see `# Safety`); `global` (when used) lives until
+    // the launch is enqueued and is freed stream-ordered after it.
+    unsafe { b.launch(cfg) }?;
+    drop(global);
     Ok(true)
+}
+
+/// The tensor maps of q, dO (boxes `64 × br`), k and v (`64 × bc`) and of
+/// the f32 dQ accumulator (`lse rows × d`, boxes `32 × 64`) of a backward
+/// launch, in the kernel's parameter order. Varlen: the packed
+/// tensors as one batch of `total_q` / `total_k` rows (the kernel adds each
+/// sequence's first row to the row coordinate; copies past a sequence's end
+/// read the next sequence's rows, which its masks and `P = 0` rows ignore).
+fn backward_tensor_maps(p: &BwdParams, br: usize, bc: usize, bf16: bool) -> std::result::Result<[TensorMap; 5], DriverError> {
+    let f = &p.fwd;
+    let (h, hk, d) = (f.nheads as usize, f.kv_heads() as usize, f.headdim as usize);
+    let (b, nq, nk) = if f.is_varlen() { (1, f.total_q as usize, f.total_k as usize) } else { (f.batch as usize, f.seqlen_q as usize, f.seqlen_k as usize) };
+    let st = |s: [u64; 3]| s.map(|x| x as usize);
+    // The accumulator's rows are the LSE's: `(batch · nheads + h) · seqlen_q
+    // + row`, varlen `h · total_q + packed row`.
+    let lse_rows = if f.is_varlen() { h * f.total_q as usize } else { f.batch as usize * h * f.seqlen_q as usize };
+    Ok([
+        TensorMap::encode_bshd(f.q_ptr, [b, nq, h, d], st(f.q_stride), br as u32, bf16)?,
+        TensorMap::encode_bshd(p.do_ptr, [b, nq, h, d], st(p.do_stride), br as u32, bf16)?,
+        TensorMap::encode_bshd(f.k_ptr, [b, nk, hk, d], st(f.k_stride), bc as u32, bf16)?,
+        TensorMap::encode_bshd(f.v_ptr, [b, nk, hk, d], st(f.v_stride), bc as u32, bf16)?,
+        TensorMap::encode_f32_2d(p.dq_accum_ptr, lse_rows, d, 64)?,
+    ])
 }
 
 #[cfg(test)]

@@ -138,7 +138,7 @@ pub(crate) unsafe fn launch_tc_backward(fa: &crate::FlashAttention, stream: &Arc
 /// `f` takes exactly one [`BwdParams`] by value and runs with `threads`
 /// threads and `smem` bytes of dynamic shared memory at tiles `(br, bc)`;
 /// `p` satisfies its contract (as [`launch_tc_backward`]'s).
-pub(crate) unsafe fn launch_key_blocks(stream: &Arc<CudaStream>, f: &CudaFunction, p: &BwdParams, (br, bc): (usize, usize), threads: usize, smem: usize) -> Result<()> {
+unsafe fn launch_key_blocks(stream: &Arc<CudaStream>, f: &CudaFunction, p: &BwdParams, (br, bc): (usize, usize), threads: usize, smem: usize) -> Result<()> {
     let blocks = p.fwd.batch as u64 * p.fwd.kv_heads() as u64 * (p.fwd.seqlen_k as u64).div_ceil(bc as u64);
     if blocks == 0 {
         return Ok(());

@@ -131,6 +131,46 @@ impl TensorMap {
     }
 }
 
+impl TensorMap {
+    /// Encodes a tiled tensor map of a row-major `rows × cols` f32 matrix
+    /// at device address `ptr` (`cols` contiguous): box `{32, box_rows}`
+    /// (128-byte rows), 128B swizzle; elements outside the matrix are
+    /// skipped by reductions (and read as zero by loads).
+    ///
+    /// Errors: the driver's (an address not 16-byte aligned, `cols · 4`
+    /// not a multiple of 16, …).
+    pub fn encode_f32_2d(ptr: u64, rows: usize, cols: usize, box_rows: u32) -> std::result::Result<Self, DriverError> {
+        let dims: [u64; 2] = [cols as u64, rows as u64];
+        let gstrides: [u64; 1] = [(cols * 4) as u64];
+        let boxes: [u32; 2] = [32, box_rows];
+        let estrides: [u32; 2] = [1; 2];
+        let mut map = std::mem::MaybeUninit::<CUtensorMap>::zeroed();
+        // SAFETY: every pointer argument points to an array of the length
+        // the rank (2, and 1 stride) requires; `map` is writable.
+        let r = unsafe {
+            sys::cuTensorMapEncodeTiled(
+                map.as_mut_ptr(),
+                CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT32,
+                2,
+                ptr as *mut std::ffi::c_void,
+                dims.as_ptr(),
+                gstrides.as_ptr(),
+                boxes.as_ptr(),
+                estrides.as_ptr(),
+                CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+                CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+                CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+            )
+        };
+        if r != cudaError_enum::CUDA_SUCCESS {
+            return Err(DriverError(r));
+        }
+        // SAFETY: initialized (zeroed, then written by the driver on success).
+        Ok(Self(unsafe { map.assume_init() }))
+    }
+}
+
 /// The tensor maps of q, k and v of one launch (boxes `64 × Br` for Q and
 /// `64 × Bc` for K and V), in the kernel's parameter order. Varlen: the
 /// packed tensors as one batch of `total_q` / `total_k` rows (the kernels
@@ -163,6 +203,28 @@ pub fn tensor_maps_in_global_memory() -> bool {
     *GLOBAL.get_or_init(|| std::env::var("FLASH_ATTN_HOPPER_TMAP").is_ok_and(|v| v == "global"))
 }
 
+/// The `g_tmaps` argument of a launch with `maps`: 0 (the kernel reads its
+/// by-value parameters), or, when [`tensor_maps_in_global_memory`], the
+/// address of a copy of the maps in a device buffer, returned with it (keep
+/// it until the launch is enqueued; it is freed stream-ordered).
+pub fn maps_argument(stream: &Arc<CudaStream>, maps: &[TensorMap]) -> Result<(Option<cudarc::driver::CudaSlice<u8>>, u64)> {
+    if !tensor_maps_in_global_memory() {
+        return Ok((None, 0));
+    }
+    let mut bytes = Vec::with_capacity(maps.len() * 128);
+    for m in maps {
+        // SAFETY: CUtensorMap is 128 plain bytes.
+        bytes.extend_from_slice(unsafe { std::slice::from_raw_parts(m as *const TensorMap as *const u8, 128) });
+    }
+    let buf = stream.clone_htod(&bytes)?;
+    let ptr = {
+        use cudarc::driver::DevicePtr;
+        let (ptr, _guard) = buf.device_ptr(stream);
+        ptr
+    };
+    Ok((Some(buf), ptr))
+}
+
 /// Launches `f` (a Hopper kernel or probe: `(TensorMap ×3, AttnParams, u64)`)
 /// with the tensor maps passed as [`tensor_maps_in_global_memory`] says.
 ///
@@ -177,24 +239,7 @@ pub unsafe fn launch_with_maps(
     p: &AttnParams,
 ) -> Result<()> {
     let arg = KernelArg(*p);
-    let global = if tensor_maps_in_global_memory() {
-        let mut bytes = Vec::with_capacity(3 * 128);
-        for m in maps {
-            // SAFETY: CUtensorMap is 128 plain bytes.
-            bytes.extend_from_slice(unsafe { std::slice::from_raw_parts(m as *const TensorMap as *const u8, 128) });
-        }
-        Some(stream.clone_htod(&bytes)?)
-    } else {
-        None
-    };
-    let g_ptr: u64 = match &global {
-        Some(buf) => {
-            use cudarc::driver::DevicePtr;
-            let (ptr, _guard) = buf.device_ptr(stream);
-            ptr
-        }
-        None => 0,
-    };
+    let (global, g_ptr) = maps_argument(stream, maps)?;
     let mut b = stream.launch_builder(f);
     b.arg(&maps[0]).arg(&maps[1]).arg(&maps[2]).arg(&arg).arg(&g_ptr);
     // SAFETY: forwarded to the caller; `global` (when used) lives until

@@ -21,7 +21,7 @@ mod plan;
 mod table;
 
 pub(crate) use launch::launch;
-pub use launch::{TensorMap, launch_params, launch_with_maps, tensor_maps, tensor_maps_in_global_memory};
+pub use launch::{TensorMap, launch_params, launch_with_maps, maps_argument, tensor_maps, tensor_maps_in_global_memory};
 pub use fp8::{HOPPER_FP8_KERNELS, HopperFp8Kernel};
 pub use plan::plan;
 pub use table::{HOPPER_KERNELS, HopperKernel, PROBE_KERNELS, PROBE_SMEM_BYTES, hopper_head_dim};

@@ -2,24 +2,37 @@
 //! (`kernel-crate/src/hopper/bwd.rs`): its compiled head dims, tiles,
 //! threads and shared-memory layout, shared by the kernel and the host.
 //!
-//! One block per (K/V block `j` of [`HOPPER_BWD_BC`] keys, batch, KV head),
-//! two warpgroups of 64 keys each. Tiles live in shared memory as the
-//! forward's: 64-column panels of 128-byte rows, 128B-swizzled, every tile
-//! 1024-byte aligned.
+//! One block per (K/V block `j` of [`HOPPER_BWD_BC`] keys, batch, KV head):
+//! a producer warpgroup (TMA copies, dQ reductions) and two consumer
+//! warpgroups of 64 keys each. Tiles live in shared memory as the forward's:
+//! 64-column panels of 128-byte rows, 128B-swizzled, every tile 1024-byte
+//! aligned.
 
 /// Keys per block (`Bc`): two warpgroups of 64 (the `wgmma` M).
 pub const HOPPER_BWD_BC: usize = 128;
 
-/// Threads per block: two warpgroups.
-pub const HOPPER_BWD_THREADS: usize = 256;
+/// Threads per block: the producer warpgroup and two consumer warpgroups.
+pub const HOPPER_BWD_THREADS: usize = 384;
 
-/// Bytes per row of a warpgroup's `64 × 64` f32 dQ staging block (64 f32
-/// and 8 more: the rows of one store fall on different banks; a multiple
-/// of 16, as the bulk reduction's source must be).
-pub const HOPPER_BWD_DQ_ROW_BYTES: usize = 64 * 4 + 32;
+/// Stages of the `Q_i`, `dO_i`, `LSE_i`, `D_i` ring (and dQ staging buffers).
+pub const HOPPER_BWD_STAGES: usize = 2;
+
+/// Registers per thread after `setmaxnreg`: the producer warpgroup's and
+/// the consumers' (`128·24 + 256·240` = the 168 per thread of a 384-thread
+/// launch).
+pub const HOPPER_BWD_PRODUCER_REGS: u32 = 24;
+pub const HOPPER_BWD_CONSUMER_REGS: u32 = 240;
+
+/// Bytes of a dQ staging panel: 64 rows × 32 f32 (128-byte rows,
+/// 128B-swizzled, the box of the accumulator's tensor map).
+pub const HOPPER_BWD_DQ_PANEL_BYTES: usize = 64 * 128;
 
 /// u64 words of [`HopperBwdSmem::uni`].
-pub const HOPPER_BWD_UNI_WORDS: usize = 12;
+pub const HOPPER_BWD_UNI_WORDS: usize = 25;
+
+/// mbarriers of [`HopperBwdSmem::bars`]: K/V, full and empty per stage, dQ
+/// staging full and empty per buffer.
+pub const HOPPER_BWD_BARS: usize = 1 + 4 * HOPPER_BWD_STAGES;
 
 /// The compiled head dim that runs a caller's `d` (a multiple of 8): 64 for
 /// `d ≤ 64`, 128 for `d ≤ 128`; `None` above (the tensor-core kernel runs
@@ -56,11 +69,14 @@ pub struct HopperBwdSmem {
     pub dout: [usize; 2],
     /// `dSᵀ` (`Bc` rows of `Br` 16-bit elements, in `Br/64` panels).
     pub ds: usize,
-    /// Two warpgroups' dQ staging blocks (64 rows of
-    /// [`HOPPER_BWD_DQ_ROW_BYTES`] each).
-    pub dq: usize,
-    /// `LSE_i` (buffers 0, 1) then `D_i` (buffers 2, 3), `Br` f32 each.
+    /// dQ staging, double-buffered: per buffer the two consumer
+    /// warpgroups' `64 × 64` blocks, two [`HOPPER_BWD_DQ_PANEL_BYTES`]
+    /// panels each.
+    pub dq: [usize; 2],
+    /// Per stage `s`: `LSE_i·log2 e` (`2s`) then `D_i` (`2s + 1`), `Br` f32 each.
     pub rows: usize,
+    /// [`HOPPER_BWD_BARS`] mbarriers (8 bytes each).
+    pub bars: usize,
     /// The block's loop-invariant addresses and strides ([`HOPPER_BWD_UNI_WORDS`]
     /// u64), written once, read where used.
     pub uni: usize,
@@ -78,11 +94,13 @@ impl HopperBwdSmem {
         let q = [v + kv, v + kv + qt];
         let dout = [q[1] + qt, q[1] + 2 * qt];
         let ds = dout[1] + qt;
-        let dq = ds + HOPPER_BWD_BC * br * 2;
-        let rows = dq + 2 * 64 * HOPPER_BWD_DQ_ROW_BYTES;
-        let uni = rows + 4 * br * 4;
+        let dq_bytes = 4 * HOPPER_BWD_DQ_PANEL_BYTES;
+        let dq = [ds + HOPPER_BWD_BC * br * 2, ds + HOPPER_BWD_BC * br * 2 + dq_bytes];
+        let rows = dq[1] + dq_bytes;
+        let bars = rows + 2 * HOPPER_BWD_STAGES * br * 4;
+        let uni = bars + 8 * HOPPER_BWD_BARS;
         let end = uni + 8 * HOPPER_BWD_UNI_WORDS;
-        Self { k, v, q, dout, ds, dq, rows, uni, end }
+        Self { k, v, q, dout, ds, dq, rows, bars, uni, end }
     }
 
     /// Dynamic shared memory to request: the layout plus the slack of
@@ -103,8 +121,8 @@ mod tests {
             for off in [l.k, l.v, l.q[0], l.q[1], l.dout[0], l.dout[1], l.ds] {
                 assert_eq!(off % 1024, 0, "d {d}: swizzled tiles are 1024-byte aligned");
             }
-            assert_eq!(l.dq % 16, 0);
-            assert_eq!(l.uni % 8, 0);
+            assert!(l.dq.iter().all(|o| o % 1024 == 0), "d {d}: swizzled staging");
+            assert_eq!((l.bars % 8, l.uni % 8), (0, 0));
             assert_eq!(hopper_bwd_br(d) * d, 8192);
             assert!(l.request_bytes() <= 227 * 1024, "d {d}: {} B", l.request_bytes());
         }

@@ -93,6 +93,32 @@ pub unsafe fn bulk_reduce_add_f32(dst: u64, src: u32, bytes: u32) {
     }
 }
 
+/// `cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.tile.bulk_group
+/// [tmap, {c0, c1}], [src];` (PTX ISA §9.7.9.25.5.2, sm_90): adds the box
+/// at element coordinates `(c0, c1)` (innermost first) of shared memory at
+/// `src`, laid out as the map's swizzle says, to the global tensor, element
+/// by element and atomically with respect to other reductions; elements
+/// outside the tensor are skipped. Completes asynchronously (bulk
+/// async-group).
+///
+/// # Safety
+/// One thread calls it; `tmap` is the generic address of a valid tensor
+/// map of writable memory; `src` a shared-window address of this block
+/// aligned as the swizzle needs (1024 bytes for 128B), written before (and
+/// made visible to the async proxy by [`fence_proxy_async_shared`] and a
+/// barrier or mbarrier) and not rewritten until [`bulk_wait_group_read`].
+#[inline(always)]
+pub unsafe fn tma_reduce_add_2d(tmap: u64, c: [i32; 2], src: u32) {
+    // SAFETY: forwarded to the caller.
+    unsafe {
+        core::arch::asm!(
+            "cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.tile.bulk_group [{t}, {{{c0}, {c1}}}], [{s}];",
+            t = in(reg64) tmap, c0 = in(reg32) c[0], c1 = in(reg32) c[1], s = in(reg32) src,
+            options(nostack)
+        )
+    }
+}
+
 /// `cp.async.bulk.commit_group;` — closes this thread's bulk async-group.
 #[inline(always)]
 pub fn bulk_commit_group() {

@@ -1,48 +1,56 @@
 //! The FA2-order backward main kernel on `wgmma` (FA2 paper, Algorithm 2;
-//! `../shared/BACKWARD.md`), f16/bf16 with f32 accumulation, sm_90a.
+//! `../shared/BACKWARD.md`), f16/bf16 with f32 accumulation, sm_90a, in
+//! FlashAttention-3's warp-specialized structure.
 //!
 //! The order of work is the tensor-core kernel's (`tc::bwd`): one block per
 //! (K/V block `j` of `Bc` = 128 keys, batch, KV head), `blockIdx.x =
 //! (b·nheads_k + kvh)·num_n + j`; `K_j`, `V_j` stay in shared memory and
 //! `dK_j`, `dV_j` in registers while the block loops over the query heads
 //! of the KV head's group and, per head, over the Q blocks `i` that see
-//! block `j` (`flash_attn_common::tc_bwd`'s block ranges). Two warpgroups,
-//! 64 keys each; everything is computed transposed (keys as the `wgmma` M)
-//! so that `Pᵀ` and `dSᵀ` leave the accumulators as register A operands.
-//! Per step `(h, i)` (`Br` = 64 queries at d 128, 128 at d 64):
-//! 1. wait for `Q_i`, `dO_i`, `LSE_i`, `D_i` (`cp.async`, issued one step
-//!    earlier into the swizzled panels `wgmma` reads), barrier, issue the
-//!    next step's copies into the other buffers;
-//! 2. `Sᵀ = K_w·Q_iᵀ` and `dPᵀ = V_w·dO_iᵀ` (`wgmma` m64n{Br}k16, both
-//!    operands K-major in shared memory, two commit groups); scale, mask
-//!    (boundary blocks only), `Pᵀ = exp2(Sᵀ − LSE_i·log2 e)` while `dPᵀ`
-//!    is still on the tensor cores; `dSᵀ = Pᵀ∘(dPᵀ − D_i)`;
-//! 3. `dV_w += Pᵀ·dO_i`, `dK_w += dSᵀ·Q_i` (`wgmma` m64n{d}k16, A from
-//!    registers, B MN-major);
-//! 4. `dSᵀ` (16-bit) to shared memory in the same swizzled panels; barrier;
-//! 5. `dQ_i += scale · dS·K_j`: warpgroup `w` computes one `64 × 64` block
-//!    over all 128 keys (d 128: columns `64w..`; d 64: rows `64w..`) with
-//!    A = `dS` and B = `K_j` both MN-major (`wgmma` with both transposes),
-//!    stages it in
-//!    shared memory (f32) and adds it to the f32 accumulator with one bulk
-//!    reduction per row (`cp.reduce.async.bulk .add.f32`, 256 bytes each):
-//!    no per-element atomics.
+//! block `j` (`flash_attn_common::tc_bwd`'s block ranges): the steps `n`.
+//! Everything is computed transposed (keys as the `wgmma` M) so that `Pᵀ`
+//! and `dSᵀ` leave the accumulators as register A operands.
+//!
+//! Three warpgroups (`HOPPER_BWD_THREADS` = 384):
+//! * **Producer** (warpgroup 0, `setmaxnreg.dec`): warp 0 loads `K_j`, `V_j`
+//!   once and, per step, `Q_i`, `dO_i` by TMA into a two-stage ring of
+//!   128B-swizzled panels (full/empty mbarriers), with `LSE_i·log2 e` and
+//!   `D_i` stored beside them by its lanes (rows past the sequence get
+//!   `LSE = +∞`: `P = 0`); warp 1 adds each step's staged dQ block to the f32
+//!   accumulator in HBM with one `cp.reduce.async.bulk .add.f32` per row
+//!   (no per-element atomics) and frees the staging buffer.
+//! * **Consumers** (warpgroups 1, 2, `setmaxnreg.inc`), 64 keys each, per
+//!   step: wait for the stage; `Sᵀ = K_w·Q_iᵀ` and `dPᵀ = V_w·dO_iᵀ` (`wgmma`
+//!   m64n{Br}k16, SS, two commit groups); `Pᵀ = exp2(Sᵀ·scale·log2 e −
+//!   LSE_i·log2 e)` while `dPᵀ` is on the tensor cores (masked only on
+//!   boundary blocks); `dV_w += Pᵀ·dO_i` (RS; at d 128 issued while `dPᵀ`
+//!   finishes); `dSᵀ = Pᵀ∘(dPᵀ − D_i)`; `dK_w += dSᵀ·Q_i` (RS); `dSᵀ` (16-bit) to shared memory, a named barrier of the
+//!   two consumers; `dQ_i = scale·dS·K_j`, each warpgroup one `64 × 64` block
+//!   over all 128 keys (d 128: a column half; d 64: a row half; both
+//!   operands MN-major), waited for; the stage released; the block staged in
+//!   f32 for the producer's warp 1 (double-buffered, mbarriers).
+//!   The single `dSᵀ` buffer is rewritten only after the other consumer's
+//!   `dQ` product of the previous step has read it (a named barrier each
+//!   consumer arrives on and the other syncs on).
 //!
 //! Epilogue: `dK_j · scale` and `dV_j` in `T` at their strides.
 //! Softcap, ALiBi and deterministic mode run on the tensor-core kernel.
 
 use super::{acc_fence, desc_kmajor, desc_mnmajor, mma_rs, mma_ss, mma_tt};
-use crate::arch::cp_async::{cp_async_ca_4, cp_async_cg_16, cp_async_commit, cp_async_wait};
-use crate::arch::named_barrier::named_bar_sync;
+use crate::arch::mbarrier::{fence_mbarrier_init, mbarrier_arrive, mbarrier_arrive_expect_tx, mbarrier_init, mbarrier_wait};
+use crate::arch::named_barrier::{named_bar_arrive, named_bar_sync};
 use crate::arch::opaque;
+use crate::arch::setmaxnreg::{setmaxnreg_dec, setmaxnreg_inc};
 use crate::arch::smem::{dynamic_smem, ld_volatile_shared_u64, smem_addr, st_shared_u32, st_shared_u64};
 use crate::arch::sreg;
 use crate::arch::sync::sync_threads;
-use crate::arch::tma::{bulk_commit_group, bulk_reduce_add_f32, bulk_wait_group, bulk_wait_group_read, fence_proxy_async_shared};
+use crate::arch::tma::{bulk_commit_group, bulk_wait_group, bulk_wait_group_read, fence_proxy_async_shared, prefetch_tensormap, tma_load_4d, tma_reduce_add_2d};
 use crate::arch::wgmma::{wgmma_commit, wgmma_fence, wgmma_wait};
 use crate::tc::fa2::mask;
 use crate::tc::{Elem16, pack};
-use flash_attn_common::hopper_bwd::{HOPPER_BWD_BC, HOPPER_BWD_DQ_ROW_BYTES, HOPPER_BWD_THREADS, HOPPER_BWD_UNI_WORDS, HopperBwdSmem};
+use flash_attn_common::hopper_bwd::{
+    HOPPER_BWD_BC, HOPPER_BWD_CONSUMER_REGS, HOPPER_BWD_DQ_PANEL_BYTES, HOPPER_BWD_PRODUCER_REGS, HOPPER_BWD_STAGES, HOPPER_BWD_UNI_WORDS, HopperBwdSmem,
+};
 use flash_attn_common::tc_bwd::{bwd_key_blocks, bwd_query_blocks, bwd_query_range};
 use flash_attn_common::{BwdParams, LOG2_E, Real};
 
@@ -54,38 +62,6 @@ const PANEL_ROW: usize = 128;
 #[inline(always)]
 fn swizzle128(a: u32) -> u32 {
     a ^ ((a >> 3) & 0x70)
-}
-
-/// Issues the `cp.async` copies of a `ROWS × D` tile of 16-bit elements
-/// (row `r` at `g + r·row_stride`; rows ≥ `rows_valid` and columns ≥
-/// `cols_valid` zero-filled) into the 128B-swizzled 64-column panels at
-/// `dst`: chunk `c` (8 elements) of row `r` at `(c/8)·ROWS·128 + r·128 +
-/// ((c%8) ^ (r%8))·16`, the layout TMA writes for the forward. Thread `tid`
-/// copies chunk `tid % (D/8)` of rows `tid / (D/8)` + multiples of
-/// `256 / (D/8)` (a multiple of 8: one swizzle for all its rows); its
-/// addresses advance row group by row group through [`opaque`] moves, so
-/// that no per-row offset is held across the caller's loop.
-///
-/// # Safety
-/// Rows `< rows_valid` are readable for `cols_valid` elements at 16-byte
-/// aligned addresses; `dst` is 1024-byte aligned with `ROWS · 2D` bytes of
-/// this block's shared memory free until the copies are waited for.
-#[inline(always)]
-unsafe fn load_panels<const D: usize, const ROWS: usize>(dst: u32, g: *const u16, row_stride: u64, rows_valid: usize, cols_valid: usize, tid: usize) {
-    let cpr = const { D / 8 };
-    let rstep = const { HOPPER_BWD_THREADS / (D / 8) };
-    const { assert!(HOPPER_BWD_THREADS % (D / 8) == 0 && (HOPPER_BWD_THREADS / (D / 8)) % 8 == 0 && ROWS % (HOPPER_BWD_THREADS / (D / 8)) == 0) };
-    let (r0, c) = (tid / cpr, tid % cpr);
-    let ok_c = c * 8 < cols_valid;
-    let s0 = opaque::u32_fresh(dst + ((c / 8) * ROWS * PANEL_ROW + r0 * PANEL_ROW + ((c % 8) ^ (r0 % 8)) * 16) as u32);
-    let mut src = g.wrapping_add(r0 * row_stride as usize + c * 8) as u64;
-    let step = (rstep as u64 * row_stride) * 2;
-    for k in 0..ROWS / rstep {
-        let ok = ok_c && r0 + k * rstep < rows_valid;
-        // SAFETY: see the function's contract; src_size 0 reads nothing.
-        unsafe { cp_async_cg_16(s0 + (k * rstep * PANEL_ROW) as u32, if ok { src as *const u8 } else { g as *const u8 }, if ok { 16 } else { 0 }) };
-        src = opaque::u64_fresh(src.wrapping_add(step));
-    }
 }
 
 /// Issues `acc = A·Bᵀ` over the head dim (`D/16` products, one commit
@@ -137,174 +113,310 @@ fn issue_xb<T: Elem16, const BR: usize, const BRK: usize, const DN: usize>(acc: 
     wgmma_commit();
 }
 
+/// Indices of the block's uniform words in shared memory (`uni`, written by
+/// thread 0 before the prologue's barrier, read where used: held in
+/// registers across the loops they spilled).
+mod uni {
+    /// Row coordinate of the sequence's first query (varlen: its packed row).
+    pub const Q_ROW0: u32 = 0;
+    /// Batch coordinate of the tensor maps (varlen: 0).
+    pub const TMA_B: u32 = 1;
+    /// `lse_ptr`, `delta_ptr` and the dQ accumulator at the block's first
+    /// query head and sequence (byte addresses).
+    pub const LSE: u32 = 2;
+    pub const DELTA: u32 = 3;
+    pub const DQ: u32 = 4;
+    /// Elements between two query heads of the LSE (and of `D`).
+    pub const LSE_HEAD_STRIDE: u32 = 5;
+    /// Query rows every key of the block sees: `[FULL_LO, FULL_HI)`.
+    pub const FULL_LO: u32 = 6;
+    pub const FULL_HI: u32 = 7;
+    /// The first Q block, the Q blocks per head, the steps.
+    pub const IA: u32 = 8;
+    pub const NI: u32 = 9;
+    pub const STEPS: u32 = 10;
+    /// Query rows of the sequence.
+    pub const NQ: u32 = 11;
+    /// The block's first query head.
+    pub const H0: u32 = 12;
+    /// Key row coordinate of the block's first key, and its KV head.
+    pub const K_ROW: u32 = 13;
+    pub const KVH: u32 = 14;
+    /// The block's first key in its sequence, and the sequence's keys.
+    pub const K0: u32 = 15;
+    pub const NK: u32 = 16;
+    /// dK and dV at the block's sequence and KV head (byte addresses).
+    pub const DK: u32 = 17;
+    pub const DV: u32 = 18;
+    /// The tensor maps of q, dO, k, v and the dQ accumulator (generic addresses).
+    pub const TMAP: u32 = 19;
+    /// Row of the dQ accumulator (and LSE index) of the block's first
+    /// query head and sequence.
+    pub const LSE_ROW0: u32 = 24;
+}
+
 /// The backward main kernel body (see the module docs).
 ///
 /// # Safety
 /// As the exported entry points: `p` valid (host-checked shapes, strides,
-/// dq accumulator zeroed, delta computed), launched with
-/// [`HOPPER_BWD_THREADS`] threads, `HopperBwdSmem::new(D).request_bytes()`
-/// of dynamic shared memory and `batch · nheads_k · ceil(seqlen_k / 128)`
-/// blocks.
+/// dQ accumulator zeroed, delta computed), `maps` the generic addresses of
+/// tensor maps of q, dO (boxes `64 × Br`), k and v (`64 × Bc`) and the f32
+/// dQ accumulator (`lse rows × headdim`, boxes `32 × 64`, 128B swizzle)
+/// describing `p`'s buffers, launched with [`HOPPER_BWD_THREADS`] threads,
+/// `HopperBwdSmem::new(D).request_bytes()` of dynamic shared memory and
+/// `batch · nheads_k · ceil(seqlen_k / 128)` blocks.
+///
+/// [`HOPPER_BWD_THREADS`]: flash_attn_common::hopper_bwd::HOPPER_BWD_THREADS
 #[inline(always)]
-pub unsafe fn backward<T: Elem16, const D: usize, const DN: usize, const BR: usize, const BRN: usize, const BRK: usize>(p: &BwdParams) {
+pub unsafe fn backward<T: Elem16, const D: usize, const DN: usize, const BR: usize, const BRN: usize, const BRK: usize>(maps: [u64; 5], p: &BwdParams) {
     const { assert!(DN * 8 == D && BRN * 8 == BR && BRK * 16 == BR && ((D == 128 && BR == 64) || (D == 64 && BR == 128))) };
     const BC: usize = HOPPER_BWD_BC;
     let lay = const { HopperBwdSmem::new(D) };
     let f = &p.fwd;
-    // ---- prologue: who am I, what do I read --------------------------------
-    let num_n = (f.seqlen_k as usize).div_ceil(BC);
-    let idx = sreg::block_idx_x() as usize;
-    let (j, bkh) = (idx % num_n, idx / num_n);
-    let nkh = f.kv_heads() as usize;
-    let (b, kvh) = (bkh / nkh, bkh % nkh);
     let tid = sreg::thread_idx_x() as usize;
-    let (wg, wl) = (tid / 128, tid % 128);
-    let (ww, lane) = (wl / 32, tid % 32);
-    let (g, t) = (lane / 4, lane % 4);
-    let group = f.nheads as usize / nkh;
-    let h0 = kvh * group;
-    // SAFETY: host-checked varlen arrays (values clamped inside).
-    let seq = unsafe { f.seq(b as u32, h0 as u32) };
-    let (nq, nk) = (seq.seqlen_q as usize, seq.seqlen_k as usize);
-    let k0 = j * BC;
-    if k0 >= nk {
-        return; // varlen: this K/V block lies past its sequence (block-uniform)
-    }
-    let d = f.headdim as usize;
-    let win = f.key_window(seq.seqlen_q, seq.seqlen_k);
-    // The Q blocks that see block j: a contiguous range (tc_bwd tests).
-    let (mut ia, mut ib) = bwd_query_blocks(&win, j, BR, BC, nq);
-    let visits = |i: usize| {
-        let (first, end) = bwd_key_blocks(&win, i, BR, BC, nq);
-        first <= j && j < end
-    };
-    while ia < ib && !visits(ia) {
-        ia += 1;
-    }
-    while ib > ia && !visits(ib - 1) {
-        ib -= 1;
-    }
-    let ni = ib - ia;
-    let steps = group * ni;
-    // Queries every key of the block sees (a Q block inside needs no mask).
-    let k_last = (k0 + BC).min(nk) - 1;
-    let (full_lo, full_hi) = if k0 + BC <= nk {
-        (bwd_query_range(&win, k_last as i64, nq as i64).0, bwd_query_range(&win, k0 as i64, nq as i64).1)
-    } else {
-        (1, 0)
-    };
-    let lse_head_stride = if f.is_varlen() { f.total_q } else { f.seqlen_q } as u64;
 
-    // ---- shared memory (1024-aligned base) ---------------------------------
+    // ---- shared memory (1024-aligned base) -------------------------------------
     let raw = dynamic_smem::<u8>();
     let base = (smem_addr(raw) + 1023) & !1023;
-    let base_ptr = raw.wrapping_add((base - smem_addr(raw)) as usize);
     let s_k = base + lay.k as u32;
     let s_v = base + lay.v as u32;
-    let s_q = |buf: usize| base + lay.q[buf] as u32;
-    let s_do = |buf: usize| base + lay.dout[buf] as u32;
+    let s_q = |s: usize| base + lay.q[s] as u32;
+    let s_do = |s: usize| base + lay.dout[s] as u32;
     let s_ds = base + lay.ds as u32;
-    let s_dq = base + (lay.dq + wg * 64 * HOPPER_BWD_DQ_ROW_BYTES) as u32;
-    let rows_f32 = |k: usize| base_ptr.wrapping_add(lay.rows + k * BR * 4) as *const f32;
-
-    // The step copies' sources from per-(batch, KV head) bases, kept in
-    // shared memory (`uni`, written by thread 0, read with volatile loads
-    // where used): held in registers across the loop they spilled.
+    let s_dq = |b: usize| base + lay.dq[b] as u32;
+    // LSE_i·log2 e (`rows(s, 0)`) and D_i (`rows(s, 1)`) of stage s.
+    let rows = |s: usize, k: usize| base + (lay.rows + (2 * s + k) * BR * 4) as u32;
+    let bar = |k: usize| base + (lay.bars + 8 * k) as u32;
+    let bar_kv = bar(0);
+    let bar_full = |s: usize| bar(1 + s);
+    let bar_empty = |s: usize| bar(1 + HOPPER_BWD_STAGES + s);
+    let bar_dq_full = |b: usize| bar(1 + 2 * HOPPER_BWD_STAGES + b);
+    let bar_dq_empty = |b: usize| bar(3 + 2 * HOPPER_BWD_STAGES + b);
     let uni = base + lay.uni as u32;
+    // SAFETY: written before the prologue's barrier.
+    let u = |w: u32| unsafe { ld_volatile_shared_u64(opaque::u32_fresh(uni) + 8 * w) };
+    // Step n: stage n % 2 (phase (n / 2) % 2), query head h0 + n / ni, Q block ia + n % ni.
+    let stage = |n: usize| (n % HOPPER_BWD_STAGES, ((n / HOPPER_BWD_STAGES) & 1) as u32);
+
+    // ---- prologue (thread 0): who am I, what do I read ---------------------------
     if tid == 0 {
-        let [qs0, qs1, qs2] = f.q_stride;
-        let [ds0, ds1, ds2] = p.do_stride;
-        let words = [
-            f.q_ptr + 2 * (b as u64 * qs0 + seq.q_row0 * qs1 + h0 as u64 * qs2),
-            p.do_ptr + 2 * (b as u64 * ds0 + seq.q_row0 * ds1 + h0 as u64 * ds2),
-            f.lse_ptr + 4 * seq.lse_base,
-            p.delta_ptr + 4 * seq.lse_base,
-            qs1,
-            qs2,
-            ds1,
-            ds2,
-            lse_head_stride,
-            p.dq_accum_ptr + 4 * seq.lse_base * d as u64,
-            full_lo as u64,
-            full_hi as u64,
-        ];
-        // (An index loop: an array iterator is not unrolled and puts the
-        // words in a stack frame.)
-        for w in 0..HOPPER_BWD_UNI_WORDS {
-            // SAFETY: inside `uni`, read after the barrier below.
-            unsafe { st_shared_u64(uni + 8 * w as u32, words[w]) };
+        let num_n = (f.seqlen_k as usize).div_ceil(BC);
+        let idx = sreg::block_idx_x() as usize;
+        let (j, bkh) = (idx % num_n, idx / num_n);
+        let nkh = f.kv_heads() as usize;
+        let (b, kvh) = (bkh / nkh, bkh % nkh);
+        let group = f.nheads as usize / nkh;
+        let h0 = kvh * group;
+        // SAFETY: host-checked varlen arrays (values clamped inside).
+        let seq = unsafe { f.seq(b as u32, h0 as u32) };
+        let (nq, nk) = (seq.seqlen_q as usize, seq.seqlen_k as usize);
+        let k0 = j * BC;
+        let d = f.headdim as u64;
+        let win = f.key_window(seq.seqlen_q, seq.seqlen_k);
+        let mut steps = 0;
+        let (mut ia, mut ni, mut full_lo, mut full_hi) = (0, 0, 1, 0);
+        // Varlen: a K/V block past its sequence has nothing to do (and no
+        // keys to write).
+        if k0 < nk {
+            // The Q blocks that see block j: a contiguous range (tc_bwd tests).
+            let (a, mut ib) = bwd_query_blocks(&win, j, BR, BC, nq);
+            ia = a;
+            let visits = |i: usize| {
+                let (first, end) = bwd_key_blocks(&win, i, BR, BC, nq);
+                first <= j && j < end
+            };
+            while ia < ib && !visits(ia) {
+                ia += 1;
+            }
+            while ib > ia && !visits(ib - 1) {
+                ib -= 1;
+            }
+            ni = ib - ia;
+            steps = group * ni;
+            // Queries every key of the block sees (a Q block inside needs no mask).
+            if k0 + BC <= nk {
+                let k_last = (k0 + BC - 1) as i64;
+                (full_lo, full_hi) = (bwd_query_range(&win, k_last, nq as i64).0, bwd_query_range(&win, k0 as i64, nq as i64).1);
+            }
+        }
+        let (bu, du) = (b as u64, d);
+        // SAFETY: 8-byte aligned words inside the requested shared memory,
+        // used by no one before the barrier below. (One store per word: an
+        // array of them iterated over lands in a stack frame.)
+        let put = |w: u32, v: u64| unsafe { st_shared_u64(uni + 8 * w, v) };
+        put(uni::Q_ROW0, seq.q_row0);
+        put(uni::TMA_B, if f.is_varlen() { 0 } else { bu });
+        put(uni::LSE, f.lse_ptr + 4 * seq.lse_base);
+        put(uni::DELTA, p.delta_ptr + 4 * seq.lse_base);
+        put(uni::DQ, p.dq_accum_ptr + 4 * seq.lse_base * du);
+        put(uni::LSE_HEAD_STRIDE, if f.is_varlen() { f.total_q } else { f.seqlen_q } as u64);
+        put(uni::FULL_LO, full_lo as u64);
+        put(uni::FULL_HI, full_hi as u64);
+        put(uni::IA, ia as u64);
+        put(uni::NI, ni as u64);
+        put(uni::STEPS, steps as u64);
+        put(uni::NQ, nq as u64);
+        put(uni::H0, h0 as u64);
+        put(uni::K_ROW, seq.k_row0 + k0 as u64);
+        put(uni::KVH, kvh as u64);
+        put(uni::K0, k0 as u64);
+        put(uni::NK, nk as u64);
+        put(uni::DK, p.dk_ptr + 2 * (bu * p.dk_stride[0] + seq.k_row0 * p.dk_stride[1] + kvh as u64 * p.dk_stride[2]));
+        put(uni::TMAP, maps[0]);
+        put(uni::TMAP + 1, maps[1]);
+        put(uni::TMAP + 2, maps[2]);
+        put(uni::TMAP + 3, maps[3]);
+        put(uni::TMAP + 4, maps[4]);
+        put(uni::LSE_ROW0, seq.lse_base);
+        put(uni::DV, p.dv_ptr + 2 * (bu * p.dv_stride[0] + seq.k_row0 * p.dv_stride[1] + kvh as u64 * p.dv_stride[2]));
+        // SAFETY: 8-byte aligned words inside the requested shared memory,
+        // used by no one before the barrier below.
+        unsafe {
+            mbarrier_init(bar_kv, 1);
+            for s in 0..HOPPER_BWD_STAGES {
+                // Thread 0's expect_tx and warp 0's 32 row stores.
+                mbarrier_init(bar_full(s), 33);
+                mbarrier_init(bar_empty(s), 256);
+                mbarrier_init(bar_dq_full(s), 256);
+                mbarrier_init(bar_dq_empty(s), 1);
+            }
+            fence_mbarrier_init();
+            // (Four calls: a loop over the array is not unrolled and puts
+            // it in a stack frame.)
+            prefetch_tensormap(maps[0]);
+            prefetch_tensormap(maps[1]);
+            prefetch_tensormap(maps[2]);
+            prefetch_tensormap(maps[3]);
+            prefetch_tensormap(maps[4]);
         }
     }
     sync_threads();
-    // SAFETY: written above, before the barrier.
-    let u = |w: u32| unsafe { ld_volatile_shared_u64(uni + 8 * w) };
-    // Issue the copies of step `n`: Q_i, dO_i of head h, LSE_i and D_i.
-    let load_step = |n: usize| {
-        let (hh, i) = (n / ni, ia + n % ni);
-        let (q0, buf) = (i * BR, n & 1);
-        let valid = (nq - q0).min(BR);
-        let (qs1, ds1) = (u(4), u(6));
-        let g_q = (u(0) + 2 * (q0 as u64 * qs1 + hh as u64 * u(5))) as *const u16;
-        let g_do = (u(1) + 2 * (q0 as u64 * ds1 + hh as u64 * u(7))) as *const u16;
-        // SAFETY: rows q0..q0+valid of q and dO exist (host-checked shapes,
-        // varlen segments clamped); the tiles lie in the dynamic shared memory.
-        unsafe {
-            load_panels::<D, BR>(s_q(buf), g_q, qs1, valid, d, tid);
-            load_panels::<D, BR>(s_do(buf), g_do, ds1, valid, d, tid);
-        }
-        if tid < 2 * BR {
-            let (k, r) = (tid / BR, tid % BR);
-            let src = u(2 + k as u32) as *const f32;
-            let ok = r < valid;
-            let at = hh * u(8) as usize + q0 + r;
-            let dst = smem_addr(rows_f32(2 * k + buf).wrapping_add(r));
-            // SAFETY: rows < valid lie in the LSE / delta buffers (indexed
-            // like the forward's LSE); src_size 0 reads nothing (zero).
-            unsafe { cp_async_ca_4(dst, if ok { src.wrapping_add(at) } else { src } as *const u8, if ok { 4 } else { 0 }) };
-        }
-        cp_async_commit();
-    };
+    let steps = u(uni::STEPS) as usize;
 
-    // K_j, V_j once (rows ≥ nk zero-filled; columns ≥ d too).
-    let kvalid = (nk - k0).min(BC);
-    let krow = seq.k_row0 + k0 as u64;
-    let [ks0, ks1, ks2] = f.k_stride;
-    let [vs0, vs1, vs2] = f.v_stride;
-    // SAFETY: rows k0..k0+kvalid of k and v exist (host-checked).
-    unsafe {
-        load_panels::<D, BC>(s_k, (f.k_ptr as *const u16).wrapping_add((b as u64 * ks0 + krow * ks1 + kvh as u64 * ks2) as usize), ks1, kvalid, d, tid);
-        load_panels::<D, BC>(s_v, (f.v_ptr as *const u16).wrapping_add((b as u64 * vs0 + krow * vs1 + kvh as u64 * vs2) as usize), vs1, kvalid, d, tid);
-    }
-    cp_async_commit();
-    if steps > 0 {
-        load_step(0);
+    if tid < 128 {
+        // ---- producer warpgroup --------------------------------------------------
+        setmaxnreg_dec::<HOPPER_BWD_PRODUCER_REGS>();
+        // (32-bit counters and indices here: the producer has 24 registers.)
+        let (warp, lane) = ((tid / 32) as u32, (tid % 32) as u32);
+        let steps = steps as u32;
+        // Step n's query head (relative to h0) and first query row.
+        let step_q = |n: u32| {
+            let ni = u(uni::NI) as u32;
+            (n / ni, (u(uni::IA) as u32 + n % ni) * BR as u32)
+        };
+        if warp == 0 && steps > 0 {
+            if lane == 0 {
+                let kv_bytes = (BC * D * 2) as u32;
+                let (row, kvh, tb) = (u(uni::K_ROW) as i32, u(uni::KVH) as i32, u(uni::TMA_B) as i32);
+                // SAFETY: the maps describe k and v (caller); the tiles are
+                // read by no one before bar_kv completes.
+                unsafe {
+                    mbarrier_arrive_expect_tx(bar_kv, 2 * kv_bytes);
+                    for pn in 0..D / 64 {
+                        tma_load_4d(s_k + (pn * BC * PANEL_ROW) as u32, u(uni::TMAP + 2), [(64 * pn) as i32, row, kvh, tb], bar_kv);
+                        tma_load_4d(s_v + (pn * BC * PANEL_ROW) as u32, u(uni::TMAP + 3), [(64 * pn) as i32, row, kvh, tb], bar_kv);
+                    }
+                }
+            }
+            for n in 0..steps {
+                let (s, phase) = stage(n as usize);
+                let (hh, q0) = step_q(n);
+                // SAFETY: barriers initialized; the consumers release stage s
+                // (read by step n − 2) on its empty barrier.
+                unsafe { mbarrier_wait(bar_empty(s), phase ^ 1) };
+                if lane == 0 {
+                    let qd_bytes = (BR * D * 2) as u32;
+                    let (row, h, tb) = ((u(uni::Q_ROW0) as u32 + q0) as i32, (u(uni::H0) as u32 + hh) as i32, u(uni::TMA_B) as i32);
+                    // SAFETY: the maps describe q and dO (caller); stage s is
+                    // free (waited above) until bar_full(s) completes.
+                    unsafe {
+                        mbarrier_arrive_expect_tx(bar_full(s), 2 * qd_bytes);
+                        for pn in 0..D / 64 {
+                            tma_load_4d(s_q(s) + (pn * BR * PANEL_ROW) as u32, u(uni::TMAP), [(64 * pn) as i32, row, h, tb], bar_full(s));
+                            tma_load_4d(s_do(s) + (pn * BR * PANEL_ROW) as u32, u(uni::TMAP + 1), [(64 * pn) as i32, row, h, tb], bar_full(s));
+                        }
+                    }
+                }
+                let at = hh as u64 * u(uni::LSE_HEAD_STRIDE) + q0 as u64;
+                for k in 0..(BR / 32) as u32 {
+                    let r = lane + 32 * k;
+                    let (mut l2, mut dl) = (f32::INFINITY, 0.0);
+                    if q0 + r < u(uni::NQ) as u32 {
+                        let i = (at + r as u64) as usize;
+                        // SAFETY: row q0 + r < nq of head h0 + hh: inside the
+                        // LSE and delta buffers (indexed alike).
+                        let (l, dd) = unsafe { (*(u(uni::LSE) as *const f32).add(i), *(u(uni::DELTA) as *const f32).add(i)) };
+                        // A row that sees no key (LSE −∞) has P = 0: never −∞ − −∞.
+                        l2 = if l == f32::NEG_INFINITY { f32::INFINITY } else { l * LOG2_E };
+                        dl = dd;
+                    }
+                    // SAFETY: inside stage s's rows, free as the tiles above.
+                    unsafe {
+                        st_shared_u32(rows(s, 0) + 4 * r, l2.to_bits());
+                        st_shared_u32(rows(s, 1) + 4 * r, dl.to_bits());
+                    }
+                }
+                // SAFETY: each lane's stores, released by its arrival.
+                unsafe { mbarrier_arrive(bar_full(s)) };
+            }
+        } else if warp == 1 && steps > 0 && lane == 0 {
+            // dQ: each staged block added to the accumulator by four TMA
+            // reductions (each consumer's 64 × 64 block in two 32-column
+            // panels). Rows past the sequence are zero (their P is) and
+            // columns past the head dim lie outside the map: skipped.
+            for n in 0..steps {
+                let (b, phase) = stage(n as usize);
+                let (hh, q0) = step_q(n);
+                let row0 = (u(uni::LSE_ROW0) + hh as u64 * u(uni::LSE_HEAD_STRIDE) + q0 as u64) as i32;
+                // SAFETY: the consumers' 256 arrivals after their staging stores.
+                unsafe { mbarrier_wait(bar_dq_full(b), phase) };
+                for w in 0..2u32 {
+                    for pn in 0..2u32 {
+                        let (col, row) = if D == 128 { (64 * w + 32 * pn, row0) } else { (32 * pn, row0 + 64 * w as i32) };
+                        // SAFETY: the map describes the accumulator (caller);
+                        // the panel written, fenced and released by the
+                        // consumers' arrivals (waited above), 1024-aligned.
+                        unsafe { tma_reduce_add_2d(u(uni::TMAP + 4), [col as i32, row], s_dq(b) + (2 * w + pn) * HOPPER_BWD_DQ_PANEL_BYTES as u32) };
+                    }
+                }
+                bulk_commit_group();
+                bulk_wait_group_read();
+                // SAFETY: the reductions have read the staging buffer.
+                unsafe { mbarrier_arrive(bar_dq_empty(b)) };
+            }
+            bulk_wait_group();
+        }
+        return;
     }
 
-    let mut r_dk = [[0f32; 4]; DN];
-    let mut r_dv = [[0f32; 4]; DN];
+    // ---- consumer warpgroups ----------------------------------------------------------
+    setmaxnreg_inc::<HOPPER_BWD_CONSUMER_REGS>();
+    let wg = tid / 128 - 1;
+    let wl = tid % 128;
+    let (ww, lane) = (wl / 32, tid % 32);
+    let (g, t) = (lane / 4, lane % 4);
     let kw = wg * 64 + ww * 16; // this warp's first key, in the block
     let scale = f.softmax_scale;
+    let mut r_dk = [[0f32; 4]; DN];
+    let mut r_dv = [[0f32; 4]; DN];
     // dQ: each warpgroup one 64 × 64 block of `dS·K_j` over all 128 keys:
     // d 128 (Br 64) its column half (K's panel wg), d 64 (Br 128) its row
     // half (dSᵀ's panel wg).
-    let (dq_row0, dq_col0) = if D == 128 { (0, 64 * wg) } else { (64 * wg, 0) };
     let (a_panel, b_panel) = if D == 128 { (0, wg) } else { (wg, 0) };
-
-    // ---- main loop over (query head, Q block) --------------------------------
+    if steps > 0 {
+        // SAFETY: armed by the producer when there are steps.
+        unsafe { mbarrier_wait(bar_kv, 0) };
+    }
     for n in 0..steps {
-        cp_async_wait::<0>();
-        fence_proxy_async_shared(); // the copies, before wgmma reads them
-        sync_threads(); // step n landed; buffers of step n+1, dSᵀ and the dQ staging are free
-        if n + 1 < steps {
-            load_step(n + 1);
-        }
-        let (h, i) = (h0 + n / ni, ia + n % ni);
-        let (q0, buf) = (i * BR, n & 1);
+        let (s, phase) = stage(n);
+        let q0 = (u(uni::IA) as usize + n % u(uni::NI) as usize) * BR;
+        // SAFETY: armed by the producer for every step.
+        unsafe { mbarrier_wait(bar_full(s), phase) };
 
         let mut r_p = [[0f32; 4]; BRN];
         let mut r_ds = [[0f32; 4]; BRN];
-        issue_abt::<T, D, BR, BRN>(&mut r_p, s_k, wg * 64, s_q(buf));
-        issue_abt::<T, D, BR, BRN>(&mut r_ds, s_v, wg * 64, s_do(buf));
+        issue_abt::<T, D, BR, BRN>(&mut r_p, s_k, wg * 64, s_q(s));
+        issue_abt::<T, D, BR, BRN>(&mut r_ds, s_v, wg * 64, s_do(s));
         wgmma_wait::<1>();
         acc_fence(&mut r_p);
         for nn in 0..BRN {
@@ -312,50 +424,65 @@ pub unsafe fn backward<T: Elem16, const D: usize, const DN: usize, const BR: usi
                 r_p[nn][e] *= f.softmax_scale_log2;
             }
         }
-        if !(u(10) as i64 <= q0 as i64 && (q0 + BR) as i64 <= u(11) as i64) {
+        if !(u(uni::FULL_LO) as i64 <= q0 as i64 && (q0 + BR) as i64 <= u(uni::FULL_HI) as i64) {
             // Boundary block (window, causal diagonal, sequence ends). The
             // rows' query ranges are recomputed here (an opaque key), not
             // held across the loop.
+            let nq = u(uni::NQ) as i64;
+            let win = f.key_window(nq as u32, u(uni::NK) as u32);
+            let k0 = u(uni::K0) as usize;
             let k_row = opaque::u32_fresh((k0 + kw + g) as u32) as i64;
-            let key = [k_row, k_row + 8];
-            let r0 = bwd_query_range(&win, key[0], nq as i64);
-            let r1 = bwd_query_range(&win, key[1], nq as i64);
+            let r0 = bwd_query_range(&win, k_row, nq);
+            let r1 = bwd_query_range(&win, k_row + 8, nq);
             mask::<BRN>(&mut r_p, q0, t, [r0.0, r1.0], [r0.1, r1.1]);
         }
-        let lse = rows_f32(buf);
-        let dlt = rows_f32(2 + buf);
+        let lse = rows(s, 0);
+        let dlt = rows(s, 1);
         for nn in 0..BRN {
-            // SAFETY: LSE_i landed and a barrier passed; 8-byte aligned (even column).
-            let l = unsafe { *(lse.wrapping_add(nn * 8 + 2 * t) as *const [f32; 2]) };
+            // SAFETY: stage s landed (its full barrier); 8-byte aligned (even column).
+            let l = unsafe { ld_shared_f32x2(lse + 4 * (nn * 8 + 2 * t) as u32) };
             for e in 0..4 {
-                let lv = l[e & 1];
-                // A row that sees no key (LSE −inf) has P = 0: never −inf − −inf.
-                let l2 = if lv == f32::NEG_INFINITY { f32::INFINITY } else { lv * LOG2_E };
-                r_p[nn][e] = (r_p[nn][e] - l2).exp2();
+                r_p[nn][e] = (r_p[nn][e] - l[e & 1]).exp2();
             }
         }
-        wgmma_wait::<0>();
+        // Pᵀ leaves the f32 accumulators as packed 16-bit pairs, the A
+        // operand of dV. At d 128 dV is issued while dPᵀ finishes (the
+        // tensor cores stay busy through dSᵀ); at d 64 (Br 128) Pᵀ, dPᵀ
+        // and the packed Pᵀ do not fit in the registers together: after dSᵀ.
+        let early_dv = D == 128;
+        let mut a_p = [[0u32; 4]; BRK];
+        if early_dv {
+            a_p = pack_a::<T, BRN, BRK>(&r_p);
+            issue_xb::<T, BR, BRK, DN>(&mut r_dv, &a_p, s_do(s));
+            wgmma_wait::<1>(); // Sᵀ, dPᵀ done; dV in flight
+        } else {
+            wgmma_wait::<0>();
+        }
         acc_fence(&mut r_ds);
         for nn in 0..BRN {
-            // SAFETY: D_i landed and a barrier passed.
-            let dv = unsafe { *(dlt.wrapping_add(nn * 8 + 2 * t) as *const [f32; 2]) };
+            // SAFETY: as above.
+            let dv = unsafe { ld_shared_f32x2(dlt + 4 * (nn * 8 + 2 * t) as u32) };
             for e in 0..4 {
                 r_ds[nn][e] = r_p[nn][e] * (r_ds[nn][e] - dv[e & 1]);
             }
         }
-        // Pᵀ and dSᵀ leave the f32 accumulators as packed 16-bit pairs, the
-        // A operands of dV and dK; dSᵀ's pairs also go to shared memory.
-        let a_p = pack_a::<T, BRN, BRK>(&r_p);
-        issue_xb::<T, BR, BRK, DN>(&mut r_dv, &a_p, s_do(buf));
+        if !early_dv {
+            a_p = pack_a::<T, BRN, BRK>(&r_p);
+            issue_xb::<T, BR, BRK, DN>(&mut r_dv, &a_p, s_do(s));
+        }
+        // dSᵀ likewise, the A operand of dK; its pairs also go to shared memory.
         let a_ds = pack_a::<T, BRN, BRK>(&r_ds);
-        issue_xb::<T, BR, BRK, DN>(&mut r_dk, &a_ds, s_q(buf));
+        issue_xb::<T, BR, BRK, DN>(&mut r_dk, &a_ds, s_q(s));
 
+        if n > 0 {
+            // The other warpgroup's dQ product of step n − 1 has read dSᵀ.
+            // SAFETY: barriers 2, 3: 128 arrivals of one consumer warpgroup,
+            // 128 syncs of the other, once per step after the first.
+            unsafe { named_bar_sync(2 + (1 - wg) as u32, 256) };
+        }
         // dSᵀ (keys × queries) into the swizzled panels: row = key, the
-        // 16-byte chunk of columns 8c.. at (c%8) ^ (key%8), key%8 = g.
-        // The previous step's dQ reductions have read their staging (the
-        // barrier below orders this before the staging is rewritten).
-        bulk_wait_group_read();
-        // The swizzle is applied to each address (`swizzle128`) rather than
+        // 16-byte chunk of columns 8c.. at (c%8) ^ (key%8), key%8 = g. The
+        // swizzle is applied to each address (`swizzle128`) rather than
         // folded into per-thread constants: 16 of those held across the
         // loop spilled.
         let row0 = opaque::u32_fresh(s_ds + ((kw + g) * PANEL_ROW + 4 * t) as u32);
@@ -368,7 +495,8 @@ pub unsafe fn backward<T: Elem16, const D: usize, const DN: usize, const BR: usi
             }
         }
         fence_proxy_async_shared();
-        sync_threads(); // dSᵀ complete (both warpgroups)
+        // SAFETY: barrier 1: the 256 consumer threads.
+        unsafe { named_bar_sync(1, 256) }; // dSᵀ complete (both warpgroups)
 
         // dQ_i block += dS·K_j over the 128 keys.
         let mut r_dq = [[0f32; 4]; 8];
@@ -385,44 +513,38 @@ pub unsafe fn backward<T: Elem16, const D: usize, const DN: usize, const BR: usi
         acc_fence(&mut r_dq);
         acc_fence(&mut r_dv);
         acc_fence(&mut r_dk);
-        let s_dqf = opaque::u32_fresh(s_dq + ((ww * 16 + g) * HOPPER_BWD_DQ_ROW_BYTES + 8 * t) as u32);
+        // SAFETY: every product reading stage s (Sᵀ, dPᵀ, dV, dK) is
+        // complete; this warpgroup is done with dSᵀ.
+        unsafe {
+            mbarrier_arrive(bar_empty(s));
+            if n + 1 < steps {
+                named_bar_arrive(2 + wg as u32, 256);
+            }
+        }
+        // The staging buffer of step n − 2 has been read by warp 1's reductions.
+        // SAFETY: warp 1 arrives on it after each read.
+        unsafe { mbarrier_wait(bar_dq_empty(s), phase ^ 1) };
+        // This warpgroup's two panels of 64 rows × 32 columns (128-byte
+        // rows, 128B-swizzled as the accumulator's tensor map says): row r
+        // = 16·warp + g (+ 8), columns 8nn + 2t, 8nn + 2t + 1 of the block.
+        let s_dqf = opaque::u32_fresh(s_dq(s) + (2 * wg * HOPPER_BWD_DQ_PANEL_BYTES + (ww * 16 + g) * PANEL_ROW + 8 * t) as u32);
         for nn in 0..8 {
             for r in 0..2 {
-                let at = s_dqf + (8 * r * HOPPER_BWD_DQ_ROW_BYTES + nn * 32) as u32;
-                // SAFETY: inside this warpgroup's staging block, whose last
-                // reduction finished reading (waited above, barrier since).
-                unsafe {
-                    st_shared_u32(at, (r_dq[nn][2 * r] * scale).to_bits());
-                    st_shared_u32(at + 4, (r_dq[nn][2 * r + 1] * scale).to_bits());
-                }
+                let lin = s_dqf + ((nn / 4) * HOPPER_BWD_DQ_PANEL_BYTES + 8 * r * PANEL_ROW + (nn % 4) * 32) as u32;
+                let v = ((r_dq[nn][2 * r + 1] * scale).to_bits() as u64) << 32 | (r_dq[nn][2 * r] * scale).to_bits() as u64;
+                // SAFETY: inside this warpgroup's panels, free (waited above).
+                unsafe { st_shared_u64(swizzle128(lin), v) };
             }
         }
         fence_proxy_async_shared();
-        // SAFETY: the 128 threads of this warpgroup (barriers 1, 2).
-        unsafe { named_bar_sync(1 + wg as u32, 128) };
-        if wl < 64 {
-            let (row, col0) = (q0 + dq_row0 + wl, dq_col0);
-            if row < nq && col0 < d {
-                let lse_row = (h - h0) as u64 * u(8) + row as u64;
-                let dst = u(9) + (lse_row * d as u64 + col0 as u64) * 4;
-                let bytes = ((d - col0).min(64) * 4) as u32;
-                // SAFETY: row < nq and columns col0.. < d of the
-                // accumulator (`lse index · d + column`); d a multiple of
-                // 8: 16-byte aligned, a multiple of 16 bytes; the staging
-                // row written, fenced and behind the barrier above.
-                unsafe { bulk_reduce_add_f32(dst, s_dq + (wl * HOPPER_BWD_DQ_ROW_BYTES) as u32, bytes) };
-                bulk_commit_group();
-            }
-        }
+        // SAFETY: the stores above, released to warp 1 (256 arrivals).
+        unsafe { mbarrier_arrive(bar_dq_full(s)) };
     }
-    cp_async_wait::<0>();
-    bulk_wait_group();
 
     // ---- epilogue: dK_j · scale and dV_j -----------------------------------------
-    let [dks0, dks1, dks2] = p.dk_stride;
-    let [dvs0, dvs1, dvs2] = p.dv_stride;
-    let g_dk = (p.dk_ptr as *mut u16).wrapping_add((b as u64 * dks0 + seq.k_row0 * dks1 + kvh as u64 * dks2) as usize);
-    let g_dv = (p.dv_ptr as *mut u16).wrapping_add((b as u64 * dvs0 + seq.k_row0 * dvs1 + kvh as u64 * dvs2) as usize);
+    let (k0, nk, d) = (u(uni::K0) as usize, u(uni::NK) as usize, f.headdim as usize);
+    let (dks1, dvs1) = (p.dk_stride[1] as usize, p.dv_stride[1] as usize);
+    let (g_dk, g_dv) = (u(uni::DK) as *mut u16, u(uni::DV) as *mut u16);
     for r in 0..2 {
         let key = k0 + kw + g + 8 * r;
         if key < nk {
@@ -433,11 +555,23 @@ pub unsafe fn backward<T: Elem16, const D: usize, const DN: usize, const BR: usi
                     let vv = pack::<T>(r_dv[nn][2 * r], r_dv[nn][2 * r + 1]);
                     // SAFETY: key < nk, col < d (even: 4-byte aligned, host-checked strides).
                     unsafe {
-                        *(g_dk.wrapping_add(key * dks1 as usize + col) as *mut u32) = vk;
-                        *(g_dv.wrapping_add(key * dvs1 as usize + col) as *mut u32) = vv;
+                        *(g_dk.wrapping_add(key * dks1 + col) as *mut u32) = vk;
+                        *(g_dv.wrapping_add(key * dvs1 + col) as *mut u32) = vv;
                     }
                 }
             }
         }
     }
+}
+
+/// Two f32 at a shared-window address (8-byte aligned).
+///
+/// # Safety
+/// `a` inside this block's shared memory, written before a barrier or
+/// mbarrier wait that orders it.
+#[inline(always)]
+unsafe fn ld_shared_f32x2(a: u32) -> [f32; 2] {
+    // SAFETY: forwarded to the caller.
+    let [x, y] = unsafe { crate::arch::smem::ld_shared_v2(a) };
+    [f32::from_bits(x), f32::from_bits(y)]
 }

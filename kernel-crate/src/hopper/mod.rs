@@ -261,19 +261,34 @@ hopper_fp8_kernels! {
 /// Backward entry points: `flash_bwd_hopper_{dtype}_d{D}` ([`bwd`]).
 macro_rules! hopper_bwd_kernels {
     ($( $name:ident : $t:ty, d = $d:literal; )*) => {$(
-        /// Hopper backward main kernel (see [`bwd`]).
+        /// Hopper backward main kernel (see [`bwd`]): tensor maps of q,
+        /// dO (boxes `64 × Br`), k and v (`64 × 128`) and the f32 dQ
+        /// accumulator (`32 × 64`), then the parameters, then `g_tmaps` (0,
+        /// or the five maps in global memory, 640 bytes).
         ///
         /// # Safety
         /// `p` describes valid device buffers for the shapes and strides it
         /// states (host-checked), 16-byte aligned, strides multiples of 8
         /// elements, dq_accum zeroed and delta computed (the preprocess
-        /// kernel); launched with `HOPPER_BWD_THREADS` threads,
-        /// `HopperBwdSmem::new(D).request_bytes()` of dynamic shared memory
-        /// and `batch · nheads_k · ceil(seqlen_k / 128)` blocks.
+        /// kernel), the maps those buffers; launched with
+        /// `HOPPER_BWD_THREADS` threads, `HopperBwdSmem::new(D).request_bytes()`
+        /// of dynamic shared memory and `batch · nheads_k · ceil(seqlen_k /
+        /// 128)` blocks.
         #[unsafe(no_mangle)]
-        pub unsafe extern "ptx-kernel" fn $name(p: flash_attn_common::BwdParams) {
+        pub unsafe extern "ptx-kernel" fn $name(_tq: TensorMap, _tdo: TensorMap, _tk: TensorMap, _tv: TensorMap, _tdq: TensorMap, p: flash_attn_common::BwdParams, g_tmaps: u64) {
+            let maps = if g_tmaps != 0 {
+                [g_tmaps, g_tmaps + 128, g_tmaps + 256, g_tmaps + 384, g_tmaps + 512]
+            } else {
+                [
+                    crate::param_generic_addr!(concat!(stringify!($name), "_param_0")),
+                    crate::param_generic_addr!(concat!(stringify!($name), "_param_1")),
+                    crate::param_generic_addr!(concat!(stringify!($name), "_param_2")),
+                    crate::param_generic_addr!(concat!(stringify!($name), "_param_3")),
+                    crate::param_generic_addr!(concat!(stringify!($name), "_param_4")),
+                ]
+            };
             // SAFETY: forwarded to the caller (the host's launch).
-            unsafe { bwd::backward::<$t, $d, { $d / 8 }, { 8192 / $d }, { 1024 / $d }, { 512 / $d }>(&p) }
+            unsafe { bwd::backward::<$t, $d, { $d / 8 }, { 8192 / $d }, { 1024 / $d }, { 512 / $d }>(maps, &p) }
         }
     )*};
 }
