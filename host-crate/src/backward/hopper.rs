@@ -5,8 +5,8 @@
 //!
 //! It runs a call when the loaded PTX is the sm_90a build on an sm_90
 //! device, the head dim is at most 128, and the call has neither softcap
-//! nor ALiBi nor deterministic mode nor an explicit block size (those take
-//! the tensor-core kernel, `tc`), and the environment does not set
+//! nor ALiBi nor an explicit block size (those take the tensor-core kernel,
+//! `tc`), and the environment does not set
 //! `FLASH_ATTN_BACKWARD_KERNEL=tc` (read once per process: the tensor-core
 //! kernel for every call, e.g. to compare the two). Kernel names: `flash_bwd_hopper_{f16,bf16}_d{64,128}`.
 //! Grid: `batch · nheads_k · ceil(seqlen_k / 128)` blocks of 384 threads;

@@ -204,8 +204,8 @@ impl FlashAttention {
             }
             None => {
                 // The Hopper kernel unless the call asks for what only the
-                // tensor-core kernel does (deterministic mode, a block size).
-                let hopper = !params.deterministic && params.forward.block.is_none();
+                // tensor-core kernel does (a block size).
+                let hopper = params.forward.block.is_none();
                 // SAFETY: the same validated block; the kernels' contract
                 // (delta computed, accumulator and semaphores zeroed) is met
                 // by the preprocess launch above on the same stream; the

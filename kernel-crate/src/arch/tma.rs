@@ -119,6 +119,16 @@ pub unsafe fn tma_reduce_add_2d(tmap: u64, c: [i32; 2], src: u32) {
     }
 }
 
+/// `fence.proxy.async.global;` — orders this thread's generic-proxy
+/// accesses to global memory with its async-proxy ones (a semaphore's
+/// acquire before a bulk reduction, a completed bulk reduction before the
+/// release that publishes it).
+#[inline(always)]
+pub fn fence_proxy_async_global() {
+    // SAFETY: a fence has no preconditions.
+    unsafe { core::arch::asm!("fence.proxy.async.global;", options(nostack)) }
+}
+
 /// `cp.async.bulk.commit_group;` — closes this thread's bulk async-group.
 #[inline(always)]
 pub fn bulk_commit_group() {

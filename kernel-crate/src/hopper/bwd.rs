@@ -33,25 +33,32 @@
 //!   `dQ` product of the previous step has read it (a named barrier each
 //!   consumer arrives on and the other syncs on).
 //!
+//! Deterministic mode: warp 1 adds Q block `i`'s dQ only when the
+//! semaphore of `(i, b, h)` says every K/V block before `j` has (the
+//! tensor-core kernel's rule and its deadlock argument, `tc::bwd::dq_turn`),
+//! waits for its reductions to complete, and counts itself in: the same
+//! additions in the same order on every run.
+//!
 //! Epilogue: `dK_j · scale` and `dV_j` in `T` at their strides.
-//! Softcap, ALiBi and deterministic mode run on the tensor-core kernel.
+//! Softcap and ALiBi run on the tensor-core kernel.
 
 use super::{acc_fence, desc_kmajor, desc_mnmajor, mma_rs, mma_ss, mma_tt};
 use crate::arch::mbarrier::{fence_mbarrier_init, mbarrier_arrive, mbarrier_arrive_expect_tx, mbarrier_init, mbarrier_wait};
 use crate::arch::named_barrier::{named_bar_arrive, named_bar_sync};
 use crate::arch::opaque;
+use crate::arch::global::{atom_add_acq_rel_u32_gpu, ld_acquire_u32_gpu};
 use crate::arch::setmaxnreg::{setmaxnreg_dec, setmaxnreg_inc};
 use crate::arch::smem::{dynamic_smem, ld_volatile_shared_u64, smem_addr, st_shared_u32, st_shared_u64};
 use crate::arch::sreg;
 use crate::arch::sync::sync_threads;
-use crate::arch::tma::{bulk_commit_group, bulk_wait_group, bulk_wait_group_read, fence_proxy_async_shared, prefetch_tensormap, tma_load_4d, tma_reduce_add_2d};
+use crate::arch::tma::{bulk_commit_group, bulk_wait_group, bulk_wait_group_read, fence_proxy_async_global, fence_proxy_async_shared, prefetch_tensormap, tma_load_4d, tma_reduce_add_2d};
 use crate::arch::wgmma::{wgmma_commit, wgmma_fence, wgmma_wait};
 use crate::tc::fa2::mask;
 use crate::tc::{Elem16, pack};
 use flash_attn_common::hopper_bwd::{
     HOPPER_BWD_BC, HOPPER_BWD_CONSUMER_REGS, HOPPER_BWD_DQ_PANEL_BYTES, HOPPER_BWD_PRODUCER_REGS, HOPPER_BWD_STAGES, HOPPER_BWD_UNI_WORDS, HopperBwdSmem,
 };
-use flash_attn_common::tc_bwd::{bwd_key_blocks, bwd_query_blocks, bwd_query_range};
+use flash_attn_common::tc_bwd::{bwd_key_blocks, bwd_query_blocks, bwd_query_range, bwd_semaphore_index};
 use flash_attn_common::{BwdParams, LOG2_E, Real};
 
 /// Bytes per row of a 64-column panel.
@@ -153,6 +160,9 @@ mod uni {
     /// Row of the dQ accumulator (and LSE index) of the block's first
     /// query head and sequence.
     pub const LSE_ROW0: u32 = 24;
+    /// The block's batch index and K/V block.
+    pub const B: u32 = 25;
+    pub const J: u32 = 26;
 }
 
 /// The backward main kernel body (see the module docs).
@@ -268,6 +278,8 @@ pub unsafe fn backward<T: Elem16, const D: usize, const DN: usize, const BR: usi
         put(uni::TMAP + 3, maps[3]);
         put(uni::TMAP + 4, maps[4]);
         put(uni::LSE_ROW0, seq.lse_base);
+        put(uni::B, bu);
+        put(uni::J, j as u64);
         put(uni::DV, p.dv_ptr + 2 * (bu * p.dv_stride[0] + seq.k_row0 * p.dv_stride[1] + kvh as u64 * p.dv_stride[2]));
         // SAFETY: 8-byte aligned words inside the requested shared memory,
         // used by no one before the barrier below.
@@ -360,6 +372,14 @@ pub unsafe fn backward<T: Elem16, const D: usize, const DN: usize, const BR: usi
                 unsafe { mbarrier_arrive(bar_full(s)) };
             }
         } else if warp == 1 && steps > 0 && lane == 0 {
+            let det = p.deterministic != 0;
+            // Deterministic mode: the semaphore of step n's (Q block, batch, head).
+            let dq_sem = |n: u32| {
+                let (hh, q0) = step_q(n);
+                let num_m = (f.seqlen_q as usize).div_ceil(BR);
+                let at = bwd_semaphore_index(u(uni::B) as usize, (u(uni::H0) as u32 + hh) as usize, q0 as usize / BR, f.nheads as usize, num_m);
+                (p.dq_semaphore_ptr as *mut u32).wrapping_add(at)
+            };
             // dQ: each staged block added to the accumulator by four TMA
             // reductions (each consumer's 64 × 64 block in two 32-column
             // panels). Rows past the sequence are zero (their P is) and
@@ -370,6 +390,16 @@ pub unsafe fn backward<T: Elem16, const D: usize, const DN: usize, const BR: usi
                 let row0 = (u(uni::LSE_ROW0) + hh as u64 * u(uni::LSE_HEAD_STRIDE) + q0 as u64) as i32;
                 // SAFETY: the consumers' 256 arrivals after their staging stores.
                 unsafe { mbarrier_wait(bar_dq_full(b), phase) };
+                if det {
+                    // This block's turn: the K/V blocks before j that see Q
+                    // block i have added theirs.
+                    let (nq, i) = (u(uni::NQ) as usize, (u(uni::IA) + (n % u(uni::NI) as u32) as u64) as usize);
+                    let win = f.key_window(nq as u32, u(uni::NK) as u32);
+                    let first = bwd_key_blocks(&win, i, BR, BC, nq).0;
+                    // SAFETY: the semaphore of (i, b, h), zeroed at launch.
+                    while unsafe { ld_acquire_u32_gpu(dq_sem(n)) } != (u(uni::J) as usize - first) as u32 {}
+                    fence_proxy_async_global();
+                }
                 for w in 0..2u32 {
                     for pn in 0..2u32 {
                         let (col, row) = if D == 128 { (64 * w + 32 * pn, row0) } else { (32 * pn, row0 + 64 * w as i32) };
@@ -380,7 +410,15 @@ pub unsafe fn backward<T: Elem16, const D: usize, const DN: usize, const BR: usi
                     }
                 }
                 bulk_commit_group();
-                bulk_wait_group_read();
+                if det {
+                    // Complete (not only read) before the release.
+                    bulk_wait_group();
+                    fence_proxy_async_global();
+                    // SAFETY: the semaphore waited for above.
+                    unsafe { atom_add_acq_rel_u32_gpu(dq_sem(n), 1) };
+                } else {
+                    bulk_wait_group_read();
+                }
                 // SAFETY: the reductions have read the staging buffer.
                 unsafe { mbarrier_arrive(bar_dq_empty(b)) };
             }
