@@ -127,16 +127,19 @@ pub const REQUIRED_SM90A: &[(&str, &[&str])] = &[
         ],
     ),
     // Hopper backward (kernel-crate/src/hopper/bwd.rs): wgmma products (the
-    // dQ product with both operands transposed), cp.async copies into the
-    // swizzled panels, dQ added by bulk reductions from shared memory.
+    // dQ product with both operands transposed), TMA copies completing on
+    // mbarriers, dQ added by TMA tensor reductions from shared memory, the
+    // producer/consumer register split.
     (
         "flash_bwd_hopper_",
         &[
             "wgmma.mma_async.sync.aligned.m64n64k16",
             "p, 1, 1, 1, 1;",
-            "cp.async.cg.shared.global",
-            "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32",
-            "cp.async.bulk.wait_group.read",
+            "cp.async.bulk.tensor.4d",
+            "cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.tile.bulk_group",
+            "mbarrier.try_wait",
+            "setmaxnreg.inc",
+            "setmaxnreg.dec",
         ],
     ),
     // FP8 forward (kernel-crate/src/hopper/fp8.rs): e4m3 products k32 (both
@@ -479,7 +482,7 @@ ptxas info    : Used 255 registers, used 1 barriers, 8192 bytes smem
     #[test]
     fn requires_hopper_instructions_per_kernel() {
         let full = "wgmma.mma_async.sync.aligned.m64n128k16 x; cp.async.bulk.tensor.4d y; mbarrier.try_wait.parity z; mbarrier.arrive w; setmaxnreg.inc.sync.aligned.u32 240; setmaxnreg.dec.sync.aligned.u32 24;";
-        let bwd = "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {..}, d, e, p, 1, 1, 1, 1; cp.async.cg.shared.global a; cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [b], [c], 256; cp.async.bulk.wait_group.read 0;";
+        let bwd = "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {..}, d, e, p, 1, 1, 1, 1; cp.async.bulk.tensor.4d a; cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.tile.bulk_group [b, {c, d}], [e]; mbarrier.try_wait.parity f; setmaxnreg.inc.sync.aligned.u32 240; setmaxnreg.dec.sync.aligned.u32 24;";
         let e = |name: &str, body: &str| (name.to_string(), body.to_string());
         let b = e("flash_bwd_hopper_bf16_d128", bwd);
         // The FP8 forward: the forward's instructions and its own.
@@ -490,10 +493,10 @@ ptxas info    : Used 255 registers, used 1 barriers, 8192 bytes smem
         let p = missing_instructions(&[e("flash_fwd_hopper_f16_d128_bc128", &no_setmaxnreg), b.clone(), f8.clone()], REQUIRED_SM90A);
         assert_eq!(p.len(), 1, "{p:?}");
         assert!(p[0].contains("setmaxnreg.inc"));
-        let no_reduce = bwd.replace("cp.reduce", "red");
+        let no_reduce = bwd.replace("cp.reduce.async.bulk.tensor", "red");
         let p = missing_instructions(&[e("flash_fwd_hopper_f16_d128_bc128", full), e("flash_bwd_hopper_f16_d64", &no_reduce), f8.clone()], REQUIRED_SM90A);
         assert_eq!(p.len(), 1, "{p:?}");
-        assert!(p[0].contains("cp.reduce.async.bulk"));
+        assert!(p[0].contains("cp.reduce.async.bulk.tensor"));
         let no_pack = full8.replace("cvt.rn.satfinite.e4m3x2", "cvt.rn.f16x2");
         let p = missing_instructions(&[e("flash_fwd_hopper_f16_d128_bc128", full), b.clone(), e("flash_fwd_hopper_e4m3_f16_d64", &no_pack)], REQUIRED_SM90A);
         assert_eq!(p.len(), 1, "{p:?}");
