@@ -18,6 +18,41 @@ use crate::tc::KernelArg;
 
 use super::table::HopperKernel;
 
+/// `cuTensorMapEncodeTiled` of a `dims.len()`-dimensional tensor
+/// (innermost first; `gstrides` the byte strides of the outer dims),
+/// element strides 1, no interleave, L2 promotion 128B, out-of-range
+/// elements read as zero (and skipped by reductions).
+fn encode_tiled(dtype: CUtensorMapDataType, ptr: u64, dims: &[u64], gstrides: &[u64], boxes: &[u32], swizzle: CUtensorMapSwizzle) -> std::result::Result<TensorMap, DriverError> {
+    if dims.is_empty() || dims.len() > 5 || boxes.len() != dims.len() || gstrides.len() + 1 != dims.len() {
+        return Err(DriverError(cudaError_enum::CUDA_ERROR_INVALID_VALUE));
+    }
+    let estrides = [1u32; 5];
+    let mut map = std::mem::MaybeUninit::<CUtensorMap>::zeroed();
+    // SAFETY: `dims`, `boxes` and `estrides` hold at least `rank` entries
+    // and `gstrides` `rank − 1` (checked above); `map` is writable.
+    let r = unsafe {
+        sys::cuTensorMapEncodeTiled(
+            map.as_mut_ptr(),
+            dtype,
+            dims.len() as u32,
+            ptr as *mut std::ffi::c_void,
+            dims.as_ptr(),
+            gstrides.as_ptr(),
+            boxes.as_ptr(),
+            estrides.as_ptr(),
+            CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+            swizzle,
+            CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+            CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+    };
+    if r != cudaError_enum::CUDA_SUCCESS {
+        return Err(DriverError(r));
+    }
+    // SAFETY: initialized (zeroed, then written by the driver on success).
+    Ok(TensorMap(unsafe { map.assume_init() }))
+}
+
 /// A `CUtensorMap` as a by-value kernel argument (128 bytes; the kernels
 /// declare `.param .align 16 .b8 [128]`).
 #[derive(Clone, Copy)]
@@ -56,31 +91,7 @@ impl TensorMap {
         let dims: [u64; 4] = [d as u64, s as u64, h as u64, b as u64];
         let gstrides: [u64; 3] = [stride_bytes(s, strides[1]), stride_bytes(h, strides[2]), stride_bytes(b, strides[0])];
         let boxes: [u32; 4] = [HOPPER_PANEL_COLS as u32, box_rows, 1, 1];
-        let estrides: [u32; 4] = [1; 4];
-        let mut map = std::mem::MaybeUninit::<CUtensorMap>::zeroed();
-        // SAFETY: every pointer argument points to an array of the length
-        // the rank (4, and 3 strides) requires; `map` is writable.
-        let r = unsafe {
-            sys::cuTensorMapEncodeTiled(
-                map.as_mut_ptr(),
-                dtype,
-                4,
-                ptr as *mut std::ffi::c_void,
-                dims.as_ptr(),
-                gstrides.as_ptr(),
-                boxes.as_ptr(),
-                estrides.as_ptr(),
-                CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
-                CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
-                CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-                CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
-            )
-        };
-        if r != cudaError_enum::CUDA_SUCCESS {
-            return Err(DriverError(r));
-        }
-        // SAFETY: initialized (zeroed, then written by the driver on success).
-        Ok(Self(unsafe { map.assume_init() }))
+        encode_tiled(dtype, ptr, &dims, &gstrides, &boxes, CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B)
     }
 }
 
@@ -99,35 +110,12 @@ impl TensorMap {
         let dims: [u64; 4] = [d as u64, s as u64, h as u64, b as u64];
         let gstrides: [u64; 3] = [stride_bytes(s, strides[1]), stride_bytes(h, strides[2]), stride_bytes(b, strides[0])];
         let boxes: [u32; 4] = [box_cols, box_rows, 1, 1];
-        let estrides: [u32; 4] = [1; 4];
         let swizzle = match swizzle_bytes {
             128 => CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
             64 => CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_64B,
             _ => CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
         };
-        let mut map = std::mem::MaybeUninit::<CUtensorMap>::zeroed();
-        // SAFETY: as in `encode_bshd`.
-        let r = unsafe {
-            sys::cuTensorMapEncodeTiled(
-                map.as_mut_ptr(),
-                CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
-                4,
-                ptr as *mut std::ffi::c_void,
-                dims.as_ptr(),
-                gstrides.as_ptr(),
-                boxes.as_ptr(),
-                estrides.as_ptr(),
-                CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
-                swizzle,
-                CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-                CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
-            )
-        };
-        if r != cudaError_enum::CUDA_SUCCESS {
-            return Err(DriverError(r));
-        }
-        // SAFETY: initialized (zeroed, then written by the driver on success).
-        Ok(Self(unsafe { map.assume_init() }))
+        encode_tiled(CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT8, ptr, &dims, &gstrides, &boxes, swizzle)
     }
 }
 
@@ -143,31 +131,7 @@ impl TensorMap {
         let dims: [u64; 2] = [cols as u64, rows as u64];
         let gstrides: [u64; 1] = [(cols * 4) as u64];
         let boxes: [u32; 2] = [32, box_rows];
-        let estrides: [u32; 2] = [1; 2];
-        let mut map = std::mem::MaybeUninit::<CUtensorMap>::zeroed();
-        // SAFETY: every pointer argument points to an array of the length
-        // the rank (2, and 1 stride) requires; `map` is writable.
-        let r = unsafe {
-            sys::cuTensorMapEncodeTiled(
-                map.as_mut_ptr(),
-                CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT32,
-                2,
-                ptr as *mut std::ffi::c_void,
-                dims.as_ptr(),
-                gstrides.as_ptr(),
-                boxes.as_ptr(),
-                estrides.as_ptr(),
-                CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
-                CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
-                CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-                CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
-            )
-        };
-        if r != cudaError_enum::CUDA_SUCCESS {
-            return Err(DriverError(r));
-        }
-        // SAFETY: initialized (zeroed, then written by the driver on success).
-        Ok(Self(unsafe { map.assume_init() }))
+        encode_tiled(CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT32, ptr, &dims, &gstrides, &boxes, CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B)
     }
 }
 
