@@ -34,10 +34,20 @@
 //!   consumer arrives on and the other syncs on).
 //!
 //! Deterministic mode: warp 1 adds Q block `i`'s dQ only when the
-//! semaphore of `(i, b, h)` says every K/V block before `j` has (the
-//! tensor-core kernel's rule and its deadlock argument, `tc::bwd::dq_turn`),
-//! waits for its reductions to complete, and counts itself in: the same
-//! additions in the same order on every run.
+//! semaphore of `(i, b, h)` (the tensor-core kernel's, zeroed by the
+//! preprocess) says every K/V block after `j` that sees `i` has, waits for
+//! its reductions to complete, and counts itself in: the same additions in
+//! the same order on every run. The order is descending `j` — each block
+//! walks its Q blocks upwards from the diagonal, so under a causal mask a
+//! Q block's last visitor is the one that reaches it first and no block
+//! waits for one that starts far behind it (ascending `j` halved the causal
+//! speed) — and so the grid numbers the K/V blocks from the end
+//! (`blockIdx.x = (b·nheads_k + kvh)·num_n + num_n − 1 − j`): a block waits
+//! only for blocks of its (batch, KV head) with a larger `j`, i.e. a
+//! smaller `blockIdx.x`, dispatched earlier and so resident or done, which
+//! in turn wait only for larger `j` still — no cycle, and the largest
+//! waiting `j` of a Q block has its predecessors done (the argument of
+//! `tc::bwd::dq_turn`, mirrored).
 //!
 //! Epilogue: `dK_j · scale` and `dV_j` in `T` at their strides.
 //! Softcap and ALiBi run on the tensor-core kernel.
@@ -212,7 +222,10 @@ pub unsafe fn backward<T: Elem16, const D: usize, const DN: usize, const BR: usi
     if tid == 0 {
         let num_n = (f.seqlen_k as usize).div_ceil(BC);
         let idx = sreg::block_idx_x() as usize;
-        let (j, bkh) = (idx % num_n, idx / num_n);
+        // Deterministic mode numbers the K/V blocks from the end (block
+        // j = num_n − 1 first): see the module docs.
+        let (jr, bkh) = (idx % num_n, idx / num_n);
+        let j = if p.deterministic != 0 { num_n - 1 - jr } else { jr };
         let nkh = f.kv_heads() as usize;
         let (b, kvh) = (bkh / nkh, bkh % nkh);
         let group = f.nheads as usize / nkh;
@@ -391,13 +404,13 @@ pub unsafe fn backward<T: Elem16, const D: usize, const DN: usize, const BR: usi
                 // SAFETY: the consumers' 256 arrivals after their staging stores.
                 unsafe { mbarrier_wait(bar_dq_full(b), phase) };
                 if det {
-                    // This block's turn: the K/V blocks before j that see Q
-                    // block i have added theirs.
+                    // This block's turn: the K/V blocks after j that see Q
+                    // block i (up to its last, `end − 1`) have added theirs.
                     let (nq, i) = (u(uni::NQ) as usize, (u(uni::IA) + (n % u(uni::NI) as u32) as u64) as usize);
                     let win = f.key_window(nq as u32, u(uni::NK) as u32);
-                    let first = bwd_key_blocks(&win, i, BR, BC, nq).0;
+                    let end = bwd_key_blocks(&win, i, BR, BC, nq).1;
                     // SAFETY: the semaphore of (i, b, h), zeroed at launch.
-                    while unsafe { ld_acquire_u32_gpu(dq_sem(n)) } != (u(uni::J) as usize - first) as u32 {}
+                    while unsafe { ld_acquire_u32_gpu(dq_sem(n)) } != (end - 1 - u(uni::J) as usize) as u32 {}
                     fence_proxy_async_global();
                 }
                 for w in 0..2u32 {
