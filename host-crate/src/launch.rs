@@ -68,7 +68,7 @@ impl FlashAttention {
                 self.check_stream("m", m.stream())?;
             }
             (given, loop_order) => {
-                let expected = if loop_order == LoopOrder::Fa1 { "StatsMut::Fa1 { l, m }" } else { "StatsMut::LogSumExp" };
+                let expected = StatsOut::name_of(loop_order == LoopOrder::Fa1);
                 return Err(FlashAttnError::StatsMismatch { loop_order, expected, given: given.name() });
             }
         }
@@ -217,11 +217,7 @@ impl FlashAttention {
             // `plan` follows `params.loop_order`, and the stats were matched
             // against it above.
             (plan, stats) => {
-                let expected = if matches!(plan, Plan::Fa1 { .. } | Plan::TcFa1 { .. }) {
-                    "StatsMut::Fa1 { l, m }"
-                } else {
-                    "StatsMut::LogSumExp"
-                };
+                let expected = StatsOut::name_of(matches!(plan, Plan::Fa1 { .. } | Plan::TcFa1 { .. }));
                 return Err(FlashAttnError::StatsMismatch { loop_order: params.loop_order, expected, given: stats.name() });
             }
         }

@@ -227,10 +227,13 @@ pub(crate) enum StatsOut<'a> {
 impl StatsOut<'_> {
     /// The variant's name as the caller wrote it, for error messages.
     pub(crate) fn name(&self) -> &'static str {
-        match self {
-            StatsOut::LogSumExp(_) => "StatsMut::LogSumExp",
-            StatsOut::Fa1 { .. } => "StatsMut::Fa1 { l, m }",
-        }
+        Self::name_of(matches!(self, StatsOut::Fa1 { .. }))
+    }
+
+    /// The name of the variant a launch needs: FA1's `l, m` (`fa1`) or
+    /// the logsumexp.
+    pub(crate) fn name_of(fa1: bool) -> &'static str {
+        if fa1 { "StatsMut::Fa1 { l, m }" } else { "StatsMut::LogSumExp" }
     }
 }
 
