@@ -28,7 +28,7 @@ pub const HOPPER_BWD_CONSUMER_REGS: u32 = 240;
 pub const HOPPER_BWD_DQ_PANEL_BYTES: usize = 64 * 128;
 
 /// u64 words of [`HopperBwdSmem::uni`].
-pub const HOPPER_BWD_UNI_WORDS: usize = 25;
+pub const HOPPER_BWD_UNI_WORDS: usize = 26;
 
 /// mbarriers of [`HopperBwdSmem::bars`]: K/V, full and empty per stage, dQ
 /// staging full and empty per buffer.

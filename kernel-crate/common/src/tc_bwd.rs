@@ -149,6 +149,21 @@ pub fn bwd_query_blocks(win: &KeyWindow, j: usize, br: usize, bc: usize, nq: usi
     (lo as usize / br, (hi as usize).div_ceil(br))
 }
 
+/// The Q blocks `[first, end)` that see K/V block `j` ([`bwd_visits`]):
+/// [`bwd_query_blocks`]' superset trimmed at both ends (the visiting `i`
+/// are contiguous, see the tests). The backward kernels' step range.
+#[inline(always)]
+pub fn bwd_visiting_query_blocks(win: &KeyWindow, j: usize, br: usize, bc: usize, nq: usize) -> (usize, usize) {
+    let (mut first, mut end) = bwd_query_blocks(win, j, br, bc, nq);
+    while first < end && !bwd_visits(win, first, j, br, bc, nq) {
+        first += 1;
+    }
+    while end > first && !bwd_visits(win, end - 1, j, br, bc, nq) {
+        end -= 1;
+    }
+    (first, end)
+}
+
 /// Deterministic mode: index of the u32 semaphore of (Q block `i`, batch
 /// `b`, query head `h`) in `BwdParams::dq_semaphore_ptr`; the buffer holds
 /// [`bwd_semaphore_len`] zeroed u32.
@@ -214,6 +229,8 @@ mod tests {
                             }
                         }
                         assert!(seen.windows(2).all(|w| w[1] == w[0] + 1), "not contiguous: {seen:?}");
+                        let (ia, ib) = bwd_visiting_query_blocks(&win, j, br, bc, nq);
+                        assert_eq!((ia..ib).collect::<Vec<_>>(), if seen.is_empty() { vec![] } else { seen.clone() }, "{win:?} j {j}");
                     }
                 }
             }

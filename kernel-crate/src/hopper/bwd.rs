@@ -17,15 +17,16 @@
 //!   128B-swizzled panels (full/empty mbarriers), with `LSE_i·log2 e` and
 //!   `D_i` stored beside them by its lanes (rows past the sequence get
 //!   `LSE = +∞`: `P = 0`); warp 1 adds each step's staged dQ block to the f32
-//!   accumulator in HBM with one `cp.reduce.async.bulk .add.f32` per row
-//!   (no per-element atomics) and frees the staging buffer.
+//!   accumulator in HBM with four TMA tensor reductions (`cp.reduce.async.
+//!   bulk.tensor … add`; no per-element atomics) and frees the staging
+//!   buffer.
 //! * **Consumers** (warpgroups 1, 2, `setmaxnreg.inc`), 64 keys each, per
 //!   step: wait for the stage; `Sᵀ = K_w·Q_iᵀ` and `dPᵀ = V_w·dO_iᵀ` (`wgmma`
 //!   m64n{Br}k16, SS, two commit groups); `Pᵀ = exp2(Sᵀ·scale·log2 e −
 //!   LSE_i·log2 e)` while `dPᵀ` is on the tensor cores (masked only on
 //!   boundary blocks); `dV_w += Pᵀ·dO_i` (RS; at d 128 issued while `dPᵀ`
-//!   finishes); `dSᵀ = Pᵀ∘(dPᵀ − D_i)`; `dK_w += dSᵀ·Q_i` (RS); `dSᵀ` (16-bit) to shared memory, a named barrier of the
-//!   two consumers; `dQ_i = scale·dS·K_j`, each warpgroup one `64 × 64` block
+//!   finishes); `dSᵀ = Pᵀ∘(dPᵀ − D_i)`; `dK_w += dSᵀ·Q_i` (RS); `dSᵀ`
+//!   (16-bit) to shared memory, a named barrier of the two consumers; `dQ_i = scale·dS·K_j`, each warpgroup one `64 × 64` block
 //!   over all 128 keys (d 128: a column half; d 64: a row half; both
 //!   operands MN-major), waited for; the stage released; the block staged in
 //!   f32 for the producer's warp 1 (double-buffered, mbarriers).
@@ -55,8 +56,8 @@
 use super::{acc_fence, desc_kmajor, desc_mnmajor, mma_rs, mma_ss, mma_tt};
 use crate::arch::mbarrier::{fence_mbarrier_init, mbarrier_arrive, mbarrier_arrive_expect_tx, mbarrier_init, mbarrier_wait};
 use crate::arch::named_barrier::{named_bar_arrive, named_bar_sync};
-use crate::arch::opaque;
 use crate::arch::global::{atom_add_acq_rel_u32_gpu, ld_acquire_u32_gpu};
+use crate::arch::opaque;
 use crate::arch::setmaxnreg::{setmaxnreg_dec, setmaxnreg_inc};
 use crate::arch::smem::{dynamic_smem, ld_volatile_shared_u64, smem_addr, st_shared_u32, st_shared_u64};
 use crate::arch::sreg;
@@ -68,7 +69,7 @@ use crate::tc::{Elem16, pack};
 use flash_attn_common::hopper_bwd::{
     HOPPER_BWD_BC, HOPPER_BWD_CONSUMER_REGS, HOPPER_BWD_DQ_PANEL_BYTES, HOPPER_BWD_PRODUCER_REGS, HOPPER_BWD_STAGES, HOPPER_BWD_UNI_WORDS, HopperBwdSmem,
 };
-use flash_attn_common::tc_bwd::{bwd_key_blocks, bwd_query_blocks, bwd_query_range, bwd_semaphore_index};
+use flash_attn_common::tc_bwd::{bwd_key_blocks, bwd_query_range, bwd_semaphore_index, bwd_visiting_query_blocks};
 use flash_attn_common::{BwdParams, LOG2_E, Real};
 
 /// Bytes per row of a 64-column panel.
@@ -138,11 +139,13 @@ mod uni {
     pub const Q_ROW0: u32 = 0;
     /// Batch coordinate of the tensor maps (varlen: 0).
     pub const TMA_B: u32 = 1;
-    /// `lse_ptr`, `delta_ptr` and the dQ accumulator at the block's first
-    /// query head and sequence (byte addresses).
+    /// `lse_ptr` and `delta_ptr` at the block's first query head and
+    /// sequence (byte addresses).
     pub const LSE: u32 = 2;
     pub const DELTA: u32 = 3;
-    pub const DQ: u32 = 4;
+    /// Row of the dQ accumulator (and LSE index) of the block's first
+    /// query head and sequence: the row coordinate of its tensor map.
+    pub const LSE_ROW0: u32 = 4;
     /// Elements between two query heads of the LSE (and of `D`).
     pub const LSE_HEAD_STRIDE: u32 = 5;
     /// Query rows every key of the block sees: `[FULL_LO, FULL_HI)`.
@@ -165,14 +168,14 @@ mod uni {
     /// dK and dV at the block's sequence and KV head (byte addresses).
     pub const DK: u32 = 17;
     pub const DV: u32 = 18;
-    /// The tensor maps of q, dO, k, v and the dQ accumulator (generic addresses).
+    /// The tensor maps of q, dO, k, v and the dQ accumulator (generic
+    /// addresses, five words).
     pub const TMAP: u32 = 19;
-    /// Row of the dQ accumulator (and LSE index) of the block's first
-    /// query head and sequence.
-    pub const LSE_ROW0: u32 = 24;
     /// The block's batch index and K/V block.
-    pub const B: u32 = 25;
-    pub const J: u32 = 26;
+    pub const B: u32 = 24;
+    pub const J: u32 = 25;
+    /// Words used: `HOPPER_BWD_UNI_WORDS` (checked at compile time).
+    pub const COUNT: usize = 26;
 }
 
 /// The backward main kernel body (see the module docs).
@@ -191,6 +194,7 @@ mod uni {
 pub unsafe fn backward<T: Elem16, const D: usize, const DN: usize, const BR: usize, const BRN: usize, const BRK: usize>(maps: [u64; 5], p: &BwdParams) {
     const { assert!(DN * 8 == D && BRN * 8 == BR && BRK * 16 == BR && ((D == 128 && BR == 64) || (D == 64 && BR == 128))) };
     const BC: usize = HOPPER_BWD_BC;
+    const { assert!(uni::COUNT == HOPPER_BWD_UNI_WORDS) };
     let lay = const { HopperBwdSmem::new(D) };
     let f = &p.fwd;
     let tid = sreg::thread_idx_x() as usize;
@@ -234,27 +238,15 @@ pub unsafe fn backward<T: Elem16, const D: usize, const DN: usize, const BR: usi
         let seq = unsafe { f.seq(b as u32, h0 as u32) };
         let (nq, nk) = (seq.seqlen_q as usize, seq.seqlen_k as usize);
         let k0 = j * BC;
-        let d = f.headdim as u64;
         let win = f.key_window(seq.seqlen_q, seq.seqlen_k);
         let mut steps = 0;
         let (mut ia, mut ni, mut full_lo, mut full_hi) = (0, 0, 1, 0);
         // Varlen: a K/V block past its sequence has nothing to do (and no
         // keys to write).
         if k0 < nk {
-            // The Q blocks that see block j: a contiguous range (tc_bwd tests).
-            let (a, mut ib) = bwd_query_blocks(&win, j, BR, BC, nq);
-            ia = a;
-            let visits = |i: usize| {
-                let (first, end) = bwd_key_blocks(&win, i, BR, BC, nq);
-                first <= j && j < end
-            };
-            while ia < ib && !visits(ia) {
-                ia += 1;
-            }
-            while ib > ia && !visits(ib - 1) {
-                ib -= 1;
-            }
-            ni = ib - ia;
+            // The Q blocks that see block j (a contiguous range).
+            let (a, ib) = bwd_visiting_query_blocks(&win, j, BR, BC, nq);
+            (ia, ni) = (a, ib - a);
             steps = group * ni;
             // Queries every key of the block sees (a Q block inside needs no mask).
             if k0 + BC <= nk {
@@ -262,7 +254,7 @@ pub unsafe fn backward<T: Elem16, const D: usize, const DN: usize, const BR: usi
                 (full_lo, full_hi) = (bwd_query_range(&win, k_last, nq as i64).0, bwd_query_range(&win, k0 as i64, nq as i64).1);
             }
         }
-        let (bu, du) = (b as u64, d);
+        let bu = b as u64;
         // SAFETY: 8-byte aligned words inside the requested shared memory,
         // used by no one before the barrier below. (One store per word: an
         // array of them iterated over lands in a stack frame.)
@@ -271,7 +263,6 @@ pub unsafe fn backward<T: Elem16, const D: usize, const DN: usize, const BR: usi
         put(uni::TMA_B, if f.is_varlen() { 0 } else { bu });
         put(uni::LSE, f.lse_ptr + 4 * seq.lse_base);
         put(uni::DELTA, p.delta_ptr + 4 * seq.lse_base);
-        put(uni::DQ, p.dq_accum_ptr + 4 * seq.lse_base * du);
         put(uni::LSE_HEAD_STRIDE, if f.is_varlen() { f.total_q } else { f.seqlen_q } as u64);
         put(uni::FULL_LO, full_lo as u64);
         put(uni::FULL_HI, full_hi as u64);
@@ -285,6 +276,7 @@ pub unsafe fn backward<T: Elem16, const D: usize, const DN: usize, const BR: usi
         put(uni::K0, k0 as u64);
         put(uni::NK, nk as u64);
         put(uni::DK, p.dk_ptr + 2 * (bu * p.dk_stride[0] + seq.k_row0 * p.dk_stride[1] + kvh as u64 * p.dk_stride[2]));
+        put(uni::DV, p.dv_ptr + 2 * (bu * p.dv_stride[0] + seq.k_row0 * p.dv_stride[1] + kvh as u64 * p.dv_stride[2]));
         put(uni::TMAP, maps[0]);
         put(uni::TMAP + 1, maps[1]);
         put(uni::TMAP + 2, maps[2]);
@@ -293,7 +285,6 @@ pub unsafe fn backward<T: Elem16, const D: usize, const DN: usize, const BR: usi
         put(uni::LSE_ROW0, seq.lse_base);
         put(uni::B, bu);
         put(uni::J, j as u64);
-        put(uni::DV, p.dv_ptr + 2 * (bu * p.dv_stride[0] + seq.k_row0 * p.dv_stride[1] + kvh as u64 * p.dv_stride[2]));
         // SAFETY: 8-byte aligned words inside the requested shared memory,
         // used by no one before the barrier below.
         unsafe {
@@ -306,8 +297,8 @@ pub unsafe fn backward<T: Elem16, const D: usize, const DN: usize, const BR: usi
                 mbarrier_init(bar_dq_empty(s), 1);
             }
             fence_mbarrier_init();
-            // (Four calls: a loop over the array is not unrolled and puts
-            // it in a stack frame.)
+            // (One call per map: a loop over the array is not unrolled and
+            // puts it in a stack frame.)
             prefetch_tensormap(maps[0]);
             prefetch_tensormap(maps[1]);
             prefetch_tensormap(maps[2]);
@@ -386,12 +377,10 @@ pub unsafe fn backward<T: Elem16, const D: usize, const DN: usize, const BR: usi
             }
         } else if warp == 1 && steps > 0 && lane == 0 {
             let det = p.deterministic != 0;
-            // Deterministic mode: the semaphore of step n's (Q block, batch, head).
-            let dq_sem = |n: u32| {
-                let (hh, q0) = step_q(n);
+            // The semaphore index of (Q block at row q0, batch, head h0 + hh).
+            let dq_sem_index = |hh: u32, q0: u32| {
                 let num_m = (f.seqlen_q as usize).div_ceil(BR);
-                let at = bwd_semaphore_index(u(uni::B) as usize, (u(uni::H0) as u32 + hh) as usize, q0 as usize / BR, f.nheads as usize, num_m);
-                (p.dq_semaphore_ptr as *mut u32).wrapping_add(at)
+                bwd_semaphore_index(u(uni::B) as usize, (u(uni::H0) as u32 + hh) as usize, q0 as usize / BR, f.nheads as usize, num_m)
             };
             // dQ: each staged block added to the accumulator by four TMA
             // reductions (each consumer's 64 × 64 block in two 32-column
@@ -403,14 +392,17 @@ pub unsafe fn backward<T: Elem16, const D: usize, const DN: usize, const BR: usi
                 let row0 = (u(uni::LSE_ROW0) + hh as u64 * u(uni::LSE_HEAD_STRIDE) + q0 as u64) as i32;
                 // SAFETY: the consumers' 256 arrivals after their staging stores.
                 unsafe { mbarrier_wait(bar_dq_full(b), phase) };
+                // Deterministic mode: the semaphore of step n's (Q block,
+                // batch, head).
+                let sem = (p.dq_semaphore_ptr as *mut u32).wrapping_add(if det { dq_sem_index(hh, q0) } else { 0 });
                 if det {
                     // This block's turn: the K/V blocks after j that see Q
                     // block i (up to its last, `end − 1`) have added theirs.
-                    let (nq, i) = (u(uni::NQ) as usize, (u(uni::IA) + (n % u(uni::NI) as u32) as u64) as usize);
+                    let nq = u(uni::NQ) as usize;
                     let win = f.key_window(nq as u32, u(uni::NK) as u32);
-                    let end = bwd_key_blocks(&win, i, BR, BC, nq).1;
+                    let turn = (bwd_key_blocks(&win, q0 as usize / BR, BR, BC, nq).1 - 1 - u(uni::J) as usize) as u32;
                     // SAFETY: the semaphore of (i, b, h), zeroed at launch.
-                    while unsafe { ld_acquire_u32_gpu(dq_sem(n)) } != (end - 1 - u(uni::J) as usize) as u32 {}
+                    while unsafe { ld_acquire_u32_gpu(sem) } != turn {}
                     fence_proxy_async_global();
                 }
                 for w in 0..2u32 {
@@ -428,7 +420,7 @@ pub unsafe fn backward<T: Elem16, const D: usize, const DN: usize, const BR: usi
                     bulk_wait_group();
                     fence_proxy_async_global();
                     // SAFETY: the semaphore waited for above.
-                    unsafe { atom_add_acq_rel_u32_gpu(dq_sem(n), 1) };
+                    unsafe { atom_add_acq_rel_u32_gpu(sem, 1) };
                 } else {
                     bulk_wait_group_read();
                 }

@@ -38,7 +38,7 @@ use crate::arch::opaque;
 use crate::arch::smem::{dynamic_smem, smem_addr, st_shared_u32};
 use crate::arch::sreg;
 use crate::arch::sync::sync_threads;
-use flash_attn_common::tc_bwd::{bwd_ds_bytes, bwd_key_blocks, bwd_query_blocks, bwd_query_range, bwd_semaphore_index};
+use flash_attn_common::tc_bwd::{bwd_ds_bytes, bwd_key_blocks, bwd_query_range, bwd_semaphore_index, bwd_visiting_query_blocks};
 use flash_attn_common::{BwdParams, KeyWindow, LOG2_E, Real};
 
 /// The score function of one (sequence, head), transposed (rows = keys,
@@ -200,18 +200,8 @@ pub unsafe fn backward<
     }
     let d = f.headdim as usize;
     let win = f.key_window(seq.seqlen_q, seq.seqlen_k);
-    // The Q blocks that see block j: a contiguous range (tc_bwd tests).
-    let (mut ia, mut ib) = bwd_query_blocks(&win, j, BR, BC, nq);
-    let visits = |i: usize| {
-        let (first, end) = bwd_key_blocks(&win, i, BR, BC, nq);
-        first <= j && j < end
-    };
-    while ia < ib && !visits(ia) {
-        ia += 1;
-    }
-    while ib > ia && !visits(ib - 1) {
-        ib -= 1;
-    }
+    // The Q blocks that see block j (a contiguous range).
+    let (ia, ib) = bwd_visiting_query_blocks(&win, j, BR, BC, nq);
     let ni = ib - ia;
     let steps = group * ni;
     // Queries every key of the block sees (a Q block inside needs no mask).
