@@ -14,15 +14,17 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaStream, DriverError, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaStream, DriverError, PushKernelArg};
 use flash_attn_common::BwdParams;
 use flash_attn_common::hopper_bwd::{HOPPER_BWD_BC, HOPPER_BWD_THREADS, HopperBwdSmem, hopper_bwd_br, hopper_bwd_head_dim};
 
 use crate::device::FlashAttention;
-use crate::error::{FlashAttnError, Result};
+use crate::error::Result;
 use crate::hopper::{TensorMap, maps_argument};
 use crate::tc::KernelArg;
 use crate::types::DType;
+
+use super::tc::key_block_launch;
 
 /// Every Hopper backward kernel compiled into the sm_90a PTX (mirrors the
 /// `hopper_bwd_kernels!` list of `kernel-crate/src/hopper/mod.rs`):
@@ -75,19 +77,9 @@ pub(crate) unsafe fn launch_hopper_backward(fa: &FlashAttention, stream: &Arc<Cu
     };
     let Some(f) = fa.kernel(name)? else { return Ok(false) };
     let (br, bc) = (hopper_bwd_br(d), HOPPER_BWD_BC);
-    let blocks = p.fwd.batch as u64 * p.fwd.kv_heads() as u64 * (p.fwd.seqlen_k as u64).div_ceil(bc as u64);
-    if blocks == 0 {
-        return Ok(true);
-    }
-    if blocks > i32::MAX as u64 {
-        return Err(FlashAttnError::DimTooLarge { argument: "k", axis: "batch · nheads_k · key blocks", value: blocks as usize, max: i32::MAX as usize });
-    }
-    let mut p = *p;
-    p.br = br as u32;
-    p.bc = bc as u32;
+    let Some((p, cfg)) = key_block_launch(p, (br, bc), HOPPER_BWD_THREADS, HopperBwdSmem::new(d).request_bytes())? else { return Ok(true) };
     let maps = backward_tensor_maps(&p, br, bc, dtype == DType::BF16)?;
     let (global, g_ptr) = maps_argument(stream, &maps)?;
-    let cfg = LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (HOPPER_BWD_THREADS as u32, 1, 1), shared_mem_bytes: HopperBwdSmem::new(d).request_bytes() as u32 };
     let arg = KernelArg(p);
     let mut b = stream.launch_builder(f);
     b.arg(&maps[0]).arg(&maps[1]).arg(&maps[2]).arg(&maps[3]).arg(&maps[4]).arg(&arg).arg(&g_ptr);

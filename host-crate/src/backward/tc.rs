@@ -130,18 +130,17 @@ pub(crate) unsafe fn launch_tc_backward(fa: &crate::FlashAttention, stream: &Arc
     unsafe { launch_key_blocks(stream, &f, p, (cfg.br, cfg.bc()), cfg.threads(), smem) }
 }
 
-/// Launches a backward main kernel of the FA2 order, one block per (K/V
-/// block of `bc` keys, batch, KV head) — the grid of the tensor-core and the
-/// Hopper kernels — with `p.br`, `p.bc` set to `(br, bc)`.
+/// The launch of a backward main kernel of the FA2 order, one block per
+/// (K/V block of `bc` keys, batch, KV head) — the grid of the tensor-core
+/// and the Hopper kernels: `p` with `p.br`, `p.bc` set to `(br, bc)` and the
+/// configuration for `threads` threads and `smem` bytes of dynamic shared
+/// memory; `None` when there is no block.
 ///
-/// # Safety
-/// `f` takes exactly one [`BwdParams`] by value and runs with `threads`
-/// threads and `smem` bytes of dynamic shared memory at tiles `(br, bc)`;
-/// `p` satisfies its contract (as [`launch_tc_backward`]'s).
-unsafe fn launch_key_blocks(stream: &Arc<CudaStream>, f: &CudaFunction, p: &BwdParams, (br, bc): (usize, usize), threads: usize, smem: usize) -> Result<()> {
+/// Errors: [`FlashAttnError::DimTooLarge`] past `i32::MAX` blocks.
+pub(crate) fn key_block_launch(p: &BwdParams, (br, bc): (usize, usize), threads: usize, smem: usize) -> Result<Option<(BwdParams, LaunchConfig)>> {
     let blocks = p.fwd.batch as u64 * p.fwd.kv_heads() as u64 * (p.fwd.seqlen_k as u64).div_ceil(bc as u64);
     if blocks == 0 {
-        return Ok(());
+        return Ok(None);
     }
     if blocks > i32::MAX as u64 {
         return Err(FlashAttnError::DimTooLarge { argument: "k", axis: "batch · nheads_k · key blocks", value: blocks as usize, max: i32::MAX as usize });
@@ -149,7 +148,17 @@ unsafe fn launch_key_blocks(stream: &Arc<CudaStream>, f: &CudaFunction, p: &BwdP
     let mut p = *p;
     p.br = br as u32;
     p.bc = bc as u32;
-    let cfg = LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (threads as u32, 1, 1), shared_mem_bytes: smem as u32 };
+    Ok(Some((p, LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (threads as u32, 1, 1), shared_mem_bytes: smem as u32 })))
+}
+
+/// Launches the tensor-core kernel `f` on [`key_block_launch`]'s grid.
+///
+/// # Safety
+/// `f` takes exactly one [`BwdParams`] by value and runs with `threads`
+/// threads and `smem` bytes of dynamic shared memory at tiles `(br, bc)`;
+/// `p` satisfies its contract (as [`launch_tc_backward`]'s).
+unsafe fn launch_key_blocks(stream: &Arc<CudaStream>, f: &CudaFunction, p: &BwdParams, tiles: (usize, usize), threads: usize, smem: usize) -> Result<()> {
+    let Some((p, cfg)) = key_block_launch(p, tiles, threads, smem)? else { return Ok(()) };
     let arg = KernelArg(p);
     let mut b = stream.launch_builder(f);
     b.arg(&arg);
