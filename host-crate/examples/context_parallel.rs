@@ -18,6 +18,10 @@
 //! `ulysses_backward`: all-to-alls over heads, contiguous shards; the head
 //! counts must divide by the GPUs).
 //!
+//! `--docs N`: a packed varlen batch of `N` documents of random lengths
+//! (multiples of 128 tokens) summing to `--seqlen`, each sharded over the
+//! ranks (`RingRank::new_varlen`), against one GPU's varlen attention.
+//!
 //! `--procs`: one process per GPU instead (this process launches one per
 //! rank, each joining with `Comm::from_rank` and an NCCL id passed through
 //! a file), the other way trainers launch.
@@ -41,7 +45,7 @@ use flash_attn::context_parallel::nccl::{
     RingGradInputs, RingGrads, RingRank, RingShape, UlyssesRank, ring_backward, ring_forward, ulysses_backward, ulysses_forward,
 };
 use flash_attn::context_parallel::{ShardPlan, Sharding};
-use flash_attn::{BackwardParams, Extras, FlashAttention, FlashAttnError, ForwardParams, StatsMut, Tensor, TensorLayout, TensorMut};
+use flash_attn::{BackwardParams, Extras, FlashAttention, FlashAttnError, ForwardParams, StatsMut, Tensor, TensorLayout, TensorMut, Varlen};
 use half::bf16;
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
@@ -67,6 +71,8 @@ struct Args {
     procs: bool,
     /// The inputs' seed (fresh per run unless given; passed to launched ranks).
     seed: u64,
+    /// Documents of a packed varlen batch (0: one dense sequence per batch entry).
+    docs: usize,
     /// A launched rank: its index and the folder of the NCCL id and results.
     child: Option<(usize, String)>,
 }
@@ -88,6 +94,7 @@ fn parse_args() -> Result<Args> {
         ulysses: false,
         procs: false,
         seed: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64),
+        docs: 0,
         child: None,
     };
     let mut it = std::env::args().skip(1);
@@ -105,6 +112,7 @@ fn parse_args() -> Result<Args> {
             "--headdim" => a.headdim = num("--headdim")?,
             "--iters" => a.iters = num("--iters")?,
             "--seed" => a.seed = num("--seed")? as u64,
+            "--docs" => a.docs = num("--docs")?,
             "--contiguous" => a.sharding = Sharding::Contiguous,
             "--non-causal" => a.causal = false,
             "--bench" => a.bench = true,
@@ -120,11 +128,19 @@ fn parse_args() -> Result<Args> {
             "-h" | "--help" => {
                 println!(
                     "context_parallel [--gpus N] [--seqlen S] [--batch B] [--nheads H] [--nheads-k HK] [--headdim D] \
-                     [--contiguous] [--non-causal] [--iters I] [--bench] [--check-ref] [--procs] [--backward] [--ulysses]"
+                     [--contiguous] [--non-causal] [--iters I] [--bench] [--check-ref] [--procs] [--backward] [--ulysses] [--docs N]"
                 );
                 std::process::exit(0);
             }
             other => return Err(format!("unknown argument `{other}` (--help)").into()),
+        }
+    }
+    if a.docs > 0 {
+        if a.ulysses || a.batch != 1 {
+            return Err("--docs packs one varlen batch for the ring: batch 1, no --ulysses".into());
+        }
+        if !a.seqlen.is_multiple_of(DOC_UNIT) || a.seqlen / DOC_UNIT < a.docs {
+            return Err(format!("--docs {} needs --seqlen a multiple of {DOC_UNIT}, at least {DOC_UNIT} per document", a.docs).into());
         }
     }
     if a.ulysses {
@@ -216,10 +232,47 @@ fn rel_err(a: impl Iterator<Item = f64>, b: impl Iterator<Item = f64>) -> f64 {
     (num / den).sqrt()
 }
 
-/// Causal halves the FLOPs: `4·B·H·N²·d`, halved when causal (the papers' count).
+/// Document lengths are multiples of this (2·N chunks for 1, 2, 4, 8 GPUs).
+const DOC_UNIT: usize = 128;
+
+/// The documents along the sequence: `[seqlen]`, or with `--docs N` N random
+/// lengths (multiples of [`DOC_UNIT`], from the run's seed) summing to it.
+fn doc_lengths(a: &Args) -> Vec<usize> {
+    if a.docs == 0 {
+        return vec![a.seqlen];
+    }
+    let units = a.seqlen / DOC_UNIT;
+    // N − 1 distinct cut points among the units (SplitMix64 from the seed).
+    let mut x = a.seed ^ 0xd0c5;
+    let mut cuts = std::collections::BTreeSet::new();
+    while cuts.len() < a.docs - 1 {
+        x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        cuts.insert(1 + ((z ^ (z >> 31)) % (units as u64 - 1).max(1)) as usize);
+    }
+    let mut ends: Vec<usize> = cuts.into_iter().collect();
+    ends.push(units);
+    let mut prev = 0;
+    ends.into_iter().map(|e| { let l = (e - prev) * DOC_UNIT; prev = e; l }).collect()
+}
+
+/// `cu_seqlens` of the documents.
+fn cu_seqlens(docs: &[usize]) -> Vec<i32> {
+    std::iter::once(0).chain(docs.iter().scan(0, |acc, &l| { *acc += l as i32; Some(*acc) })).collect()
+}
+
+/// Causal halves the FLOPs: `4·B·H·N²·d` (the sum over the documents of a
+/// varlen batch), halved when causal (the papers' count).
 fn flops(a: &Args) -> f64 {
-    let f = 4.0 * a.batch as f64 * a.nheads as f64 * (a.seqlen as f64).powi(2) * a.headdim as f64;
+    let n2: f64 = doc_lengths(a).iter().map(|&l| (l as f64).powi(2)).sum();
+    let f = 4.0 * a.batch as f64 * a.nheads as f64 * n2 * a.headdim as f64;
     if a.causal { f / 2.0 } else { f }
+}
+
+/// The ring's sharding of the run's documents over `gpus` ranks.
+fn plan_of(a: &Args, gpus: usize) -> std::result::Result<ShardPlan, FlashAttnError> {
+    ShardPlan::new(a.sharding, gpus, &doc_lengths(a))
 }
 
 /// One GPU over the whole sequence: `(o, lse, median ms)`.
@@ -232,10 +285,20 @@ fn one_gpu(a: &Args, ctx: &Arc<CudaContext>, q: &[bf16], k: &[bf16], v: &[bf16])
     let mut o = s.alloc_zeros::<bf16>(q.len())?;
     let mut lse = s.alloc_zeros::<f32>(a.batch * a.nheads * a.seqlen)?;
     let params = ForwardParams { causal: a.causal, ..Default::default() };
+    let docs = doc_lengths(a);
+    let cu = s.clone_htod(&cu_seqlens(&docs))?;
+    let max = docs.iter().copied().max().unwrap_or(0);
+    let varlen = Varlen { cu_seqlens_q: &cu, cu_seqlens_k: &cu, max_seqlen_q: max, max_seqlen_k: max, seqused_k: None };
+    let (vq, vk) = (TensorLayout::varlen(a.seqlen, a.nheads, a.headdim), TensorLayout::varlen(a.seqlen, a.nheads_k, a.headdim));
     let mut times = Vec::new();
     for i in 0..a.iters + 1 {
         let t0 = timing_event(&s)?;
-        fa.forward_into(&s, Tensor::new(&qd, lq), Tensor::new(&kd, lk), Tensor::new(&vd, lk), TensorMut::new(&mut o, lq), StatsMut::LogSumExp(lse.as_view_mut()), &params)?;
+        if a.docs > 0 {
+            let (qt, kt, vt) = (Tensor::new(&qd, vq), Tensor::new(&kd, vk), Tensor::new(&vd, vk));
+            fa.forward_varlen_into(&s, qt, kt, vt, TensorMut::new(&mut o, vq), &mut lse, &varlen, &params, &Extras::default())?;
+        } else {
+            fa.forward_into(&s, Tensor::new(&qd, lq), Tensor::new(&kd, lk), Tensor::new(&vd, lk), TensorMut::new(&mut o, lq), StatsMut::LogSumExp(lse.as_view_mut()), &params)?;
+        }
         let t1 = timing_event(&s)?;
         s.synchronize()?;
         if i > 0 {
@@ -254,17 +317,16 @@ enum Ranks {
 impl Ranks {
     /// One rank per context, joined by `Comm::from_devices`.
     fn new(a: &Args, ctxs: &[Arc<CudaContext>], shape: RingShape) -> Result<Self> {
-        let params = ForwardParams { causal: a.causal, ..Default::default() };
         let comm_streams = ctxs.iter().map(|c| c.new_stream()).collect::<std::result::Result<Vec<_>, _>>()?;
         let comms = Comm::from_devices(comm_streams).map_err(FlashAttnError::from)?;
         let mut ring = Vec::new();
         let mut uly = Vec::new();
         for (ctx, comm) in ctxs.iter().zip(comms) {
-            let fa = Arc::new(FlashAttention::new(ctx)?);
             if a.ulysses {
-                uly.push(UlyssesRank::<bf16>::new(fa, comm, ctx.new_stream()?, shape, &params)?);
+                let params = ForwardParams { causal: a.causal, ..Default::default() };
+                uly.push(UlyssesRank::<bf16>::new(Arc::new(FlashAttention::new(ctx)?), comm, ctx.new_stream()?, shape, &params)?);
             } else {
-                ring.push(RingRank::<bf16>::new(fa, comm, ctx.new_stream()?, shape, a.sharding, &params)?);
+                ring.push(ring_rank(a, ctx, comm, shape)?);
             }
         }
         Ok(if a.ulysses { Ranks::Ulysses(uly) } else { Ranks::Ring(ring) })
@@ -297,6 +359,18 @@ impl Ranks {
             Ranks::Ulysses(r) => ulysses_backward(r, inputs, grads, false),
         }
     }
+}
+
+/// One rank of the ring on `ctx` (a varlen rank with `--docs`).
+fn ring_rank(a: &Args, ctx: &Arc<CudaContext>, comm: Comm, shape: RingShape) -> Result<RingRank<bf16>> {
+    let params = ForwardParams { causal: a.causal, ..Default::default() };
+    let fa = Arc::new(FlashAttention::new(ctx)?);
+    let ranks = comm.world_size();
+    Ok(if a.docs > 0 {
+        RingRank::<bf16>::new_varlen(fa, comm, ctx.new_stream()?, shape, &plan_of(a, ranks)?, &params)?
+    } else {
+        RingRank::<bf16>::new(fa, comm, ctx.new_stream()?, shape, a.sharding, &params)?
+    })
 }
 
 /// The ring forward `a.iters` times after a warm-up: the median over
@@ -332,7 +406,7 @@ fn time_ring(
 /// The ring over `ctxs`: `(o, lse, median ms of the slowest GPU)`, whole-sequence layouts.
 fn ring(a: &Args, ctxs: &[Arc<CudaContext>], q: &[bf16], k: &[bf16], v: &[bf16]) -> Result<(Vec<bf16>, Vec<f32>, f64)> {
     let n = ctxs.len();
-    let plan = ShardPlan::new(a.sharding, n, &[a.seqlen])?;
+    let plan = plan_of(a, n)?;
     let shape = RingShape { batch: a.batch, seqlen_local: a.seqlen / n, nheads: a.nheads, nheads_k: a.nheads_k, headdim: a.headdim };
     let mut ranks = Ranks::new(a, ctxs, shape)?;
     let (mut qs, mut ks, mut vs, mut os) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
@@ -364,7 +438,33 @@ fn inputs(a: &Args) -> (Vec<bf16>, Vec<bf16>, Vec<bf16>) {
 /// and times its rank and writes its shards of O and LSE into the folder,
 /// which this process gathers: `(o, lse, median ms of the slowest rank)`.
 fn processes(a: &Args) -> Result<(Vec<bf16>, Vec<f32>, f64)> {
-    let dir = std::env::temp_dir().join(format!("cp-ring-{}-{}", std::process::id(), a.seqlen));
+    let dir = launch_ranks(a)?;
+    let plan = plan_of(a, a.gpus)?;
+    let (mut o_parts, mut lse_parts, mut slowest) = (Vec::new(), Vec::new(), 0f64);
+    for r in 0..a.gpus {
+        o_parts.push(read_bf16(&dir.join(format!("o.{r}")))?);
+        let lse = std::fs::read(dir.join(format!("lse.{r}")))?;
+        lse_parts.push(lse.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect::<Vec<_>>());
+        slowest = slowest.max(std::fs::read_to_string(dir.join(format!("time.{r}")))?.trim().parse::<f64>()?);
+    }
+    std::fs::remove_dir_all(&dir)?;
+    let rq = a.nheads * a.headdim;
+    Ok((unshard(&plan, &o_parts, a.batch, a.seqlen, rq), unshard(&plan, &lse_parts, a.batch * a.nheads, a.seqlen, 1), slowest))
+}
+
+fn read_bf16(path: &std::path::Path) -> Result<Vec<bf16>> {
+    Ok(std::fs::read(path)?.chunks_exact(2).map(|b| bf16::from_le_bytes([b[0], b[1]])).collect())
+}
+
+fn write_bf16(path: &std::path::Path, x: &[bf16]) -> Result<()> {
+    Ok(std::fs::write(path, x.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>())?)
+}
+
+/// Writes an NCCL id into a fresh folder, launches this program once per
+/// rank (`--child RANK DIR`, with the run's arguments) and waits for them:
+/// the folder, where the ranks left their results.
+fn launch_ranks(a: &Args) -> Result<std::path::PathBuf> {
+    let dir = std::env::temp_dir().join(format!("cp-ring-{}-{}-{}", std::process::id(), a.seqlen, a.gpus));
     std::fs::create_dir_all(&dir)?;
     let id = Id::new().map_err(FlashAttnError::from)?;
     std::fs::write(dir.join("id"), id.internal().iter().map(|&c| c as u8).collect::<Vec<u8>>())?;
@@ -387,6 +487,12 @@ fn processes(a: &Args) -> Result<(Vec<bf16>, Vec<f32>, f64)> {
     if !a.causal {
         args.push("--non-causal".into());
     }
+    if a.docs > 0 {
+        args.extend(["--docs".into(), a.docs.to_string()]);
+    }
+    if a.backward {
+        args.push("--backward".into());
+    }
     let exe = std::env::current_exe()?;
     let children = (0..a.gpus)
         .map(|r| std::process::Command::new(&exe).args(&args).arg("--child").arg(r.to_string()).arg(&dir).spawn())
@@ -397,18 +503,7 @@ fn processes(a: &Args) -> Result<(Vec<bf16>, Vec<f32>, f64)> {
             return Err(format!("rank {r}'s process failed ({st})").into());
         }
     }
-    let plan = ShardPlan::new(a.sharding, a.gpus, &[a.seqlen])?;
-    let (mut o_parts, mut lse_parts, mut slowest) = (Vec::new(), Vec::new(), 0f64);
-    for r in 0..a.gpus {
-        let o = std::fs::read(dir.join(format!("o.{r}")))?;
-        o_parts.push(o.chunks_exact(2).map(|b| bf16::from_le_bytes([b[0], b[1]])).collect::<Vec<_>>());
-        let lse = std::fs::read(dir.join(format!("lse.{r}")))?;
-        lse_parts.push(lse.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect::<Vec<_>>());
-        slowest = slowest.max(std::fs::read_to_string(dir.join(format!("time.{r}")))?.trim().parse::<f64>()?);
-    }
-    std::fs::remove_dir_all(&dir)?;
-    let rq = a.nheads * a.headdim;
-    Ok((unshard(&plan, &o_parts, a.batch, a.seqlen, rq), unshard(&plan, &lse_parts, a.batch * a.nheads, a.seqlen, 1), slowest))
+    Ok(dir)
 }
 
 /// One launched rank of [`processes`]: joins the ring with `Comm::from_rank`
@@ -425,11 +520,20 @@ fn child(a: &Args, rank: usize, dir: &std::path::Path) -> Result<()> {
     let ctx = CudaContext::new(rank)?;
     let comm = Comm::from_rank(ctx.new_stream()?, rank, a.gpus, Id::uninit(internal)).map_err(FlashAttnError::from)?;
     let (q, k, v) = inputs(a);
-    let plan = ShardPlan::new(a.sharding, a.gpus, &[a.seqlen])?;
+    if a.backward {
+        let dout = random_bf16(q.len(), a.seed ^ 0xd0);
+        let shape = RingShape { batch: a.batch, seqlen_local: a.seqlen / a.gpus, nheads: a.nheads, nheads_k: a.nheads_k, headdim: a.headdim };
+        let mut ring = Ranks::Ring(vec![ring_rank(a, &ctx, comm, shape)?]);
+        let (mut parts, tf, tb) = ring_bwd_ranks(a, &mut ring, &[rank], [&q, &k, &v, &dout])?;
+        for (name, g) in ["dq", "dk", "dv"].iter().zip(parts.remove(0)) {
+            write_bf16(&dir.join(format!("{name}.{rank}")), &g)?;
+        }
+        std::fs::write(dir.join(format!("time.{rank}")), format!("{tf} {tb}"))?;
+        return Ok(());
+    }
+    let plan = plan_of(a, a.gpus)?;
     let shape = RingShape { batch: a.batch, seqlen_local: a.seqlen / a.gpus, nheads: a.nheads, nheads_k: a.nheads_k, headdim: a.headdim };
-    let params = ForwardParams { causal: a.causal, ..Default::default() };
-    let fa = Arc::new(FlashAttention::new(&ctx)?);
-    let mut ring = Ranks::Ring(vec![RingRank::<bf16>::new(fa, comm, ctx.new_stream()?, shape, a.sharding, &params)?]);
+    let mut ring = Ranks::Ring(vec![ring_rank(a, &ctx, comm, shape)?]);
     let s = ring.streams()[0].clone();
     let (rq, rk) = (a.nheads * a.headdim, a.nheads_k * a.headdim);
     let qs = [s.clone_htod(&shard(&plan, &q, a.batch, a.seqlen, rq, rank))?];
@@ -439,7 +543,7 @@ fn child(a: &Args, rank: usize, dir: &std::path::Path) -> Result<()> {
     let t = time_ring(a, &mut ring, &qs, &ks, &vs, &mut os)?;
     let o = s.clone_dtoh(&os[0])?;
     let lse = s.clone_dtoh(ring.lse(0))?;
-    std::fs::write(dir.join(format!("o.{rank}")), o.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>())?;
+    write_bf16(&dir.join(format!("o.{rank}")), &o)?;
     std::fs::write(dir.join(format!("lse.{rank}")), lse.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>())?;
     std::fs::write(dir.join(format!("time.{rank}")), t.to_string())?;
     Ok(())
@@ -448,7 +552,11 @@ fn child(a: &Args, rank: usize, dir: &std::path::Path) -> Result<()> {
 /// One configuration: the one-GPU baseline, the ring, the check, a table row.
 /// The table's sharding column: the ring's sharding, or Ulysses.
 fn scheme(a: &Args) -> String {
-    if a.ulysses { "Ulysses".into() } else { format!("{:?}", a.sharding) }
+    match (a.ulysses, a.docs) {
+        (true, _) => "Ulysses".into(),
+        (false, 0) => format!("{:?}", a.sharding),
+        (false, docs) => format!("{:?}, {docs} documents", a.sharding),
+    }
 }
 
 fn run(a: &Args, ctxs: &[Arc<CudaContext>]) -> Result<()> {
@@ -481,12 +589,17 @@ fn run(a: &Args, ctxs: &[Arc<CudaContext>]) -> Result<()> {
     Ok(())
 }
 
+/// The sequence of the f64 checks: about 2048 tokens (a multiple of the
+/// zigzag chunks and of [`DOC_UNIT`]), more with many `--docs`.
+fn ref_seqlen(a: &Args) -> usize {
+    2048usize.max(a.docs * DOC_UNIT)
+}
+
 /// The f64 check of FlashAttention-2's 2× rule on one GQA group of heads.
 fn check_ref(a: &Args, ctxs: &[Arc<CudaContext>]) -> Result<()> {
-    use flash_attn::reference::attention;
+    use flash_attn::reference::{attention, attention_varlen};
     use ndarray::{Array4, s};
-    let chunks = 2 * ctxs.len();
-    let a = Args { seqlen: 2048usize.div_ceil(chunks) * chunks, batch: 1, iters: 1, ..a.clone() };
+    let a = Args { seqlen: ref_seqlen(a), batch: 1, iters: 1, ..a.clone() };
     let (lq, lk) = (a.seqlen * a.nheads * a.headdim, a.seqlen * a.nheads_k * a.headdim);
     let (q, k, v) = (random_bf16(lq, 1), random_bf16(lk, 2), random_bf16(lk, 3));
     let (o1, _, _) = one_gpu(&a, &ctxs[0], &q, &k, &v)?;
@@ -495,10 +608,17 @@ fn check_ref(a: &Args, ctxs: &[Arc<CudaContext>]) -> Result<()> {
     let (q64, k64, v64) = (to64(&q, a.nheads)?, to64(&k, a.nheads_k)?, to64(&v, a.nheads_k)?);
     let group = a.nheads / a.nheads_k;
     let params = ForwardParams { causal: a.causal, ..Default::default() };
-    let want = attention(q64.slice(s![.., .., ..group, ..]), k64.slice(s![.., .., ..1, ..]), v64.slice(s![.., .., ..1, ..]), &params, None)?;
+    let (hq, hk) = (s![0, .., ..group, ..], s![0, .., ..1, ..]);
+    let want = if a.docs > 0 {
+        let docs = doc_lengths(&a);
+        let (cu, max) = (cu_seqlens(&docs), docs.iter().copied().max().unwrap_or(0));
+        attention_varlen(q64.slice(hq), k64.slice(hk), v64.slice(hk), &cu, &cu, None, max, max, &params, None)?.o
+    } else {
+        attention(q64.slice(s![.., .., ..group, ..]), k64.slice(s![.., .., ..1, ..]), v64.slice(s![.., .., ..1, ..]), &params, None)?.o.index_axis_move(ndarray::Axis(0), 0)
+    };
     let err = |o: &[bf16]| -> Result<f64> {
         let o = to64(o, a.nheads)?;
-        Ok(rel_err(o.slice(s![.., .., ..group, ..]).iter().copied(), want.o.iter().copied()))
+        Ok(rel_err(o.slice(hq).iter().copied(), want.iter().copied()))
     };
     let (e1, en) = (err(&o1)?, err(&on)?);
     println!("f64 check (seqlen {}, heads 0..{group}): one GPU {e1:.3e}, ring over {} GPUs {en:.3e}", a.seqlen, ctxs.len());
@@ -524,9 +644,6 @@ fn main() -> Result<()> {
     println!("{} × {}, NCCL_NVLS_ENABLE={:?}", a.gpus, FlashAttention::new(&ctxs[0])?.device_name(), std::env::var("NCCL_NVLS_ENABLE").ok());
     println!("batch {}, {} query / {} KV heads, d {}, bf16; times: median of {} (CUDA events, slowest GPU)", a.batch, a.nheads, a.nheads_k, a.headdim, a.iters);
     if a.backward {
-        if a.procs {
-            return Err("--backward runs with one process driving every GPU (--procs is for the forward)".into());
-        }
         return backward_main(&a, &ctxs);
     }
     println!("\n| tokens | GPUs | launch | sharding | causal | 1 GPU ms | ring ms | TFLOP/s per GPU | scaling eff. | rel. err O vs 1 GPU | max ΔLSE |");
@@ -551,6 +668,9 @@ fn main() -> Result<()> {
 /// Gradients gathered into whole-sequence layouts: `(dq, dk, dv)`.
 type HostGrads = (Vec<bf16>, Vec<bf16>, Vec<bf16>);
 
+/// One rank's gradient shards `[dq, dk, dv]`.
+type RankGrads = [Vec<bf16>; 3];
+
 /// One GPU over the whole sequence, forward then backward:
 /// `(gradients, forward ms, backward ms)` (medians).
 fn one_gpu_bwd(a: &Args, ctx: &Arc<CudaContext>, [q, k, v, dout]: [&[bf16]; 4]) -> Result<(HostGrads, f64, f64)> {
@@ -564,12 +684,28 @@ fn one_gpu_bwd(a: &Args, ctx: &Arc<CudaContext>, [q, k, v, dout]: [&[bf16]; 4]) 
     let (mut dq, mut dk, mut dv) = (s.alloc_zeros::<bf16>(q.len())?, s.alloc_zeros::<bf16>(k.len())?, s.alloc_zeros::<bf16>(v.len())?);
     let params = ForwardParams { causal: a.causal, ..Default::default() };
     let bp = BackwardParams { forward: params, deterministic: false };
+    let docs = doc_lengths(a);
+    let cu = s.clone_htod(&cu_seqlens(&docs))?;
+    let max = docs.iter().copied().max().unwrap_or(0);
+    let varlen = Varlen { cu_seqlens_q: &cu, cu_seqlens_k: &cu, max_seqlen_q: max, max_seqlen_k: max, seqused_k: None };
+    let (vq, vk) = (TensorLayout::varlen(a.seqlen, a.nheads, a.headdim), TensorLayout::varlen(a.seqlen, a.nheads_k, a.headdim));
     let (mut tf, mut tb) = (Vec::new(), Vec::new());
     for i in 0..a.iters + 1 {
         let t0 = timing_event(&s)?;
-        fa.forward_into(&s, Tensor::new(&qd, lq), Tensor::new(&kd, lk), Tensor::new(&vd, lk), TensorMut::new(&mut o, lq), StatsMut::LogSumExp(lse.as_view_mut()), &params)?;
+        if a.docs > 0 {
+            let (qt, kt, vt) = (Tensor::new(&qd, vq), Tensor::new(&kd, vk), Tensor::new(&vd, vk));
+            fa.forward_varlen_into(&s, qt, kt, vt, TensorMut::new(&mut o, vq), &mut lse, &varlen, &params, &Extras::default())?;
+        } else {
+            fa.forward_into(&s, Tensor::new(&qd, lq), Tensor::new(&kd, lk), Tensor::new(&vd, lk), TensorMut::new(&mut o, lq), StatsMut::LogSumExp(lse.as_view_mut()), &params)?;
+        }
         let t1 = timing_event(&s)?;
         let t2 = timing_event(&s)?;
+        if a.docs > 0 {
+            let t = |x| Tensor::new(x, vq);
+            let (kt, vt) = (Tensor::new(&kd, vk), Tensor::new(&vd, vk));
+            let (gq, gk, gv) = (TensorMut::new(&mut dq, vq), TensorMut::new(&mut dk, vk), TensorMut::new(&mut dv, vk));
+            fa.backward_varlen_into(&s, t(&qd), kt, vt, t(&o), t(&dod), &lse, gq, gk, gv, None, &varlen, &bp, &Extras::default())?;
+        } else {
         fa.backward_into(
             &s,
             Tensor::new(&qd, lq),
@@ -585,6 +721,7 @@ fn one_gpu_bwd(a: &Args, ctx: &Arc<CudaContext>, [q, k, v, dout]: [&[bf16]; 4]) 
             &bp,
             &Extras::default(),
         )?;
+        }
         let t3 = timing_event(&s)?;
         s.synchronize()?;
         if i > 0 {
@@ -598,21 +735,65 @@ fn one_gpu_bwd(a: &Args, ctx: &Arc<CudaContext>, [q, k, v, dout]: [&[bf16]; 4]) 
 /// The ring over `ctxs`, forward then backward, `a.iters` times after a
 /// warm-up: `(gradients, forward ms, backward ms)` (medians of the slowest
 /// rank), gradients in whole-sequence layouts.
-fn ring_bwd(a: &Args, ctxs: &[Arc<CudaContext>], [q, k, v, dout]: [&[bf16]; 4]) -> Result<(HostGrads, f64, f64)> {
+fn ring_bwd(a: &Args, ctxs: &[Arc<CudaContext>], inputs: [&[bf16]; 4]) -> Result<(HostGrads, f64, f64)> {
     let n = ctxs.len();
-    let plan = ShardPlan::new(a.sharding, n, &[a.seqlen])?;
     let shape = RingShape { batch: a.batch, seqlen_local: a.seqlen / n, nheads: a.nheads, nheads_k: a.nheads_k, headdim: a.headdim };
-    let (rq, rk) = (a.nheads * a.headdim, a.nheads_k * a.headdim);
     let mut ranks = Ranks::new(a, ctxs, shape)?;
+    let ids: Vec<usize> = (0..n).collect();
+    let (parts, tf, tb) = ring_bwd_ranks(a, &mut ranks, &ids, inputs)?;
+    Ok((unshard_grads(a, n, parts)?, tf, tb))
+}
+
+/// Every rank's `[dq, dk, dv]` shards gathered into whole-sequence layouts.
+fn unshard_grads(a: &Args, n: usize, parts: Vec<RankGrads>) -> Result<HostGrads> {
+    let plan = plan_of(a, n)?;
+    let (rq, rk) = (a.nheads * a.headdim, a.nheads_k * a.headdim);
+    let mut per: [Vec<Vec<bf16>>; 3] = Default::default();
+    for p in parts {
+        for (dst, g) in per.iter_mut().zip(p) {
+            dst.push(g);
+        }
+    }
+    let [dq, dk, dv] = per;
+    Ok((unshard(&plan, &dq, a.batch, a.seqlen, rq), unshard(&plan, &dk, a.batch, a.seqlen, rk), unshard(&plan, &dv, a.batch, a.seqlen, rk)))
+}
+
+/// The ring with one process per GPU, forward then backward (see
+/// [`processes`]): `(gradients, forward ms, backward ms)` of the slowest rank.
+fn processes_bwd(a: &Args) -> Result<(HostGrads, f64, f64)> {
+    let dir = launch_ranks(a)?;
+    let (mut parts, mut tf, mut tb) = (Vec::new(), 0f64, 0f64);
+    for r in 0..a.gpus {
+        let g = ["dq", "dk", "dv"].map(|name| read_bf16(&dir.join(format!("{name}.{r}"))));
+        let [dq, dk, dv] = g;
+        parts.push([dq?, dk?, dv?]);
+        let t = std::fs::read_to_string(dir.join(format!("time.{r}")))?;
+        let mut it = t.split_whitespace().map(str::parse::<f64>);
+        let (f, b) = (it.next().ok_or("no forward time")??, it.next().ok_or("no backward time")??);
+        (tf, tb) = (tf.max(f), tb.max(b));
+    }
+    std::fs::remove_dir_all(&dir)?;
+    Ok((unshard_grads(a, a.gpus, parts)?, tf, tb))
+}
+
+/// The ring forward then backward of `ranks` (ring ranks `ids`, all of
+/// them or this process's one), `a.iters` times after a warm-up: each
+/// rank's `[dq, dk, dv]` shards and the medians of the slowest rank's
+/// forward and backward times.
+fn ring_bwd_ranks(a: &Args, ranks: &mut Ranks, ids: &[usize], [q, k, v, dout]: [&[bf16]; 4]) -> Result<(Vec<RankGrads>, f64, f64)> {
+    let n = a.gpus;
+    let plan = plan_of(a, n)?;
+    let local = a.seqlen / n;
+    let (rq, rk) = (a.nheads * a.headdim, a.nheads_k * a.headdim);
     let streams = ranks.streams();
     let mut bufs: Vec<[CudaSlice<bf16>; 8]> = Vec::new();
     let mut lses = Vec::new();
-    for (r, s) in streams.iter().enumerate() {
+    for (&r, s) in ids.iter().zip(&streams) {
         let up = |x: &[bf16], row| s.clone_htod(&shard(&plan, x, a.batch, a.seqlen, row, r));
-        let (ql, kl) = (a.batch * shape.seqlen_local * rq, a.batch * shape.seqlen_local * rk);
+        let (ql, kl) = (a.batch * local * rq, a.batch * local * rk);
         // q, k, v, dout, out, dq, dk, dv
         bufs.push([up(q, rq)?, up(k, rk)?, up(v, rk)?, up(dout, rq)?, s.alloc_zeros(ql)?, s.alloc_zeros(ql)?, s.alloc_zeros(kl)?, s.alloc_zeros(kl)?]);
-        lses.push(s.alloc_zeros::<f32>(a.batch * a.nheads * shape.seqlen_local)?);
+        lses.push(s.alloc_zeros::<f32>(a.batch * a.nheads * local)?);
     }
     let (mut tf, mut tb) = (Vec::new(), Vec::new());
     for i in 0..a.iters + 1 {
@@ -650,15 +831,11 @@ fn ring_bwd(a: &Args, ctxs: &[Arc<CudaContext>], [q, k, v, dout]: [&[bf16]; 4]) 
             tb.push(b);
         }
     }
-    let mut parts: [Vec<Vec<bf16>>; 3] = Default::default();
+    let mut parts = Vec::new();
     for (s, b) in streams.iter().zip(&bufs) {
-        for (p, g) in parts.iter_mut().zip(&b[5..8]) {
-            p.push(s.clone_dtoh(g)?);
-        }
+        parts.push([s.clone_dtoh(&b[5])?, s.clone_dtoh(&b[6])?, s.clone_dtoh(&b[7])?]);
     }
-    let [dq, dk, dv] = parts;
-    let g = (unshard(&plan, &dq, a.batch, a.seqlen, rq), unshard(&plan, &dk, a.batch, a.seqlen, rk), unshard(&plan, &dv, a.batch, a.seqlen, rk));
-    Ok((g, median(tf), median(tb)))
+    Ok((parts, median(tf), median(tb)))
 }
 
 fn grad_errs(g: &HostGrads, want: &HostGrads) -> [f64; 3] {
@@ -680,13 +857,13 @@ fn backward_main(a: &Args, ctxs: &[Arc<CudaContext>]) -> Result<()> {
         let (g1, f1, b1) = one_gpu_bwd(a, &ctxs[0], [&q, &k, &v, &dout])?;
         for &n in &counts {
             let a = &Args { gpus: n, ..a.clone() };
-            let (gn, fnn, bn) = ring_bwd(a, &ctxs[..n], [&q, &k, &v, &dout])?;
+            let (gn, fnn, bn) = if a.procs { processes_bwd(a)? } else { ring_bwd(a, &ctxs[..n], [&q, &k, &v, &dout])? };
             let errs = grad_errs(&gn, &g1);
             println!(
                 "| {} | {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.1} | {:.1}% | {:.1}% | {:.2e}, {:.2e}, {:.2e} |",
                 a.seqlen,
                 n,
-                scheme(a),
+                if a.procs { format!("{}, process per GPU", scheme(a)) } else { scheme(a) },
                 if a.causal { "yes" } else { "no" },
                 f1,
                 b1,
@@ -713,11 +890,9 @@ fn backward_main(a: &Args, ctxs: &[Arc<CudaContext>]) -> Result<()> {
 /// The f64 check of the ring's gradients (FlashAttention-2's rule: at most
 /// twice one GPU's error) on one GQA group of heads.
 fn check_ref_bwd(a: &Args, ctxs: &[Arc<CudaContext>]) -> Result<()> {
-    use flash_attn::reference::attention_backward;
+    use flash_attn::reference::{attention_backward, varlen_attention_backward};
     use ndarray::{Array4, s};
-    // About 2048 tokens, a multiple of the 2·N zigzag chunks.
-    let chunks = 2 * ctxs.len();
-    let a = Args { seqlen: 2048usize.div_ceil(chunks) * chunks, batch: 1, iters: 1, gpus: ctxs.len(), ..a.clone() };
+    let a = Args { seqlen: ref_seqlen(a), batch: 1, iters: 1, gpus: ctxs.len(), ..a.clone() };
     let (lq, lk) = (a.seqlen * a.nheads * a.headdim, a.seqlen * a.nheads_k * a.headdim);
     let (q, k, v, dout) = (random_bf16(lq, 11), random_bf16(lk, 12), random_bf16(lk, 13), random_bf16(lq, 14));
     let (g1, _, _) = one_gpu_bwd(&a, &ctxs[0], [&q, &k, &v, &dout])?;
@@ -726,15 +901,24 @@ fn check_ref_bwd(a: &Args, ctxs: &[Arc<CudaContext>]) -> Result<()> {
     let group = a.nheads / a.nheads_k;
     let (q64, k64, v64, do64) = (to64(&q, a.nheads)?, to64(&k, a.nheads_k)?, to64(&v, a.nheads_k)?, to64(&dout, a.nheads)?);
     let params = ForwardParams { causal: a.causal, ..Default::default() };
-    let hq = s![.., .., ..group, ..];
-    let hk = s![.., .., ..1, ..];
-    let want = attention_backward(q64.slice(hq), k64.slice(hk), v64.slice(hk), do64.slice(hq), &params, None)?;
+    let hq = s![0, .., ..group, ..];
+    let hk = s![0, .., ..1, ..];
+    let want = if a.docs > 0 {
+        let docs = doc_lengths(&a);
+        let (cu, max) = (cu_seqlens(&docs), docs.iter().copied().max().unwrap_or(0));
+        let g = varlen_attention_backward(q64.slice(hq), k64.slice(hk), v64.slice(hk), do64.slice(hq), &cu, &cu, None, max, max, &params, None)?;
+        [g.dq, g.dk, g.dv]
+    } else {
+        let (hq, hk) = (s![.., .., ..group, ..], s![.., .., ..1, ..]);
+        let g = attention_backward(q64.slice(hq), k64.slice(hk), v64.slice(hk), do64.slice(hq), &params, None)?;
+        [g.dq, g.dk, g.dv].map(|x| x.index_axis_move(ndarray::Axis(0), 0))
+    };
     let errs = |g: &HostGrads| -> Result<[f64; 3]> {
         let (dq, dk, dv) = (to64(&g.0, a.nheads)?, to64(&g.1, a.nheads_k)?, to64(&g.2, a.nheads_k)?);
         Ok([
-            rel_err(dq.slice(hq).iter().copied(), want.dq.iter().copied()),
-            rel_err(dk.slice(hk).iter().copied(), want.dk.iter().copied()),
-            rel_err(dv.slice(hk).iter().copied(), want.dv.iter().copied()),
+            rel_err(dq.slice(hq).iter().copied(), want[0].iter().copied()),
+            rel_err(dk.slice(hk).iter().copied(), want[1].iter().copied()),
+            rel_err(dv.slice(hk).iter().copied(), want[2].iter().copied()),
         ])
     };
     let (e1, en) = (errs(&g1)?, errs(&gn)?);

@@ -40,7 +40,7 @@ pub mod sharding;
 pub mod sim;
 
 pub use merge::merge_partial;
-pub use schedule::{Mask, RingBlock, Span, kv_owner, ring_block};
+pub use schedule::{BlockSegments, Mask, RingBlock, Span, kv_owner, ring_block, varlen_segments};
 pub use sharding::{ShardPlan, Sharding};
 pub use sim::{ContextParallel, Strategy, cp_backward, cp_backward_varlen, cp_forward, cp_forward_varlen};
 pub mod gpu_merge;

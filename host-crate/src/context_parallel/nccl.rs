@@ -58,6 +58,7 @@
 
 mod backward;
 mod ulysses;
+mod varlen;
 
 use std::sync::Arc;
 
@@ -179,6 +180,8 @@ pub struct RingRank<T> {
     bwd: Option<backward::BwdBuffers<T>>,
     /// The end of the last step's NCCL group.
     transfers: Transfers,
+    /// The documents of a varlen rank ([`RingRank::new_varlen`]).
+    docs: Option<varlen::RingDocs>,
 }
 
 impl<T: AttnElem + NcclType> RingRank<T> {
@@ -224,7 +227,7 @@ impl<T: AttnElem + NcclType> RingRank<T> {
         let (o_part, o_acc) = (alloc(q)?, compute.alloc_zeros::<f32>(q)?);
         let acc = shape.acc();
         let (lse_part, lse_acc) = (compute.alloc_zeros::<f32>(acc.lse_len())?, compute.alloc_zeros::<f32>(acc.lse_len())?);
-        Ok(Self { fa, comm, compute, shape, sharding, params: *params, kv, o_part, lse_part, o_acc, lse_acc, bwd: None, transfers: Transfers::default() })
+        Ok(Self { fa, comm, compute, shape, sharding, params: *params, kv, o_part, lse_part, o_acc, lse_acc, bwd: None, transfers: Transfers::default(), docs: None })
     }
 
     /// This rank's index in the communicator.
@@ -273,6 +276,9 @@ impl<T: AttnElem + NcclType> RingRank<T> {
     fn compute_step(&mut self, step: usize, [q, k, v]: [&CudaSlice<T>; 3]) -> Result<()> {
         let (n, rank) = (self.ranks(), self.rank());
         let Some(block) = ring_block(self.sharding, self.params.causal, n, rank, step) else { return Ok(()) };
+        if self.docs.is_some() {
+            return self.compute_step_varlen(step, &block, [q, k, v]);
+        }
         let (k, v) = if step == 0 { (k, v) } else { (&self.kv[(step + 1) % 2][0], &self.kv[(step + 1) % 2][1]) };
         let RingShape { batch: b, seqlen_local: s, nheads: h, nheads_k: hk, headdim: d } = self.shape;
         let (qr, kr) = (block.q.range(s), block.k.range(s));

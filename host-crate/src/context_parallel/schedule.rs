@@ -88,6 +88,57 @@ pub fn ring_block(sharding: Sharding, causal: bool, ranks: usize, rank: usize, s
     }
 }
 
+/// One ring block over a packed varlen shard as a single varlen call: the
+/// prefix sums of its sequences over the local rows (queries and keys),
+/// and their maxima.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BlockSegments {
+    /// i32 prefix sums over the local query rows, from 0 to the shard's length.
+    pub cu_seqlens_q: Vec<i32>,
+    /// i32 prefix sums over the local key rows, from 0 to the shard's length.
+    pub cu_seqlens_k: Vec<i32>,
+    /// The longest query segment.
+    pub max_seqlen_q: usize,
+    /// The longest key segment.
+    pub max_seqlen_k: usize,
+}
+
+/// The varlen sequences that compute `block` for every document of a local
+/// shard (`local_docs`: `(offset, length)` of each document, as
+/// [`super::ShardPlan::local_docs`]; the documents tile the shard in order):
+/// per document, one sequence pairing the block's query rows with its key
+/// rows, and around it sequences with queries and no keys, or keys and no
+/// queries, so that every local row lies in exactly one query segment and
+/// one key segment. A query with no key gets `O = 0` and `LSE = −∞` (the
+/// merge's identity), a key with no query `dK = dV = 0`: one call computes
+/// the block and writes every row of its partials.
+pub fn varlen_segments(local_docs: &[(usize, usize)], block: &RingBlock) -> BlockSegments {
+    let (mut cu_q, mut cu_k) = (vec![0i32], vec![0i32]);
+    let (mut max_q, mut max_k) = (0, 0);
+    let mut push = |q_end: usize, k_end: usize| {
+        let (q0, k0) = (*cu_q.last().unwrap() as usize, *cu_k.last().unwrap() as usize);
+        if q_end == q0 && k_end == k0 {
+            return;
+        }
+        max_q = max_q.max(q_end - q0);
+        max_k = max_k.max(k_end - k0);
+        cu_q.push(q_end as i32);
+        cu_k.push(k_end as i32);
+    };
+    for &(off, len) in local_docs {
+        let (qr, kr) = (block.q.range(len), block.k.range(len));
+        // Queries before the block's (no keys), keys before the block's (no queries),
+        push(off + qr.start, off);
+        push(off + qr.start, off + kr.start);
+        // the block,
+        push(off + qr.end, off + kr.end);
+        // then the rest of the document's queries and keys the same way.
+        push(off + len, off + kr.end);
+        push(off + len, off + len);
+    }
+    BlockSegments { cu_seqlens_q: cu_q, cu_seqlens_k: cu_k, max_seqlen_q: max_q, max_seqlen_k: max_k }
+}
+
 /// The ring backward's travelling `dK`/`dV` sums live in two buffers per
 /// rank: step `step` adds the held shard's gradients into this one (which
 /// the step's transfers filled, from the previous rank's step `step − 1`),
@@ -152,6 +203,50 @@ mod tests {
                 adders.sort_unstable();
                 assert_eq!(owner, rank, "n {n}");
                 assert_eq!(adders, (0..n).collect::<Vec<_>>(), "n {n}: rank {rank}'s sums");
+            }
+        }
+    }
+
+    /// Every block of every schedule as varlen segments: each local row in
+    /// exactly one query and one key segment (monotone prefix sums over the
+    /// whole shard), and the pairs with both queries and keys exactly the
+    /// block's rows of each document.
+    #[test]
+    fn varlen_segments_cover_every_row_and_pair_only_the_block() {
+        let docs_sets: [&[usize]; 4] = [&[8], &[4, 12, 0, 8], &[16, 4], &[0, 4, 4]];
+        for docs in docs_sets {
+            let mut off = 0;
+            let local: Vec<(usize, usize)> = docs.iter().map(|&l| { off += l; (off - l, l) }).collect();
+            let total = off;
+            for q in [Span::Whole, Span::FirstHalf, Span::SecondHalf] {
+                for k in [Span::Whole, Span::FirstHalf, Span::SecondHalf] {
+                    let block = RingBlock { q, k, mask: Mask::Full };
+                    let s = varlen_segments(&local, &block);
+                    assert_eq!(s.cu_seqlens_q.len(), s.cu_seqlens_k.len());
+                    for cu in [&s.cu_seqlens_q, &s.cu_seqlens_k] {
+                        assert_eq!((cu[0], *cu.last().unwrap() as usize), (0, total), "{docs:?} {q:?} {k:?}");
+                        assert!(cu.windows(2).all(|w| w[0] <= w[1]));
+                    }
+                    let mut pairs = Vec::new();
+                    for i in 0..s.cu_seqlens_q.len() - 1 {
+                        let (qa, qb) = (s.cu_seqlens_q[i] as usize, s.cu_seqlens_q[i + 1] as usize);
+                        let (ka, kb) = (s.cu_seqlens_k[i] as usize, s.cu_seqlens_k[i + 1] as usize);
+                        assert!(qb > qa || kb > ka, "an empty segment");
+                        assert!(qb - qa <= s.max_seqlen_q && kb - ka <= s.max_seqlen_k);
+                        if qb > qa && kb > ka {
+                            pairs.push((qa..qb, ka..kb));
+                        }
+                    }
+                    let want: Vec<_> = local
+                        .iter()
+                        .filter(|&&(_, len)| !q.range(len).is_empty() && !k.range(len).is_empty())
+                        .map(|&(o, len)| {
+                            let (qr, kr) = (q.range(len), k.range(len));
+                            (o + qr.start..o + qr.end, o + kr.start..o + kr.end)
+                        })
+                        .collect();
+                    assert_eq!(pairs, want, "{docs:?} {q:?} {k:?}");
+                }
             }
         }
     }

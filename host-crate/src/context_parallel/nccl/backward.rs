@@ -93,14 +93,14 @@ pub(super) fn grad_lens<T>(s: RingShape, x: &RingGradInputs<'_, T>, g: &RingGrad
 /// backward's scratch.
 pub(super) struct BwdBuffers<T> {
     /// `dkv[i] = [dk, dv]` f32 sums, alternating by step like `kv`.
-    dkv: [[CudaSlice<f32>; 2]; 2],
-    dq_acc: CudaSlice<f32>,
-    dq_part: CudaSlice<T>,
-    dk_part: CudaSlice<T>,
-    dv_part: CudaSlice<T>,
-    lse_whole: CudaSlice<f32>,
+    pub(super) dkv: [[CudaSlice<f32>; 2]; 2],
+    pub(super) dq_acc: CudaSlice<f32>,
+    pub(super) dq_part: CudaSlice<T>,
+    pub(super) dk_part: CudaSlice<T>,
+    pub(super) dv_part: CudaSlice<T>,
+    pub(super) lse_whole: CudaSlice<f32>,
     lse_second: CudaSlice<f32>,
-    scratch: BackwardScratch,
+    pub(super) scratch: BackwardScratch,
 }
 
 /// The buffer `send` (read) and the other one, `recv` (written), of a pair.
@@ -129,8 +129,11 @@ impl<T: AttnElem + NcclType> RingRank<T> {
         // The scratch of the largest block of each kind (whole × whole
         // causal or full, whole × half, half × whole).
         let mut need = ScratchSizes { delta: 0, dq_accum: 0, semaphores: 0 };
+        if self.docs.is_some() {
+            need = self.varlen_scratch(&block_params(&self.params, Mask::Causal, true))?;
+        }
         for (nq, nk, mask) in [(n, n, Mask::Causal), (n, n, Mask::Full), (n, n / 2, Mask::Full), (n / 2, n, Mask::Full)] {
-            if nq == 0 || nk == 0 {
+            if nq == 0 || nk == 0 || self.docs.is_some() {
                 continue;
             }
             let lq = TensorLayout::new([b, nq, h, d], [n * h * d, h * d, d]);
@@ -169,7 +172,7 @@ impl<T: AttnElem + NcclType> RingRank<T> {
         let bufs = self.bwd.as_mut().expect("allocated by bwd_buffers");
         let (whole, second) = (&mut bufs.lse_whole, &mut bufs.lse_second);
         compute.memcpy_dtod(lse, whole)?;
-        if self.sharding == Sharding::Zigzag && self.params.causal {
+        if self.sharding == Sharding::Zigzag && self.params.causal && self.docs.is_none() {
             let half = n / 2;
             for row in 0..b * h {
                 compute.memcpy_dtod(&lse.slice(row * n + half..(row + 1) * n), &mut second.slice_mut(row * half..(row + 1) * half))?;
@@ -219,6 +222,9 @@ impl<T: AttnElem + NcclType> RingRank<T> {
             // (the comm stream orders their receive before their send).
             return self.transfers.wait(&self.compute);
         };
+        if self.docs.is_some() {
+            return self.backward_step_varlen(step, &block, [x.q, x.k, x.v, x.out, x.dout], deterministic);
+        }
         let (k, v) = if step == 0 { (x.k, x.v) } else { (&self.kv[(step + 1) % 2][0], &self.kv[(step + 1) % 2][1]) };
         let RingShape { batch: b, seqlen_local: s, nheads: h, nheads_k: hk, headdim: d } = self.shape;
         let (qr, kr) = (block.q.range(s), block.k.range(s));
