@@ -32,7 +32,10 @@
 //! group of heads) with FlashAttention-2's rule (the ring's error at most
 //! twice one GPU's). Times: CUDA events on each GPU's compute stream around
 //! the whole ring (the slowest GPU counts), median of `--iters` after a
-//! warm-up. Set `NCCL_NVLS_ENABLE=0` (no NVLink multicast) on shared
+//! warm-up. The ring's transfers are also timed alone (the same NCCL groups
+//! without the attention): whatever the ring's time exceeds one GPU's time
+//! / N bounds the exposed share of them, so `hidden ≥ 1 − (ring − one/N) /
+//! transfers`. Set `NCCL_NVLS_ENABLE=0` (no NVLink multicast) on shared
 //! machines; libnccl.so.2 must be on the loader's path (PyTorch's wheel
 //! ships it under `nvidia/nccl/lib`).
 
@@ -549,6 +552,78 @@ fn child(a: &Args, rank: usize, dir: &std::path::Path) -> Result<()> {
     Ok(())
 }
 
+/// The ring's transfers alone, without the attention: per step one NCCL
+/// group in which every rank sends its K and V shards to the next rank and
+/// receives the previous one's (`N − 1` steps, as `ring_forward`); with
+/// `backward`, those steps and, in the same groups, `N` hops of the f32
+/// dK/dV sums (as `ring_backward`). Median ms of the slowest GPU's comm
+/// stream over `a.iters` after a warm-up; 0 on one GPU.
+fn comm_alone(a: &Args, ctxs: &[Arc<CudaContext>], backward: bool) -> Result<f64> {
+    let n = ctxs.len();
+    if n == 1 {
+        return Ok(0.0);
+    }
+    let streams = ctxs.iter().map(|c| c.new_stream()).collect::<std::result::Result<Vec<_>, _>>()?;
+    let comms = Comm::from_devices(streams.clone()).map_err(FlashAttnError::from)?;
+    let len = a.batch * (a.seqlen / n) * a.nheads_k * a.headdim;
+    let mut kv = Vec::new();
+    let mut sums = Vec::new();
+    for s in &streams {
+        let two = || -> std::result::Result<[CudaSlice<bf16>; 2], cudarc::driver::DriverError> { Ok([s.alloc_zeros(len)?, s.alloc_zeros(len)?]) };
+        kv.push([two()?, two()?]);
+        let two32 = || -> std::result::Result<[CudaSlice<f32>; 2], cudarc::driver::DriverError> { Ok([s.alloc_zeros(len)?, s.alloc_zeros(len)?]) };
+        sums.push(if backward { Some([two32()?, two32()?]) } else { None });
+    }
+    let (hops_kv, hops_sums) = (n - 1, if backward { n } else { 0 });
+    let mut times = Vec::new();
+    for i in 0..a.iters + 1 {
+        let t0: Vec<_> = streams.iter().map(timing_event).collect::<std::result::Result<_, _>>()?;
+        for step in 0..hops_kv.max(hops_sums) {
+            cudarc::nccl::result::group_start().map_err(FlashAttnError::from)?;
+            for (r, comm) in comms.iter().enumerate() {
+                let (next, prev) = (((r + 1) % n) as i32, ((r + n - 1) % n) as i32);
+                if step < hops_kv {
+                    let [b0, b1] = &mut kv[r];
+                    let (src, dst) = if step % 2 == 0 { (&*b0, b1) } else { (&*b1, b0) };
+                    for (x, y) in src.iter().zip(dst.iter_mut()) {
+                        comm.send(x, next).map_err(FlashAttnError::from)?;
+                        comm.recv(y, prev).map_err(FlashAttnError::from)?;
+                    }
+                }
+                if let (true, Some([b0, b1])) = (step < hops_sums, sums[r].as_mut()) {
+                    let (src, dst) = if step % 2 == 0 { (&*b0, b1) } else { (&*b1, b0) };
+                    for (x, y) in src.iter().zip(dst.iter_mut()) {
+                        comm.send(x, next).map_err(FlashAttnError::from)?;
+                        comm.recv(y, prev).map_err(FlashAttnError::from)?;
+                    }
+                }
+            }
+            cudarc::nccl::result::group_end().map_err(FlashAttnError::from)?;
+        }
+        let t1: Vec<_> = streams.iter().map(timing_event).collect::<std::result::Result<_, _>>()?;
+        let mut slowest = 0f64;
+        for (s, (e0, e1)) in streams.iter().zip(t0.iter().zip(&t1)) {
+            s.synchronize()?;
+            slowest = slowest.max(e0.elapsed_ms(e1)? as f64);
+        }
+        if i > 0 {
+            times.push(slowest);
+        }
+    }
+    Ok(median(times))
+}
+
+/// The share of the transfers hidden behind compute, at least: whatever of
+/// the ring's time `t_ring` exceeds a perfect split `t_one / n` of one GPU's
+/// time bounds the exposed transfers, out of `comm` ms of them alone.
+fn hidden_at_least(t_one: f64, n: usize, t_ring: f64, comm: f64) -> String {
+    if comm <= 0.0 {
+        return "—".into();
+    }
+    let exposed = (t_ring - t_one / n as f64).max(0.0);
+    format!("{:.0}%", (1.0 - exposed / comm).max(0.0) * 100.0)
+}
+
 /// One configuration: the one-GPU baseline, the ring, the check, a table row.
 /// The table's sharding column: the ring's sharding, or Ulysses.
 fn scheme(a: &Args) -> String {
@@ -569,8 +644,9 @@ fn run(a: &Args, ctxs: &[Arc<CudaContext>]) -> Result<()> {
     let n = ctxs.len();
     // Strong scaling: the same sequence on n GPUs against one.
     let eff = t1 / (n as f64 * tn);
+    let comm = if a.ulysses { 0.0 } else { comm_alone(a, ctxs, false)? };
     println!(
-        "| {} | {} | {} | {} | {} | {:.2} | {:.1} | {:.1} | {:.1}% | {:.2e} | {:.2e} |",
+        "| {} | {} | {} | {} | {} | {:.2} | {:.1} | {:.1} | {:.1}% | {:.2} | {} | {:.2e} | {:.2e} |",
         a.seqlen,
         n,
         if a.procs { "process per GPU" } else { "one process" },
@@ -580,6 +656,8 @@ fn run(a: &Args, ctxs: &[Arc<CudaContext>]) -> Result<()> {
         tn,
         flops(a) / n as f64 / (tn * 1e-3) / 1e12,
         eff * 100.0,
+        comm,
+        hidden_at_least(t1, n, tn, comm),
         err_o,
         err_lse
     );
@@ -646,8 +724,8 @@ fn main() -> Result<()> {
     if a.backward {
         return backward_main(&a, &ctxs);
     }
-    println!("\n| tokens | GPUs | launch | sharding | causal | 1 GPU ms | ring ms | TFLOP/s per GPU | scaling eff. | rel. err O vs 1 GPU | max ΔLSE |");
-    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("\n| tokens | GPUs | launch | sharding | causal | 1 GPU ms | ring ms | TFLOP/s per GPU | scaling eff. | transfers alone ms | hidden ≥ | rel. err O vs 1 GPU | max ΔLSE |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     if a.bench {
         let gpu_counts: Vec<usize> = [1, 2, 4, 8].into_iter().filter(|&g| g <= a.gpus).collect();
         for seqlen in [131072, 262144] {
@@ -846,8 +924,8 @@ fn grad_errs(g: &HostGrads, want: &HostGrads) -> [f64; 3] {
 /// `--backward`: per sequence length, one GPU's forward + backward over the
 /// whole sequence once, then the ring on each GPU count; a table row each.
 fn backward_main(a: &Args, ctxs: &[Arc<CudaContext>]) -> Result<()> {
-    println!("\n| tokens | GPUs | sharding | causal | 1 GPU fwd ms | 1 GPU bwd ms | ring fwd ms | ring bwd ms | bwd TFLOP/s per GPU | bwd eff. | fwd+bwd eff. | rel. err dQ, dK, dV vs 1 GPU |");
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("\n| tokens | GPUs | sharding | causal | 1 GPU fwd ms | 1 GPU bwd ms | ring fwd ms | ring bwd ms | bwd TFLOP/s per GPU | bwd eff. | fwd+bwd eff. | transfers alone fwd / bwd ms | hidden ≥ fwd / bwd | rel. err dQ, dK, dV vs 1 GPU |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let seqlens: Vec<usize> = if a.bench { vec![131072, 262144] } else { vec![a.seqlen] };
     let counts: Vec<usize> = if a.bench { [1, 2, 4, 8].into_iter().filter(|&g| g <= ctxs.len()).collect() } else { vec![ctxs.len()] };
     for seqlen in seqlens {
@@ -859,8 +937,9 @@ fn backward_main(a: &Args, ctxs: &[Arc<CudaContext>]) -> Result<()> {
             let a = &Args { gpus: n, ..a.clone() };
             let (gn, fnn, bn) = if a.procs { processes_bwd(a)? } else { ring_bwd(a, &ctxs[..n], [&q, &k, &v, &dout])? };
             let errs = grad_errs(&gn, &g1);
+            let (cf, cb) = if a.ulysses { (0.0, 0.0) } else { (comm_alone(a, &ctxs[..n], false)?, comm_alone(a, &ctxs[..n], true)?) };
             println!(
-                "| {} | {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.1} | {:.1}% | {:.1}% | {:.2e}, {:.2e}, {:.2e} |",
+                "| {} | {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.1} | {:.1}% | {:.1}% | {:.2} / {:.2} | {} / {} | {:.2e}, {:.2e}, {:.2e} |",
                 a.seqlen,
                 n,
                 if a.procs { format!("{}, process per GPU", scheme(a)) } else { scheme(a) },
@@ -872,6 +951,10 @@ fn backward_main(a: &Args, ctxs: &[Arc<CudaContext>]) -> Result<()> {
                 2.5 * flops(a) / n as f64 / (bn * 1e-3) / 1e12,
                 b1 / (n as f64 * bn) * 100.0,
                 (f1 + b1) / (n as f64 * (fnn + bn)) * 100.0,
+                cf,
+                cb,
+                hidden_at_least(f1, n, fnn, cf),
+                hidden_at_least(b1, n, bn, cb),
                 errs[0],
                 errs[1],
                 errs[2]
