@@ -6,6 +6,10 @@
 //!   KV heads travel), dense and varlen (packed documents), N ∈ {1, 2, 3, 4,
 //!   8}, forward `O`, `LSE` and backward `dQ`, `dK`, `dV`;
 //! * Ulysses (all-to-all over heads), the same;
+//! * the GPU ring's varlen decomposition (`varlen_segments`: one varlen
+//!   call per step over the whole local shard, rows outside the block in
+//!   segments with no keys or no queries) merged over every row equals
+//!   one-rank attention;
 //! * the schedule: every causally visible (query chunk, key chunk) pair is
 //!   computed exactly once over the ring's steps, never a masked one, and
 //!   zigzag gives every rank the same work at every step;
@@ -19,7 +23,7 @@ use cpu_support::{Rng, max_abs_diff};
 use flash_attn::common::ring::merge_lse;
 use flash_attn::context_parallel::{
     ContextParallel, Mask, ShardPlan, Sharding, Span, Strategy, cp_backward, cp_backward_varlen, cp_forward, cp_forward_varlen,
-    merge_partial, ring_block,
+    kv_owner, merge_partial, ring_block, varlen_segments,
 };
 use flash_attn::reference::{attention, attention_backward, attention_varlen, varlen_attention_backward};
 use flash_attn::{FlashAttnError, ForwardParams};
@@ -139,6 +143,67 @@ fn varlen_equals_one_rank_forward_and_backward() {
                     assert_close(&format!("{what}: dK"), g.dk.view(), want.dk.view());
                     assert_close(&format!("{what}: dV"), g.dv.view(), want.dv.view());
                 }
+            }
+        }
+    }
+}
+
+/// The GPU ring's varlen forward, replayed with the f64 reference: per rank
+/// and step, one `attention_varlen` over the whole local shard with the
+/// block's [`varlen_segments`] (segments without keys give `O = 0`, `LSE =
+/// −inf`), merged into the accumulator over every local row; the unsharded
+/// result equals one-rank varlen attention.
+#[test]
+fn gpu_varlen_decomposition_equals_one_rank_forward() {
+    for ranks in [1, 2, 3, 4] {
+        for sharding in [Sharding::Contiguous, Sharding::Zigzag] {
+            for causal in [true, false] {
+                let what = format!("segments, {ranks} ranks {sharding:?} causal {causal}");
+                let mut rng = Rng::new(500 + ranks as u64);
+                let cu = cu_seqlens(ranks);
+                let docs: Vec<usize> = cu.windows(2).map(|w| (w[1] - w[0]) as usize).collect();
+                let total = *cu.last().unwrap() as usize;
+                let max_len = docs.iter().copied().max().unwrap();
+                let x = |rng: &mut Rng, heads| Array3::from_shape_simple_fn((total, heads, 8), || rng.sym(1.5));
+                let (q, k, v) = (x(&mut rng, 4), x(&mut rng, 2), x(&mut rng, 2));
+                let one = attention_varlen(q.view(), k.view(), v.view(), &cu, &cu, None, max_len, max_len, &params(causal), None).unwrap();
+                let plan = ShardPlan::new(sharding, ranks, &docs).unwrap();
+                let local = plan.local_docs();
+                let (mut os, mut lses) = (Vec::new(), Vec::new());
+                for rank in 0..ranks {
+                    let ql = plan.shard(q.view(), Axis(0), rank);
+                    let n = ql.dim().0;
+                    let mut o = Array3::<f64>::zeros(ql.dim()).insert_axis(Axis(0));
+                    let mut lse = Array3::from_elem((1, 4, n), f64::NEG_INFINITY);
+                    for step in 0..ranks {
+                        let Some(block) = ring_block(sharding, causal, ranks, rank, step) else { continue };
+                        let owner = kv_owner(ranks, rank, step);
+                        let (kh, vh) = (plan.shard(k.view(), Axis(0), owner), plan.shard(v.view(), Axis(0), owner));
+                        let seg = varlen_segments(&local, &block);
+                        let p = params(block.mask == Mask::Causal);
+                        let part = attention_varlen(
+                            ql.view(),
+                            kh.view(),
+                            vh.view(),
+                            &seg.cu_seqlens_q,
+                            &seg.cu_seqlens_k,
+                            None,
+                            seg.max_seqlen_q,
+                            seg.max_seqlen_k,
+                            &p,
+                            None,
+                        )
+                        .unwrap();
+                        let (po, pl) = (part.o.insert_axis(Axis(0)), part.lse.insert_axis(Axis(0)));
+                        merge_partial(o.view_mut(), lse.view_mut(), po.view(), pl.view()).unwrap();
+                    }
+                    os.push(o.index_axis_move(Axis(0), 0));
+                    lses.push(lse.index_axis_move(Axis(0), 0));
+                }
+                let ov: Vec<_> = os.iter().map(|o| o.view()).collect();
+                let lv: Vec<_> = lses.iter().map(|l| l.view()).collect();
+                assert_close(&format!("{what}: O"), plan.unshard(&ov, Axis(0)).unwrap().view(), one.o.view());
+                assert_close(&format!("{what}: LSE"), plan.unshard(&lv, Axis(1)).unwrap().view(), one.lse.view());
             }
         }
     }
