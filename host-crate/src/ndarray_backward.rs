@@ -258,7 +258,8 @@ fn shaped<T, D: Dimension>(like: &ndarray::ArrayView<'_, T, D>, g: Vec<T>) -> Re
 }
 
 /// Runs a validated call on the device: in `T` on the tensor cores when the
-/// tensor-core backward takes it, else in f32 (gradients rounded to `T`).
+/// tensor-core or the Hopper backward takes it, else in f32 (gradients
+/// rounded to `T`).
 fn on_device<T: AttnElem, D: Dimension>(
     fa: &FlashAttention,
     stream: &Arc<CudaStream>,
@@ -271,7 +272,8 @@ fn on_device<T: AttnElem, D: Dimension>(
     let d = arrays[0].shape().last().copied().unwrap_or(0);
     let tc = T::DTYPE != DType::F32
         && params.forward.loop_order == LoopOrder::Fa2
-        && crate::backward::tc::tc_backward_supported(T::DTYPE, d, fa.compute_capability());
+        && (crate::backward::tc::tc_backward_supported(T::DTYPE, d, fa.compute_capability())
+            || (alibi.is_none() && crate::backward::hopper::hopper_backward_available(fa, T::DTYPE, d, params)));
     let layouts = arrays.map(layout);
     if tc || T::DTYPE == DType::F32 {
         backward_host::<T>(fa, stream, arrays.map(host_vec), layouts, lse, varlen, params, alibi)

@@ -4,8 +4,9 @@
 #  1. the gradient tests against the f64 reference (both backward kernels:
 #     the Hopper one, then FLASH_ATTN_BACKWARD_KERNEL=tc);
 #  2. compute-sanitizer memcheck over the varlen and deterministic tests;
-#  3. fa-bench-bwd: Hopper backward with PyTorch flash/cuDNN in the same
-#     run, then the tensor-core (mma.sync) backward alone.
+#  3. fa-bench-bwd: Hopper backward (d 64, 128, 256) with PyTorch
+#     flash/cuDNN in the same run, then the tensor-core (mma.sync) backward
+#     alone (d 64, 128: it has no d 256).
 #  4. (mode ncu only) ncu --set full on one d 128 N 16384 bf16 launch of the
 #     Hopper backward: the details page and the warp stalls per SASS
 #     instruction (ncu-sass.csv).
@@ -51,7 +52,7 @@ if [ "$mode" = tests ] || [ "$mode" = check ]; then
 fi
 if [ "$mode" != tests ]; then
   q=""; [ "$mode" != bench ] && q="--quick"
-  timeout 300 /tmp/h/fa-bench-bwd $q --sets 2 --dtypes bf16,f16 --dims 64,128 --seqlens 4096,16384 --out $OUT/bwd-hopper.md 2> $OUT/bwd-hopper.log
+  timeout 450 /tmp/h/fa-bench-bwd $q --sets 2 --dtypes bf16,f16 --dims 64,128,256 --seqlens 4096,16384 --out $OUT/bwd-hopper.md 2> $OUT/bwd-hopper.log
   echo "fa-bench-bwd (Hopper) rc=$?"; cat $OUT/bwd-hopper.md
   [ "$mode" = check ] && exit 0
   FLASH_ATTN_BACKWARD_KERNEL=tc timeout 120 /tmp/h/fa-bench-bwd $q --no-torch --sets 2 --dtypes bf16,f16 --dims 64,128 --seqlens 4096,16384 --out $OUT/bwd-tc.md 2> $OUT/bwd-tc.log

@@ -34,15 +34,18 @@
 //!
 //! * the sweep: dtype × MHA/GQA/MQA × causal × window × softcap × ALiBi
 //!   (all 48 combinations at d = 64 and sq ≠ sk), × every head dim the
-//!   backward takes (8..=256 step 8: 16-bit above 128 runs the f32 kernels,
-//!   as the ndarray API converts) with the features and (sq, sk) pairs
-//!   (1-row sequences, sq ≠ sk both ways) cycled;
+//!   backward takes (8..=256 step 8: 16-bit 136..=192, and softcap/ALiBi
+//!   above 128, run the f32 kernels, as the ndarray API converts; 200..=256
+//!   without them the Hopper kernel's d 256 build on an H100/H200) with the
+//!   features and (sq, sk) pairs (1-row sequences, sq ≠ sk both ways) cycled;
 //! * several key and query blocks (sequences of 200..520) for the 16-bit
-//!   kernels, causal, GQA, a window;
+//!   kernels, causal, GQA, a window; at d 256 (the Hopper d 256 kernel:
+//!   64 keys × 64 queries per step) causal GQA, MQA with a window, sq ≠ sk
+//!   both ways, d 200 (columns past the head dim);
 //! * varlen = each sequence alone (the reference's per-sequence definition,
-//!   pt per sequence), f32, f16, bf16;
+//!   pt per sequence), f32, f16, bf16 (bf16 also at d 256);
 //! * deterministic mode: the same bits over 10 runs (f32 and bf16, several
-//!   key blocks, GQA).
+//!   key blocks, GQA; bf16 also at d 256).
 //!
 //! Without a GPU every test prints why and passes; `FA_REQUIRE_GPU=1` makes
 //! that a failure.
@@ -191,6 +194,20 @@ fn sweep<T: AttnElem>(test: &str) {
             let c = Case { shape: (2, sq, sk, 4, if i % 2 == 0 { 2 } else { 4 }, d), causal: i != 1, window: i == 3, softcap: false, alibi: false };
             worst = worst.max(run_case::<T>(g, &mut rng, &c));
         }
+        // d 256 (Hopper: 64 keys × 64 queries per step, the head dim split
+        // between the consumers): causal GQA over several blocks both ways,
+        // MQA with a window, no mask with sq ≠ sk (rows past the sequence in
+        // the last Q block), d 200 (its last 64-column panel partly past
+        // the head dim).
+        let d256 = [
+            ((2, 300, 520, 4, 2, 256), true, false),
+            ((1, 520, 300, 4, 1, 256), false, true),
+            ((2, 131, 77, 2, 2, 256), false, false),
+            ((1, 190, 257, 4, 2, 200), true, false),
+        ];
+        for (shape, causal, window) in d256 {
+            worst = worst.max(run_case::<T>(g, &mut rng, &Case { shape, causal, window, softcap: false, alibi: false }));
+        }
     }
     println!(
         "{test}: largest max|g − ref| / (2·max|pt − ref| + {EPS:e}) = {:.3} (≤ 1 passes), largest max|g − ref| / (1 + max|ref|) = {:.3e}",
@@ -226,6 +243,7 @@ fn varlen_is_each_sequence_alone() {
     varlen_case::<bf16>(&mut rng, Some(4.0), 64);
     varlen_case::<bf16>(&mut rng, None, 64);
     varlen_case::<f16>(&mut rng, None, 128);
+    varlen_case::<bf16>(&mut rng, None, 256);
 }
 
 fn varlen_case<T: AttnElem>(rng: &mut Rng, softcap: Option<f32>, d: usize) {
@@ -268,12 +286,13 @@ fn varlen_case<T: AttnElem>(rng: &mut Rng, softcap: Option<f32>, d: usize) {
 fn deterministic_mode_is_bit_identical() {
     let Some(g) = gpu("deterministic_mode_is_bit_identical") else { return };
     let mut rng = Rng::fresh("deterministic_mode_is_bit_identical");
-    repeat_bits::<f32>(g, &mut rng);
-    repeat_bits::<bf16>(g, &mut rng);
+    repeat_bits::<f32>(g, &mut rng, 64);
+    repeat_bits::<bf16>(g, &mut rng, 64);
+    repeat_bits::<bf16>(g, &mut rng, 256);
 }
 
-fn repeat_bits<T: AttnElem>(g: &Gpu, rng: &mut Rng) {
-    let (b, sq, sk, h, hk, d) = (2, 257, 300, 8, 2, 64);
+fn repeat_bits<T: AttnElem>(g: &Gpu, rng: &mut Rng, d: usize) {
+    let (b, sq, sk, h, hk) = (2, 257, 300, 8, 2);
     let t = |rng: &mut Rng, s| rng.tensor(s, 1.0).mapv(|x| T::from_f32(x as f32));
     let (q, k, v, dout) = (t(rng, (b, sq, h, d)), t(rng, (b, sk, hk, d)), t(rng, (b, sk, hk, d)), t(rng, (b, sq, h, d)));
     let p = ForwardParams { causal: true, ..Default::default() };
@@ -294,11 +313,11 @@ fn repeat_bits<T: AttnElem>(g: &Gpu, rng: &mut Rng) {
                     let (a, b) = (up(a), up(b));
                     let tol = if T::DTYPE == DType::F32 { 1e-5 } else { 2e-2 } * (1.0 + max_abs(&b));
                     let diff = max_diff(&a, &b);
-                    assert!(diff <= tol, "{:?} {name}: deterministic differs from free-running by {diff:e} (> {tol:e})", T::DTYPE);
+                    assert!(diff <= tol, "{:?} d {d} {name}: deterministic differs from free-running by {diff:e} (> {tol:e})", T::DTYPE);
                 }
                 first = Some(now)
             }
-            Some(f) => assert!(f == &now, "{:?}: run {run} differs from run 0", T::DTYPE),
+            Some(f) => assert!(f == &now, "{:?} d {d}: run {run} differs from run 0", T::DTYPE),
         }
     }
 }

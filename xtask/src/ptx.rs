@@ -126,14 +126,14 @@ pub const REQUIRED_SM90A: &[(&str, &[&str])] = &[
             "setmaxnreg.dec",
         ],
     ),
-    // Hopper backward (kernel-crate/src/hopper/bwd.rs): wgmma products (the
-    // dQ product with both operands transposed), TMA copies completing on
-    // mbarriers, dQ added by TMA tensor reductions from shared memory, the
-    // producer/consumer register split.
+    // Hopper backward (kernel-crate/src/hopper/bwd.rs, bwd256.rs): wgmma
+    // products (the dQ product with both operands transposed), TMA copies
+    // completing on mbarriers, dQ added by TMA tensor reductions from shared
+    // memory, the producer/consumer register split.
     (
         "flash_bwd_hopper_",
         &[
-            "wgmma.mma_async.sync.aligned.m64n64k16",
+            "wgmma.mma_async.sync.aligned.m64n",
             "p, 1, 1, 1, 1;",
             "cp.async.bulk.tensor.4d",
             "cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.tile.bulk_group",
@@ -142,6 +142,10 @@ pub const REQUIRED_SM90A: &[(&str, &[&str])] = &[
             "setmaxnreg.dec",
         ],
     ),
+    // d 256 (bwd256.rs): Sᵀ, dPᵀ per consumer as m64n32 halves, dV, dK from
+    // Pᵀ, dSᵀ in shared memory (A K-major, B transposed), dQ m64n128.
+    ("flash_bwd_hopper_f16_d256", &["wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16", "p, 1, 1, 0, 1;", "wgmma.mma_async.sync.aligned.m64n128k16"]),
+    ("flash_bwd_hopper_bf16_d256", &["wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16", "p, 1, 1, 0, 1;", "wgmma.mma_async.sync.aligned.m64n128k16"]),
     // FP8 forward (kernel-crate/src/hopper/fp8.rs): e4m3 products k32 (both
     // forms), P rounded to e4m3, V transposed by byte permutes.
     (
@@ -485,23 +489,32 @@ ptxas info    : Used 255 registers, used 1 barriers, 8192 bytes smem
         let bwd = "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {..}, d, e, p, 1, 1, 1, 1; cp.async.bulk.tensor.4d a; cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.tile.bulk_group [b, {c, d}], [e]; mbarrier.try_wait.parity f; setmaxnreg.inc.sync.aligned.u32 240; setmaxnreg.dec.sync.aligned.u32 24;";
         let e = |name: &str, body: &str| (name.to_string(), body.to_string());
         let b = e("flash_bwd_hopper_bf16_d128", bwd);
+        // The d 256 kernels: the family's instructions and their own forms.
+        let b256 = |name: &str, dt: &str| {
+            e(name, &format!("{bwd} wgmma.mma_async.sync.aligned.m64n32k16.f32.{dt}.{dt} a; wgmma.mma_async.sync.aligned.m64n128k16.f32.{dt}.{dt} {{..}}, d, e, p, 1, 1, 0, 1;"))
+        };
+        let (h256, b256) = (b256("flash_bwd_hopper_f16_d256", "f16"), b256("flash_bwd_hopper_bf16_d256", "bf16"));
         // The FP8 forward: the forward's instructions and its own.
         let full8 = format!("{full} wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 a; cvt.rn.satfinite.e4m3x2.f32 b; prmt.b32 c;");
         let f8 = e("flash_fwd_hopper_e4m3_bf16_d128", &full8);
-        assert!(missing_instructions(&[e("flash_fwd_hopper_f16_d128_bc128", full), b.clone(), f8.clone()], REQUIRED_SM90A).is_empty());
+        assert!(missing_instructions(&[e("flash_fwd_hopper_f16_d128_bc128", full), b.clone(), f8.clone(), h256.clone(), b256.clone()], REQUIRED_SM90A).is_empty());
         let no_setmaxnreg = full.replace("setmaxnreg.inc", "nop");
-        let p = missing_instructions(&[e("flash_fwd_hopper_f16_d128_bc128", &no_setmaxnreg), b.clone(), f8.clone()], REQUIRED_SM90A);
+        let p = missing_instructions(&[e("flash_fwd_hopper_f16_d128_bc128", &no_setmaxnreg), b.clone(), f8.clone(), h256.clone(), b256.clone()], REQUIRED_SM90A);
         assert_eq!(p.len(), 1, "{p:?}");
         assert!(p[0].contains("setmaxnreg.inc"));
         let no_reduce = bwd.replace("cp.reduce.async.bulk.tensor", "red");
-        let p = missing_instructions(&[e("flash_fwd_hopper_f16_d128_bc128", full), e("flash_bwd_hopper_f16_d64", &no_reduce), f8.clone()], REQUIRED_SM90A);
+        let p = missing_instructions(&[e("flash_fwd_hopper_f16_d128_bc128", full), e("flash_bwd_hopper_f16_d64", &no_reduce), f8.clone(), h256.clone(), b256.clone()], REQUIRED_SM90A);
         assert_eq!(p.len(), 1, "{p:?}");
         assert!(p[0].contains("cp.reduce.async.bulk.tensor"));
         let no_pack = full8.replace("cvt.rn.satfinite.e4m3x2", "cvt.rn.f16x2");
-        let p = missing_instructions(&[e("flash_fwd_hopper_f16_d128_bc128", full), b.clone(), e("flash_fwd_hopper_e4m3_f16_d64", &no_pack)], REQUIRED_SM90A);
+        let p = missing_instructions(&[e("flash_fwd_hopper_f16_d128_bc128", full), b.clone(), e("flash_fwd_hopper_e4m3_f16_d64", &no_pack), h256.clone(), b256.clone()], REQUIRED_SM90A);
         assert_eq!(p.len(), 1, "{p:?}");
         assert!(p[0].contains("e4m3x2"));
-        assert_eq!(missing_instructions(&[e("flash_fwd_tc_fa2_f16_d64", "x")], REQUIRED_SM90A).len(), 3);
+        // The d 256 kernels without their own forms (the d 128 body).
+        let p = missing_instructions(&[e("flash_fwd_hopper_f16_d128_bc128", full), b.clone(), f8.clone(), e("flash_bwd_hopper_f16_d256", bwd), b256.clone()], REQUIRED_SM90A);
+        assert_eq!(p.len(), 3, "{p:?}");
+        assert!(p.iter().all(|m| m.contains("flash_bwd_hopper_f16_d256")));
+        assert_eq!(missing_instructions(&[e("flash_fwd_tc_fa2_f16_d64", "x")], REQUIRED_SM90A).len(), 5);
     }
 
     #[test]

@@ -4,25 +4,29 @@
 //! around it are the tensor-core kernel's (`backward/`).
 //!
 //! It runs a call when the loaded PTX is the sm_90a build on an sm_90
-//! device, the head dim is at most 128, and the call has neither softcap
-//! nor ALiBi nor an explicit block size (those take the tensor-core kernel,
-//! `tc`), and the environment does not set
+//! device, the head dim is at most 128 or in 200..=256
+//! (`hopper_bwd_head_dim`), and the call has neither softcap nor ALiBi nor
+//! an explicit block size (those take the tensor-core kernel, `tc`, which
+//! stops at d 128), and the environment does not set
 //! `FLASH_ATTN_BACKWARD_KERNEL=tc` (read once per process: the tensor-core
-//! kernel for every call, e.g. to compare the two). Kernel names: `flash_bwd_hopper_{f16,bf16}_d{64,128}`.
-//! Grid: `batch · nheads_k · ceil(seqlen_k / 128)` blocks of 384 threads;
-//! the kernel reads q, dO, k and v through tensor maps (TMA) encoded here.
+//! kernel for every call, e.g. to compare the two). Kernel names:
+//! `flash_bwd_hopper_{f16,bf16}_d{64,128,256}`. Grid: `batch · nheads_k ·
+//! ceil(seqlen_k / Bc)` blocks of 384 threads (`Bc` 128, 64 at d 256); the
+//! kernel reads q, dO, k and v through tensor maps (TMA) encoded here.
 
 use std::sync::Arc;
 
 use cudarc::driver::{CudaStream, DriverError, PushKernelArg};
 use flash_attn_common::BwdParams;
-use flash_attn_common::hopper_bwd::{HOPPER_BWD_BC, HOPPER_BWD_THREADS, HopperBwdSmem, hopper_bwd_br, hopper_bwd_head_dim};
+use flash_attn_common::hopper_bwd::{HOPPER_BWD_THREADS, HopperBwdSmem, hopper_bwd_bc, hopper_bwd_br, hopper_bwd_head_dim};
 
 use crate::device::FlashAttention;
 use crate::error::Result;
 use crate::hopper::{TensorMap, maps_argument};
 use crate::tc::KernelArg;
 use crate::types::DType;
+
+use super::BackwardParams;
 
 use super::tc::key_block_launch;
 
@@ -34,7 +38,27 @@ pub(crate) const HOPPER_BWD_KERNELS: &[(&str, bool, usize)] = &[
     ("flash_bwd_hopper_bf16_d64", true, 64),
     ("flash_bwd_hopper_f16_d128", false, 128),
     ("flash_bwd_hopper_bf16_d128", true, 128),
+    ("flash_bwd_hopper_f16_d256", false, 256),
+    ("flash_bwd_hopper_bf16_d256", true, 256),
 ];
+
+/// `FLASH_ATTN_BACKWARD_KERNEL=tc` (read once per process): the tensor-core
+/// kernel for every call.
+fn tc_only() -> bool {
+    static TC_ONLY: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *TC_ONLY.get_or_init(|| std::env::var("FLASH_ATTN_BACKWARD_KERNEL").is_ok_and(|v| v == "tc"))
+}
+
+/// Whether the Hopper kernel can run a backward call of `dtype` and
+/// `headdim` with `params` on this device, ALiBi aside (known only at
+/// launch; it takes the tensor-core kernel): the plan's test for the head
+/// dims only the Hopper kernel has (200..=256).
+pub(crate) fn hopper_backward_available(fa: &FlashAttention, dtype: DType, headdim: usize, params: &BackwardParams) -> bool {
+    let mods = params.forward.softcap.is_some_and(|c| c != 0.0);
+    params.forward.block.is_none()
+        && !tc_only()
+        && hopper_backward_kernel(fa.has_hopper_kernels(), fa.compute_capability(), dtype, headdim, mods, fa.limits().max_smem_per_block).is_some()
+}
 
 /// The Hopper kernel of a call (its table entry: name, bf16, compiled head
 /// dim), or `None` when the tensor-core kernel runs it (see the module
@@ -66,8 +90,7 @@ pub(crate) fn hopper_backward_kernel(sm90a: bool, cc: (i32, i32), dtype: DType, 
 /// element strides multiples of 8, the dq accumulator zeroed and delta
 /// computed on `stream` before this launch, `dq_accum_ptr` 16-byte aligned).
 pub(crate) unsafe fn launch_hopper_backward(fa: &FlashAttention, stream: &Arc<CudaStream>, p: &BwdParams, dtype: DType) -> Result<bool> {
-    static TC_ONLY: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    if *TC_ONLY.get_or_init(|| std::env::var("FLASH_ATTN_BACKWARD_KERNEL").is_ok_and(|v| v == "tc")) {
+    if tc_only() {
         return Ok(false);
     }
     let mods = p.fwd.softcap != 0.0 || p.fwd.alibi_ptr != 0;
@@ -76,7 +99,7 @@ pub(crate) unsafe fn launch_hopper_backward(fa: &FlashAttention, stream: &Arc<Cu
         return Ok(false);
     };
     let Some(f) = fa.kernel(name)? else { return Ok(false) };
-    let (br, bc) = (hopper_bwd_br(d), HOPPER_BWD_BC);
+    let (br, bc) = (hopper_bwd_br(d), hopper_bwd_bc(d));
     let Some((p, cfg)) = key_block_launch(p, (br, bc), HOPPER_BWD_THREADS, HopperBwdSmem::new(d).request_bytes())? else { return Ok(true) };
     let maps = backward_tensor_maps(&p, br, bc, dtype == DType::BF16)?;
     let (global, g_ptr) = maps_argument(stream, &maps)?;
@@ -139,6 +162,12 @@ mod tests {
         assert_eq!(hopper_backward_kernel(true, (9, 0), DType::F16, 40, false, big), Some(&("flash_bwd_hopper_f16_d64", false, 64)));
         assert_eq!(hopper_backward_kernel(true, (9, 0), DType::F16, 96, false, big), Some(&("flash_bwd_hopper_f16_d128", false, 128)));
         assert_eq!(hopper_backward_kernel(true, (9, 0), DType::F16, 136, false, big), None);
+        assert_eq!(hopper_backward_kernel(true, (9, 0), DType::F16, 192, false, big), None);
+        assert_eq!(hopper_backward_kernel(true, (9, 0), DType::F16, 200, false, big), Some(&("flash_bwd_hopper_f16_d256", false, 256)));
+        assert_eq!(hopper_backward_kernel(true, (9, 0), DType::BF16, 256, false, big), Some(&("flash_bwd_hopper_bf16_d256", true, 256)));
+        assert_eq!(hopper_backward_kernel(true, (9, 0), DType::BF16, 264, false, big), None);
+        assert_eq!(hopper_backward_kernel(true, (9, 0), DType::BF16, 256, true, big), None, "softcap/ALiBi");
+        assert_eq!(hopper_backward_kernel(true, (9, 0), DType::BF16, 256, false, 210 * 1024), None, "d 256 needs 210 KB");
         assert_eq!(hopper_backward_kernel(true, (9, 0), DType::F16, 128, true, big), None, "softcap/ALiBi");
         assert_eq!(hopper_backward_kernel(false, (9, 0), DType::F16, 128, false, big), None, "sm_90 PTX");
         assert_eq!(hopper_backward_kernel(true, (8, 0), DType::F16, 128, false, big), None);

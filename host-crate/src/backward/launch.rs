@@ -67,6 +67,15 @@ impl FlashAttention {
         if let Some(a) = &ext.alibi_slopes {
             check_alibi(a.shape, a.slopes.len(), dims.batch, dims.nheads)?;
             self.check_stream("alibi_slopes", a.slopes.stream())?;
+            // The head dims only the Hopper kernel runs (200..=256) take no
+            // ALiBi: refused before anything is launched.
+            if plan.main.is_none() && !super::tc::tc_backward_supported(T::DTYPE, dims.headdim, self.compute_capability()) {
+                return Err(FlashAttnError::Unsupported {
+                    argument: "alibi_slopes",
+                    dtype: T::DTYPE.name(),
+                    what: "ALiBi in the backward pass above head dim 128 (the tensor-core backward stops at 128, the Hopper backward has no ALiBi)",
+                });
+            }
         }
         // Row statistics: (batch, nheads, seqlen_q), or (nheads, total_q) for varlen.
         let n = varlen.map_or(problem.stats_len(), |vl| dims.nheads * vl.total_q);

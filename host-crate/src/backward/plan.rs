@@ -107,19 +107,25 @@ impl FlashAttention {
             }
             (Some(main), br, bc)
         } else {
-            if fwd.loop_order != LoopOrder::Fa2 || !super::tc::tc_backward_supported(T::DTYPE, d, self.compute_capability()) {
+            let tc = super::tc::tc_backward_supported(T::DTYPE, d, self.compute_capability());
+            // d 200..=256: only the Hopper kernel (no softcap, ALiBi or
+            // block size; ALiBi is refused at launch).
+            let hopper = super::hopper::hopper_backward_available(self, T::DTYPE, d, params);
+            if fwd.loop_order != LoopOrder::Fa2 || !(tc || hopper) {
                 return Err(FlashAttnError::Unsupported {
                     argument: "q",
                     dtype: T::DTYPE.name(),
-                    what: "the backward pass with this loop order and head dim (the tensor-core backward runs the FA2 order)",
+                    what: "the backward pass with this loop order and head dim (the tensor-core backward runs the FA2 order up to d 128; the Hopper backward up to d 256 without softcap or ALiBi)",
                 });
             }
-            // The tensor-core kernel's own tiles: its semaphores are counted
-            // with the smaller query tile of its two configurations for this
-            // head dim (with and without softcap/ALiBi): an upper bound of
-            // what either indexes, all of it zeroed by the preprocess kernel.
+            // The kernels' own tiles: the semaphores are counted with the
+            // smallest query tile of the tensor-core kernel's two
+            // configurations for this head dim (with and without
+            // softcap/ALiBi) and the Hopper kernel's: an upper bound of what
+            // any of them indexes, all of it zeroed by the preprocess kernel.
             let cfg = |mods| flash_attn_common::tc_bwd::tc_bwd_config(d, mods);
-            let br = cfg(false).into_iter().chain(cfg(true)).map(|c| c.br).min().unwrap_or(16);
+            let hopper_br = flash_attn_common::hopper_bwd::hopper_bwd_head_dim(d).map(flash_attn_common::hopper_bwd::hopper_bwd_br);
+            let br = cfg(false).into_iter().chain(cfg(true)).map(|c| c.br).chain(hopper_br).min().unwrap_or(16);
             (None, br, 64)
         };
         let semaphores = if params.deterministic { dims.seqlen_q.div_ceil(br) * dims.batch * dims.nheads } else { 0 };

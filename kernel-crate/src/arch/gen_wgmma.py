@@ -6,9 +6,10 @@ hand; run `python3 kernel-crate/src/arch/gen_wgmma.py` after changing NS.
 """
 import os
 
-SS_NS = [64, 128, 176, 192]    # S = Q·Kᵀ: N = Bc
+SS_NS = [64, 128, 176, 192, 32]    # S = Q·Kᵀ: N = Bc (32: the d 256 backward's Sᵀ, dPᵀ column halves)
 RS_NS = [64, 128, 256, 192]    # O += P·V: N = d
-TT_NS = [64]    # the backward's dQ = dS·K: A and B both MN-major
+TT_NS = [64, 128]    # the backward's dQ = dS·K: A and B both MN-major
+ST_NS = [128]    # the d 256 backward's dV += Pᵀ·dO, dK += dSᵀ·Q: A K-major, B MN-major
 E4M3_SS_NS = [64, 128]    # FP8 S = Q·Kᵀ (k32): N = Bc
 E4M3_RS_NS = [64, 128, 256]    # FP8 O += P·V (k32, Vᵀ K-major): N = d
 ACC_NS = sorted(set(SS_NS + RS_NS))
@@ -151,6 +152,30 @@ pub unsafe fn wgmma_tt_m64n%(n)dk16_%(name)s(d: &mut [[f32; 4]; %(n8)d], desc_a:
         core::arch::asm!(
             "{{ .reg .pred p; setp.ne.b32 p, {sd}, 0;",
             "wgmma.mma_async.sync.aligned.m64n%(n)dk16.f32.%(dt)s.%(dt)s {{%(list)s}}, {da}, {db}, p, 1, 1, 1, 1; }}",
+            %(ops)s,
+            da = in(reg64) desc_a, db = in(reg64) desc_b, sd = in(reg32) scale_d,
+            options(nostack)
+        )
+    }
+}
+''' % dict(n=n, n8=n // 8, dt=dt, name=name, list=regs(n), ops=operands(n)))
+
+for n in ST_NS:
+    for name, dt in DTS:
+        out.append('''
+/// `wgmma.mma_async.sync.aligned.m64n%(n)dk16.f32.%(dt)s.%(dt)s d, descA, descB, p, 1, 1, 0, 1;`:
+/// `d = A·B (+ d when scale_d != 0)`, A (64×16) and B (16×%(n)d) from shared memory,
+/// A K-major (the 16 k of each row contiguous), B read MN-major (`trans-b = 1`: its %(n)d columns contiguous).
+///
+/// # Safety
+/// As [`wgmma_ss_m64n128k16_f16`].
+#[inline(always)]
+pub unsafe fn wgmma_st_m64n%(n)dk16_%(name)s(d: &mut [[f32; 4]; %(n8)d], desc_a: u64, desc_b: u64, scale_d: u32) {
+    // SAFETY: forwarded to the caller.
+    unsafe {
+        core::arch::asm!(
+            "{{ .reg .pred p; setp.ne.b32 p, {sd}, 0;",
+            "wgmma.mma_async.sync.aligned.m64n%(n)dk16.f32.%(dt)s.%(dt)s {{%(list)s}}, {da}, {db}, p, 1, 1, 0, 1; }}",
             %(ops)s,
             da = in(reg64) desc_a, db = in(reg64) desc_b, sd = in(reg32) scale_d,
             options(nostack)

@@ -43,6 +43,35 @@ pub fn wgmma_wait<const K: u32>() {
     unsafe { core::arch::asm!("wgmma.wait_group.sync.aligned {k};", k = const K, options(nostack)) }
 }
 
+/// Empty asm taking the `m64n32` accumulators `inout`: after a
+/// [`wgmma_wait`], keeps their uses below it.
+#[inline(always)]
+pub fn acc_fence_n32(d: &mut [[f32; 4]; 4]) {
+    // SAFETY: emits no instruction.
+    unsafe {
+        core::arch::asm!(
+            "// acc_fence {d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}",
+            d0 = inout(reg32) d[0][0],
+            d1 = inout(reg32) d[0][1],
+            d2 = inout(reg32) d[0][2],
+            d3 = inout(reg32) d[0][3],
+            d4 = inout(reg32) d[1][0],
+            d5 = inout(reg32) d[1][1],
+            d6 = inout(reg32) d[1][2],
+            d7 = inout(reg32) d[1][3],
+            d8 = inout(reg32) d[2][0],
+            d9 = inout(reg32) d[2][1],
+            d10 = inout(reg32) d[2][2],
+            d11 = inout(reg32) d[2][3],
+            d12 = inout(reg32) d[3][0],
+            d13 = inout(reg32) d[3][1],
+            d14 = inout(reg32) d[3][2],
+            d15 = inout(reg32) d[3][3],
+            options(nostack)
+        )
+    }
+}
+
 /// Empty asm taking the `m64n64` accumulators `inout`: after a
 /// [`wgmma_wait`], keeps their uses below it.
 #[inline(always)]
@@ -1252,6 +1281,82 @@ pub unsafe fn wgmma_ss_m64n192k16_bf16(d: &mut [[f32; 4]; 24], desc_a: u64, desc
     }
 }
 
+/// `wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 d, descA, descB, p, 1, 1, 0, 0;`:
+/// `d = A·B (+ d when scale_d != 0)`, A (64×16) and B (16×32) from shared memory,
+/// both K-major (the 16 k of each row contiguous, through the descriptors).
+///
+/// # Safety
+/// All 128 threads of a warpgroup call it, converged, between a
+/// [`wgmma_fence`] and a [`wgmma_commit`]; the descriptors describe
+/// shared memory of this block that was written (and made visible to the
+/// async proxy) before, and stays unwritten until the group is waited for.
+#[inline(always)]
+pub unsafe fn wgmma_ss_m64n32k16_f16(d: &mut [[f32; 4]; 4], desc_a: u64, desc_b: u64, scale_d: u32) {
+    // SAFETY: forwarded to the caller.
+    unsafe {
+        core::arch::asm!(
+            "{{ .reg .pred p; setp.ne.b32 p, {sd}, 0;",
+            "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}}}, {da}, {db}, p, 1, 1, 0, 0; }}",
+            d0 = inout(reg32) d[0][0],
+            d1 = inout(reg32) d[0][1],
+            d2 = inout(reg32) d[0][2],
+            d3 = inout(reg32) d[0][3],
+            d4 = inout(reg32) d[1][0],
+            d5 = inout(reg32) d[1][1],
+            d6 = inout(reg32) d[1][2],
+            d7 = inout(reg32) d[1][3],
+            d8 = inout(reg32) d[2][0],
+            d9 = inout(reg32) d[2][1],
+            d10 = inout(reg32) d[2][2],
+            d11 = inout(reg32) d[2][3],
+            d12 = inout(reg32) d[3][0],
+            d13 = inout(reg32) d[3][1],
+            d14 = inout(reg32) d[3][2],
+            d15 = inout(reg32) d[3][3],
+            da = in(reg64) desc_a, db = in(reg64) desc_b, sd = in(reg32) scale_d,
+            options(nostack)
+        )
+    }
+}
+
+/// `wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 d, descA, descB, p, 1, 1, 0, 0;`:
+/// `d = A·B (+ d when scale_d != 0)`, A (64×16) and B (16×32) from shared memory,
+/// both K-major (the 16 k of each row contiguous, through the descriptors).
+///
+/// # Safety
+/// All 128 threads of a warpgroup call it, converged, between a
+/// [`wgmma_fence`] and a [`wgmma_commit`]; the descriptors describe
+/// shared memory of this block that was written (and made visible to the
+/// async proxy) before, and stays unwritten until the group is waited for.
+#[inline(always)]
+pub unsafe fn wgmma_ss_m64n32k16_bf16(d: &mut [[f32; 4]; 4], desc_a: u64, desc_b: u64, scale_d: u32) {
+    // SAFETY: forwarded to the caller.
+    unsafe {
+        core::arch::asm!(
+            "{{ .reg .pred p; setp.ne.b32 p, {sd}, 0;",
+            "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}}}, {da}, {db}, p, 1, 1, 0, 0; }}",
+            d0 = inout(reg32) d[0][0],
+            d1 = inout(reg32) d[0][1],
+            d2 = inout(reg32) d[0][2],
+            d3 = inout(reg32) d[0][3],
+            d4 = inout(reg32) d[1][0],
+            d5 = inout(reg32) d[1][1],
+            d6 = inout(reg32) d[1][2],
+            d7 = inout(reg32) d[1][3],
+            d8 = inout(reg32) d[2][0],
+            d9 = inout(reg32) d[2][1],
+            d10 = inout(reg32) d[2][2],
+            d11 = inout(reg32) d[2][3],
+            d12 = inout(reg32) d[3][0],
+            d13 = inout(reg32) d[3][1],
+            d14 = inout(reg32) d[3][2],
+            d15 = inout(reg32) d[3][3],
+            da = in(reg64) desc_a, db = in(reg64) desc_b, sd = in(reg32) scale_d,
+            options(nostack)
+        )
+    }
+}
+
 /// `wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 d, {a0..a3}, descB, p, 1, 1, 1;`:
 /// `d = A·B (+ d when scale_d != 0)`, A (64×16) from registers, B (16×64) from shared memory read
 /// MN-major (`trans-b = 1`: the 64 columns contiguous).
@@ -2148,6 +2253,338 @@ pub unsafe fn wgmma_tt_m64n64k16_bf16(d: &mut [[f32; 4]; 8], desc_a: u64, desc_b
             d29 = inout(reg32) d[7][1],
             d30 = inout(reg32) d[7][2],
             d31 = inout(reg32) d[7][3],
+            da = in(reg64) desc_a, db = in(reg64) desc_b, sd = in(reg32) scale_d,
+            options(nostack)
+        )
+    }
+}
+
+/// `wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 d, descA, descB, p, 1, 1, 1, 1;`:
+/// `d = A·B (+ d when scale_d != 0)`, A (64×16) and B (16×128) from shared memory,
+/// both read MN-major (`trans-a = trans-b = 1`: A's 64 rows and B's 128 columns contiguous).
+///
+/// # Safety
+/// As [`wgmma_ss_m64n128k16_f16`].
+#[inline(always)]
+pub unsafe fn wgmma_tt_m64n128k16_f16(d: &mut [[f32; 4]; 16], desc_a: u64, desc_b: u64, scale_d: u32) {
+    // SAFETY: forwarded to the caller.
+    unsafe {
+        core::arch::asm!(
+            "{{ .reg .pred p; setp.ne.b32 p, {sd}, 0;",
+            "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}, {d16}, {d17}, {d18}, {d19}, {d20}, {d21}, {d22}, {d23}, {d24}, {d25}, {d26}, {d27}, {d28}, {d29}, {d30}, {d31}, {d32}, {d33}, {d34}, {d35}, {d36}, {d37}, {d38}, {d39}, {d40}, {d41}, {d42}, {d43}, {d44}, {d45}, {d46}, {d47}, {d48}, {d49}, {d50}, {d51}, {d52}, {d53}, {d54}, {d55}, {d56}, {d57}, {d58}, {d59}, {d60}, {d61}, {d62}, {d63}}}, {da}, {db}, p, 1, 1, 1, 1; }}",
+            d0 = inout(reg32) d[0][0],
+            d1 = inout(reg32) d[0][1],
+            d2 = inout(reg32) d[0][2],
+            d3 = inout(reg32) d[0][3],
+            d4 = inout(reg32) d[1][0],
+            d5 = inout(reg32) d[1][1],
+            d6 = inout(reg32) d[1][2],
+            d7 = inout(reg32) d[1][3],
+            d8 = inout(reg32) d[2][0],
+            d9 = inout(reg32) d[2][1],
+            d10 = inout(reg32) d[2][2],
+            d11 = inout(reg32) d[2][3],
+            d12 = inout(reg32) d[3][0],
+            d13 = inout(reg32) d[3][1],
+            d14 = inout(reg32) d[3][2],
+            d15 = inout(reg32) d[3][3],
+            d16 = inout(reg32) d[4][0],
+            d17 = inout(reg32) d[4][1],
+            d18 = inout(reg32) d[4][2],
+            d19 = inout(reg32) d[4][3],
+            d20 = inout(reg32) d[5][0],
+            d21 = inout(reg32) d[5][1],
+            d22 = inout(reg32) d[5][2],
+            d23 = inout(reg32) d[5][3],
+            d24 = inout(reg32) d[6][0],
+            d25 = inout(reg32) d[6][1],
+            d26 = inout(reg32) d[6][2],
+            d27 = inout(reg32) d[6][3],
+            d28 = inout(reg32) d[7][0],
+            d29 = inout(reg32) d[7][1],
+            d30 = inout(reg32) d[7][2],
+            d31 = inout(reg32) d[7][3],
+            d32 = inout(reg32) d[8][0],
+            d33 = inout(reg32) d[8][1],
+            d34 = inout(reg32) d[8][2],
+            d35 = inout(reg32) d[8][3],
+            d36 = inout(reg32) d[9][0],
+            d37 = inout(reg32) d[9][1],
+            d38 = inout(reg32) d[9][2],
+            d39 = inout(reg32) d[9][3],
+            d40 = inout(reg32) d[10][0],
+            d41 = inout(reg32) d[10][1],
+            d42 = inout(reg32) d[10][2],
+            d43 = inout(reg32) d[10][3],
+            d44 = inout(reg32) d[11][0],
+            d45 = inout(reg32) d[11][1],
+            d46 = inout(reg32) d[11][2],
+            d47 = inout(reg32) d[11][3],
+            d48 = inout(reg32) d[12][0],
+            d49 = inout(reg32) d[12][1],
+            d50 = inout(reg32) d[12][2],
+            d51 = inout(reg32) d[12][3],
+            d52 = inout(reg32) d[13][0],
+            d53 = inout(reg32) d[13][1],
+            d54 = inout(reg32) d[13][2],
+            d55 = inout(reg32) d[13][3],
+            d56 = inout(reg32) d[14][0],
+            d57 = inout(reg32) d[14][1],
+            d58 = inout(reg32) d[14][2],
+            d59 = inout(reg32) d[14][3],
+            d60 = inout(reg32) d[15][0],
+            d61 = inout(reg32) d[15][1],
+            d62 = inout(reg32) d[15][2],
+            d63 = inout(reg32) d[15][3],
+            da = in(reg64) desc_a, db = in(reg64) desc_b, sd = in(reg32) scale_d,
+            options(nostack)
+        )
+    }
+}
+
+/// `wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 d, descA, descB, p, 1, 1, 1, 1;`:
+/// `d = A·B (+ d when scale_d != 0)`, A (64×16) and B (16×128) from shared memory,
+/// both read MN-major (`trans-a = trans-b = 1`: A's 64 rows and B's 128 columns contiguous).
+///
+/// # Safety
+/// As [`wgmma_ss_m64n128k16_f16`].
+#[inline(always)]
+pub unsafe fn wgmma_tt_m64n128k16_bf16(d: &mut [[f32; 4]; 16], desc_a: u64, desc_b: u64, scale_d: u32) {
+    // SAFETY: forwarded to the caller.
+    unsafe {
+        core::arch::asm!(
+            "{{ .reg .pred p; setp.ne.b32 p, {sd}, 0;",
+            "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}, {d16}, {d17}, {d18}, {d19}, {d20}, {d21}, {d22}, {d23}, {d24}, {d25}, {d26}, {d27}, {d28}, {d29}, {d30}, {d31}, {d32}, {d33}, {d34}, {d35}, {d36}, {d37}, {d38}, {d39}, {d40}, {d41}, {d42}, {d43}, {d44}, {d45}, {d46}, {d47}, {d48}, {d49}, {d50}, {d51}, {d52}, {d53}, {d54}, {d55}, {d56}, {d57}, {d58}, {d59}, {d60}, {d61}, {d62}, {d63}}}, {da}, {db}, p, 1, 1, 1, 1; }}",
+            d0 = inout(reg32) d[0][0],
+            d1 = inout(reg32) d[0][1],
+            d2 = inout(reg32) d[0][2],
+            d3 = inout(reg32) d[0][3],
+            d4 = inout(reg32) d[1][0],
+            d5 = inout(reg32) d[1][1],
+            d6 = inout(reg32) d[1][2],
+            d7 = inout(reg32) d[1][3],
+            d8 = inout(reg32) d[2][0],
+            d9 = inout(reg32) d[2][1],
+            d10 = inout(reg32) d[2][2],
+            d11 = inout(reg32) d[2][3],
+            d12 = inout(reg32) d[3][0],
+            d13 = inout(reg32) d[3][1],
+            d14 = inout(reg32) d[3][2],
+            d15 = inout(reg32) d[3][3],
+            d16 = inout(reg32) d[4][0],
+            d17 = inout(reg32) d[4][1],
+            d18 = inout(reg32) d[4][2],
+            d19 = inout(reg32) d[4][3],
+            d20 = inout(reg32) d[5][0],
+            d21 = inout(reg32) d[5][1],
+            d22 = inout(reg32) d[5][2],
+            d23 = inout(reg32) d[5][3],
+            d24 = inout(reg32) d[6][0],
+            d25 = inout(reg32) d[6][1],
+            d26 = inout(reg32) d[6][2],
+            d27 = inout(reg32) d[6][3],
+            d28 = inout(reg32) d[7][0],
+            d29 = inout(reg32) d[7][1],
+            d30 = inout(reg32) d[7][2],
+            d31 = inout(reg32) d[7][3],
+            d32 = inout(reg32) d[8][0],
+            d33 = inout(reg32) d[8][1],
+            d34 = inout(reg32) d[8][2],
+            d35 = inout(reg32) d[8][3],
+            d36 = inout(reg32) d[9][0],
+            d37 = inout(reg32) d[9][1],
+            d38 = inout(reg32) d[9][2],
+            d39 = inout(reg32) d[9][3],
+            d40 = inout(reg32) d[10][0],
+            d41 = inout(reg32) d[10][1],
+            d42 = inout(reg32) d[10][2],
+            d43 = inout(reg32) d[10][3],
+            d44 = inout(reg32) d[11][0],
+            d45 = inout(reg32) d[11][1],
+            d46 = inout(reg32) d[11][2],
+            d47 = inout(reg32) d[11][3],
+            d48 = inout(reg32) d[12][0],
+            d49 = inout(reg32) d[12][1],
+            d50 = inout(reg32) d[12][2],
+            d51 = inout(reg32) d[12][3],
+            d52 = inout(reg32) d[13][0],
+            d53 = inout(reg32) d[13][1],
+            d54 = inout(reg32) d[13][2],
+            d55 = inout(reg32) d[13][3],
+            d56 = inout(reg32) d[14][0],
+            d57 = inout(reg32) d[14][1],
+            d58 = inout(reg32) d[14][2],
+            d59 = inout(reg32) d[14][3],
+            d60 = inout(reg32) d[15][0],
+            d61 = inout(reg32) d[15][1],
+            d62 = inout(reg32) d[15][2],
+            d63 = inout(reg32) d[15][3],
+            da = in(reg64) desc_a, db = in(reg64) desc_b, sd = in(reg32) scale_d,
+            options(nostack)
+        )
+    }
+}
+
+/// `wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 d, descA, descB, p, 1, 1, 0, 1;`:
+/// `d = A·B (+ d when scale_d != 0)`, A (64×16) and B (16×128) from shared memory,
+/// A K-major (the 16 k of each row contiguous), B read MN-major (`trans-b = 1`: its 128 columns contiguous).
+///
+/// # Safety
+/// As [`wgmma_ss_m64n128k16_f16`].
+#[inline(always)]
+pub unsafe fn wgmma_st_m64n128k16_f16(d: &mut [[f32; 4]; 16], desc_a: u64, desc_b: u64, scale_d: u32) {
+    // SAFETY: forwarded to the caller.
+    unsafe {
+        core::arch::asm!(
+            "{{ .reg .pred p; setp.ne.b32 p, {sd}, 0;",
+            "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}, {d16}, {d17}, {d18}, {d19}, {d20}, {d21}, {d22}, {d23}, {d24}, {d25}, {d26}, {d27}, {d28}, {d29}, {d30}, {d31}, {d32}, {d33}, {d34}, {d35}, {d36}, {d37}, {d38}, {d39}, {d40}, {d41}, {d42}, {d43}, {d44}, {d45}, {d46}, {d47}, {d48}, {d49}, {d50}, {d51}, {d52}, {d53}, {d54}, {d55}, {d56}, {d57}, {d58}, {d59}, {d60}, {d61}, {d62}, {d63}}}, {da}, {db}, p, 1, 1, 0, 1; }}",
+            d0 = inout(reg32) d[0][0],
+            d1 = inout(reg32) d[0][1],
+            d2 = inout(reg32) d[0][2],
+            d3 = inout(reg32) d[0][3],
+            d4 = inout(reg32) d[1][0],
+            d5 = inout(reg32) d[1][1],
+            d6 = inout(reg32) d[1][2],
+            d7 = inout(reg32) d[1][3],
+            d8 = inout(reg32) d[2][0],
+            d9 = inout(reg32) d[2][1],
+            d10 = inout(reg32) d[2][2],
+            d11 = inout(reg32) d[2][3],
+            d12 = inout(reg32) d[3][0],
+            d13 = inout(reg32) d[3][1],
+            d14 = inout(reg32) d[3][2],
+            d15 = inout(reg32) d[3][3],
+            d16 = inout(reg32) d[4][0],
+            d17 = inout(reg32) d[4][1],
+            d18 = inout(reg32) d[4][2],
+            d19 = inout(reg32) d[4][3],
+            d20 = inout(reg32) d[5][0],
+            d21 = inout(reg32) d[5][1],
+            d22 = inout(reg32) d[5][2],
+            d23 = inout(reg32) d[5][3],
+            d24 = inout(reg32) d[6][0],
+            d25 = inout(reg32) d[6][1],
+            d26 = inout(reg32) d[6][2],
+            d27 = inout(reg32) d[6][3],
+            d28 = inout(reg32) d[7][0],
+            d29 = inout(reg32) d[7][1],
+            d30 = inout(reg32) d[7][2],
+            d31 = inout(reg32) d[7][3],
+            d32 = inout(reg32) d[8][0],
+            d33 = inout(reg32) d[8][1],
+            d34 = inout(reg32) d[8][2],
+            d35 = inout(reg32) d[8][3],
+            d36 = inout(reg32) d[9][0],
+            d37 = inout(reg32) d[9][1],
+            d38 = inout(reg32) d[9][2],
+            d39 = inout(reg32) d[9][3],
+            d40 = inout(reg32) d[10][0],
+            d41 = inout(reg32) d[10][1],
+            d42 = inout(reg32) d[10][2],
+            d43 = inout(reg32) d[10][3],
+            d44 = inout(reg32) d[11][0],
+            d45 = inout(reg32) d[11][1],
+            d46 = inout(reg32) d[11][2],
+            d47 = inout(reg32) d[11][3],
+            d48 = inout(reg32) d[12][0],
+            d49 = inout(reg32) d[12][1],
+            d50 = inout(reg32) d[12][2],
+            d51 = inout(reg32) d[12][3],
+            d52 = inout(reg32) d[13][0],
+            d53 = inout(reg32) d[13][1],
+            d54 = inout(reg32) d[13][2],
+            d55 = inout(reg32) d[13][3],
+            d56 = inout(reg32) d[14][0],
+            d57 = inout(reg32) d[14][1],
+            d58 = inout(reg32) d[14][2],
+            d59 = inout(reg32) d[14][3],
+            d60 = inout(reg32) d[15][0],
+            d61 = inout(reg32) d[15][1],
+            d62 = inout(reg32) d[15][2],
+            d63 = inout(reg32) d[15][3],
+            da = in(reg64) desc_a, db = in(reg64) desc_b, sd = in(reg32) scale_d,
+            options(nostack)
+        )
+    }
+}
+
+/// `wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 d, descA, descB, p, 1, 1, 0, 1;`:
+/// `d = A·B (+ d when scale_d != 0)`, A (64×16) and B (16×128) from shared memory,
+/// A K-major (the 16 k of each row contiguous), B read MN-major (`trans-b = 1`: its 128 columns contiguous).
+///
+/// # Safety
+/// As [`wgmma_ss_m64n128k16_f16`].
+#[inline(always)]
+pub unsafe fn wgmma_st_m64n128k16_bf16(d: &mut [[f32; 4]; 16], desc_a: u64, desc_b: u64, scale_d: u32) {
+    // SAFETY: forwarded to the caller.
+    unsafe {
+        core::arch::asm!(
+            "{{ .reg .pred p; setp.ne.b32 p, {sd}, 0;",
+            "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}, {d16}, {d17}, {d18}, {d19}, {d20}, {d21}, {d22}, {d23}, {d24}, {d25}, {d26}, {d27}, {d28}, {d29}, {d30}, {d31}, {d32}, {d33}, {d34}, {d35}, {d36}, {d37}, {d38}, {d39}, {d40}, {d41}, {d42}, {d43}, {d44}, {d45}, {d46}, {d47}, {d48}, {d49}, {d50}, {d51}, {d52}, {d53}, {d54}, {d55}, {d56}, {d57}, {d58}, {d59}, {d60}, {d61}, {d62}, {d63}}}, {da}, {db}, p, 1, 1, 0, 1; }}",
+            d0 = inout(reg32) d[0][0],
+            d1 = inout(reg32) d[0][1],
+            d2 = inout(reg32) d[0][2],
+            d3 = inout(reg32) d[0][3],
+            d4 = inout(reg32) d[1][0],
+            d5 = inout(reg32) d[1][1],
+            d6 = inout(reg32) d[1][2],
+            d7 = inout(reg32) d[1][3],
+            d8 = inout(reg32) d[2][0],
+            d9 = inout(reg32) d[2][1],
+            d10 = inout(reg32) d[2][2],
+            d11 = inout(reg32) d[2][3],
+            d12 = inout(reg32) d[3][0],
+            d13 = inout(reg32) d[3][1],
+            d14 = inout(reg32) d[3][2],
+            d15 = inout(reg32) d[3][3],
+            d16 = inout(reg32) d[4][0],
+            d17 = inout(reg32) d[4][1],
+            d18 = inout(reg32) d[4][2],
+            d19 = inout(reg32) d[4][3],
+            d20 = inout(reg32) d[5][0],
+            d21 = inout(reg32) d[5][1],
+            d22 = inout(reg32) d[5][2],
+            d23 = inout(reg32) d[5][3],
+            d24 = inout(reg32) d[6][0],
+            d25 = inout(reg32) d[6][1],
+            d26 = inout(reg32) d[6][2],
+            d27 = inout(reg32) d[6][3],
+            d28 = inout(reg32) d[7][0],
+            d29 = inout(reg32) d[7][1],
+            d30 = inout(reg32) d[7][2],
+            d31 = inout(reg32) d[7][3],
+            d32 = inout(reg32) d[8][0],
+            d33 = inout(reg32) d[8][1],
+            d34 = inout(reg32) d[8][2],
+            d35 = inout(reg32) d[8][3],
+            d36 = inout(reg32) d[9][0],
+            d37 = inout(reg32) d[9][1],
+            d38 = inout(reg32) d[9][2],
+            d39 = inout(reg32) d[9][3],
+            d40 = inout(reg32) d[10][0],
+            d41 = inout(reg32) d[10][1],
+            d42 = inout(reg32) d[10][2],
+            d43 = inout(reg32) d[10][3],
+            d44 = inout(reg32) d[11][0],
+            d45 = inout(reg32) d[11][1],
+            d46 = inout(reg32) d[11][2],
+            d47 = inout(reg32) d[11][3],
+            d48 = inout(reg32) d[12][0],
+            d49 = inout(reg32) d[12][1],
+            d50 = inout(reg32) d[12][2],
+            d51 = inout(reg32) d[12][3],
+            d52 = inout(reg32) d[13][0],
+            d53 = inout(reg32) d[13][1],
+            d54 = inout(reg32) d[13][2],
+            d55 = inout(reg32) d[13][3],
+            d56 = inout(reg32) d[14][0],
+            d57 = inout(reg32) d[14][1],
+            d58 = inout(reg32) d[14][2],
+            d59 = inout(reg32) d[14][3],
+            d60 = inout(reg32) d[15][0],
+            d61 = inout(reg32) d[15][1],
+            d62 = inout(reg32) d[15][2],
+            d63 = inout(reg32) d[15][3],
             da = in(reg64) desc_a, db = in(reg64) desc_b, sd = in(reg32) scale_d,
             options(nostack)
         )

@@ -52,6 +52,10 @@
 //!
 //! Epilogue: `dK_j · scale` and `dV_j` in `T` at their strides.
 //! Softcap and ALiBi run on the tensor-core kernel.
+//!
+//! d 256 has a kernel of its own (`bwd256`: `Bc` = `Br` = 64, the head dim
+//! split between the consumers) with this one's prologue, producer
+//! protocol and uniform words ([`uni`]).
 
 use super::{acc_fence, desc_kmajor, desc_mnmajor, mma_rs, mma_ss, mma_tt};
 use crate::arch::mbarrier::{fence_mbarrier_init, mbarrier_arrive, mbarrier_arrive_expect_tx, mbarrier_init, mbarrier_wait};
@@ -73,12 +77,12 @@ use flash_attn_common::tc_bwd::{bwd_key_blocks, bwd_query_range, bwd_semaphore_i
 use flash_attn_common::{BwdParams, LOG2_E, Real};
 
 /// Bytes per row of a 64-column panel.
-const PANEL_ROW: usize = 128;
+pub(super) const PANEL_ROW: usize = 128;
 
 /// The 128B swizzle of a shared-memory address inside a 1024-byte aligned
 /// tile: the 16-byte chunk bits 4–6 XOR the row bits 7–9.
 #[inline(always)]
-fn swizzle128(a: u32) -> u32 {
+pub(super) fn swizzle128(a: u32) -> u32 {
     a ^ ((a >> 3) & 0x70)
 }
 
@@ -134,7 +138,7 @@ fn issue_xb<T: Elem16, const BR: usize, const BRK: usize, const DN: usize>(acc: 
 /// Indices of the block's uniform words in shared memory (`uni`, written by
 /// thread 0 before the prologue's barrier, read where used: held in
 /// registers across the loops they spilled).
-mod uni {
+pub(super) mod uni {
     /// Row coordinate of the sequence's first query (varlen: its packed row).
     pub const Q_ROW0: u32 = 0;
     /// Batch coordinate of the tensor maps (varlen: 0).
@@ -607,13 +611,43 @@ pub unsafe fn backward<T: Elem16, const D: usize, const DN: usize, const BR: usi
     }
 }
 
+/// The epilogue of the d 256 kernel (`bwd256`; this one's, inline above,
+/// is the same code): this thread's `dK_j · scale` and `dV_j` accumulator
+/// values (keys `k0 + kr`, `k0 + kr + 8`; columns `c0 + 8nn`, `+1`) in `T`
+/// at their strides, keys past the sequence and columns past the head dim
+/// skipped. `u` reads the block's uniform words.
+#[inline(always)]
+pub(super) fn write_dkdv<T: Elem16, const DN: usize>(p: &BwdParams, u: impl Fn(u32) -> u64, r_dk: &[[f32; 4]; DN], r_dv: &[[f32; 4]; DN], kr: usize, c0: usize) {
+    let scale = p.fwd.softmax_scale;
+    let (k0, nk, d) = (u(uni::K0) as usize, u(uni::NK) as usize, p.fwd.headdim as usize);
+    let (dks1, dvs1) = (p.dk_stride[1] as usize, p.dv_stride[1] as usize);
+    let (g_dk, g_dv) = (u(uni::DK) as *mut u16, u(uni::DV) as *mut u16);
+    for r in 0..2 {
+        let key = k0 + kr + 8 * r;
+        if key < nk {
+            for nn in 0..DN {
+                let col = c0 + nn * 8;
+                if col < d {
+                    let vk = pack::<T>(r_dk[nn][2 * r] * scale, r_dk[nn][2 * r + 1] * scale);
+                    let vv = pack::<T>(r_dv[nn][2 * r], r_dv[nn][2 * r + 1]);
+                    // SAFETY: key < nk, col < d (even: 4-byte aligned, host-checked strides).
+                    unsafe {
+                        *(g_dk.wrapping_add(key * dks1 + col) as *mut u32) = vk;
+                        *(g_dv.wrapping_add(key * dvs1 + col) as *mut u32) = vv;
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Two f32 at a shared-window address (8-byte aligned).
 ///
 /// # Safety
 /// `a` inside this block's shared memory, written before a barrier or
 /// mbarrier wait that orders it.
 #[inline(always)]
-unsafe fn ld_shared_f32x2(a: u32) -> [f32; 2] {
+pub(super) unsafe fn ld_shared_f32x2(a: u32) -> [f32; 2] {
     // SAFETY: forwarded to the caller.
     let [x, y] = unsafe { crate::arch::smem::ld_shared_v2(a) };
     [f32::from_bits(x), f32::from_bits(y)]

@@ -19,6 +19,7 @@
 //! and `.minnctapersm 1` to their entries so that `setmaxnreg` is honoured.
 
 pub mod bwd;
+pub mod bwd256;
 pub mod fp8;
 pub mod fwd;
 pub mod probe;
@@ -124,6 +125,59 @@ pub unsafe fn mma_tt<T: Elem16>(d: &mut [[f32; 4]; 8], da: u64, db: u64, scale_d
             wgmma::wgmma_tt_m64n64k16_bf16(d, da, db, scale_d)
         } else {
             wgmma::wgmma_tt_m64n64k16_f16(d, da, db, scale_d)
+        }
+    }
+}
+
+/// `d (64 × 32) = A·B (+ d)` with A and B K-major in shared memory (the d
+/// 256 backward's `Sᵀ`, `dPᵀ` query halves). A function of its own, not an
+/// arm of [`mma_ss`]: another arm there changes the other kernels' PTX.
+///
+/// # Safety
+/// As `wgmma::wgmma_ss_*`.
+#[inline(always)]
+pub unsafe fn mma_ss_n32<T: Elem16>(d: &mut [[f32; 4]; 4], da: u64, db: u64, scale_d: u32) {
+    // SAFETY: forwarded to the caller.
+    unsafe {
+        if T::IS_BF16 {
+            wgmma::wgmma_ss_m64n32k16_bf16(d, da, db, scale_d)
+        } else {
+            wgmma::wgmma_ss_m64n32k16_f16(d, da, db, scale_d)
+        }
+    }
+}
+
+/// `d (64 × 128) = A·B (+ d)` with A and B both MN-major in shared memory
+/// (the d 256 backward's `dQ = dS·K` column halves).
+///
+/// # Safety
+/// As `wgmma::wgmma_tt_*`.
+#[inline(always)]
+pub unsafe fn mma_tt_n128<T: Elem16>(d: &mut [[f32; 4]; 16], da: u64, db: u64, scale_d: u32) {
+    // SAFETY: forwarded to the caller.
+    unsafe {
+        if T::IS_BF16 {
+            wgmma::wgmma_tt_m64n128k16_bf16(d, da, db, scale_d)
+        } else {
+            wgmma::wgmma_tt_m64n128k16_f16(d, da, db, scale_d)
+        }
+    }
+}
+
+/// `d (64 × 128) = A·B (+ d)`, A K-major and B MN-major in shared memory
+/// (the d 256 backward's `dV += Pᵀ·dO` and `dK += dSᵀ·Q` with `Pᵀ`, `dSᵀ`
+/// exchanged through shared memory).
+///
+/// # Safety
+/// As `wgmma::wgmma_st_*`.
+#[inline(always)]
+pub unsafe fn mma_st<T: Elem16>(d: &mut [[f32; 4]; 16], da: u64, db: u64, scale_d: u32) {
+    // SAFETY: forwarded to the caller.
+    unsafe {
+        if T::IS_BF16 {
+            wgmma::wgmma_st_m64n128k16_bf16(d, da, db, scale_d)
+        } else {
+            wgmma::wgmma_st_m64n128k16_f16(d, da, db, scale_d)
         }
     }
 }
@@ -258,11 +312,18 @@ hopper_fp8_kernels! {
     flash_fwd_hopper_e4m3_bf16_d256: Bf16, d = 256;
 }
 
-/// Backward entry points: `flash_bwd_hopper_{dtype}_d{D}` ([`bwd`]).
+/// Backward entry points: `flash_bwd_hopper_{dtype}_d{D}` ([`bwd`]; d 256:
+/// its consumers are [`bwd256`]'s).
 macro_rules! hopper_bwd_kernels {
-    ($( $name:ident : $t:ty, d = $d:literal; )*) => {$(
+    (@body $t:ty, 256, $maps:ident, $p:ident) => {
+        bwd256::backward::<$t>($maps, &$p)
+    };
+    (@body $t:ty, $d:tt, $maps:ident, $p:ident) => {
+        bwd::backward::<$t, $d, { $d / 8 }, { 8192 / $d }, { 1024 / $d }, { 512 / $d }>($maps, &$p)
+    };
+    ($( $name:ident : $t:ty, d = $d:tt; )*) => {$(
         /// Hopper backward main kernel (see [`bwd`]): tensor maps of q,
-        /// dO (boxes `64 × Br`), k and v (`64 × 128`) and the f32 dQ
+        /// dO (boxes `64 × Br`), k and v (`64 × Bc`) and the f32 dQ
         /// accumulator (`32 × 64`), then the parameters, then `g_tmaps` (0,
         /// or the five maps in global memory, 640 bytes).
         ///
@@ -273,7 +334,7 @@ macro_rules! hopper_bwd_kernels {
         /// kernel), the maps those buffers; launched with
         /// `HOPPER_BWD_THREADS` threads, `HopperBwdSmem::new(D).request_bytes()`
         /// of dynamic shared memory and `batch · nheads_k · ceil(seqlen_k /
-        /// 128)` blocks.
+        /// Bc)` blocks (`Br`, `Bc`: `hopper_bwd_br(D)`, `hopper_bwd_bc(D)`).
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(_tq: TensorMap, _tdo: TensorMap, _tk: TensorMap, _tv: TensorMap, _tdq: TensorMap, p: flash_attn_common::BwdParams, g_tmaps: u64) {
             let maps = if g_tmaps != 0 {
@@ -288,7 +349,7 @@ macro_rules! hopper_bwd_kernels {
                 ]
             };
             // SAFETY: forwarded to the caller (the host's launch).
-            unsafe { bwd::backward::<$t, $d, { $d / 8 }, { 8192 / $d }, { 1024 / $d }, { 512 / $d }>(maps, &p) }
+            unsafe { hopper_bwd_kernels!(@body $t, $d, maps, p) }
         }
     )*};
 }
@@ -299,6 +360,8 @@ hopper_bwd_kernels! {
     flash_bwd_hopper_bf16_d64: Bf16, d = 64;
     flash_bwd_hopper_f16_d128: F16, d = 128;
     flash_bwd_hopper_bf16_d128: Bf16, d = 128;
+    flash_bwd_hopper_f16_d256: F16, d = 256;
+    flash_bwd_hopper_bf16_d256: Bf16, d = 256;
 }
 
 /// The probe kernels (one warpgroup, d = 128, one 64 × 128 tile).
