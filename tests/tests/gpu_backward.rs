@@ -34,14 +34,15 @@
 //!
 //! * the sweep: dtype × MHA/GQA/MQA × causal × window × softcap × ALiBi
 //!   (all 48 combinations at d = 64 and sq ≠ sk), × every head dim the
-//!   backward takes (8..=256 step 8: 16-bit 136..=192, and softcap/ALiBi
-//!   above 128, run the f32 kernels, as the ndarray API converts; 200..=256
-//!   without them the Hopper kernel's d 256 build on an H100/H200) with the
+//!   backward takes (8..=256 step 8: softcap/ALiBi above 128 run the f32
+//!   kernels, as the ndarray API converts; 136..=256 without them the
+//!   Hopper kernel's d 256 build on an H100/H200) with the
 //!   features and (sq, sk) pairs (1-row sequences, sq ≠ sk both ways) cycled;
 //! * several key and query blocks (sequences of 200..520) for the 16-bit
 //!   kernels, causal, GQA, a window; at d 256 (the Hopper d 256 kernel:
 //!   64 keys × 64 queries per step) causal GQA, MQA with a window, sq ≠ sk
-//!   both ways, d 200 (columns past the head dim);
+//!   both ways, d 200 and d 136 (columns past the head dim: the last
+//!   64-column panel partly, wholly);
 //! * varlen = each sequence alone (the reference's per-sequence definition,
 //!   pt per sequence), f32, f16, bf16 (bf16 also at d 256);
 //! * deterministic mode: the same bits over 10 runs (f32 and bf16, several
@@ -204,6 +205,7 @@ fn sweep<T: AttnElem>(test: &str) {
             ((1, 520, 300, 4, 1, 256), false, true),
             ((2, 131, 77, 2, 2, 256), false, false),
             ((1, 190, 257, 4, 2, 200), true, false),
+            ((2, 257, 190, 4, 2, 136), false, false),
         ];
         for (shape, causal, window) in d256 {
             worst = worst.max(run_case::<T>(g, &mut rng, &Case { shape, causal, window, softcap: false, alibi: false }));

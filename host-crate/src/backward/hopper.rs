@@ -4,8 +4,8 @@
 //! around it are the tensor-core kernel's (`backward/`).
 //!
 //! It runs a call when the loaded PTX is the sm_90a build on an sm_90
-//! device, the head dim is at most 128 or in 200..=256
-//! (`hopper_bwd_head_dim`), and the call has neither softcap nor ALiBi nor
+//! device, the head dim is at most 256 (`hopper_bwd_head_dim`:
+//! 136..=256 on the d 256 build), and the call has neither softcap nor ALiBi nor
 //! an explicit block size (those take the tensor-core kernel, `tc`, which
 //! stops at d 128), and the environment does not set
 //! `FLASH_ATTN_BACKWARD_KERNEL=tc` (read once per process: the tensor-core
@@ -52,7 +52,7 @@ fn tc_only() -> bool {
 /// Whether the Hopper kernel can run a backward call of `dtype` and
 /// `headdim` with `params` on this device, ALiBi aside (known only at
 /// launch; it takes the tensor-core kernel): the plan's test for the head
-/// dims only the Hopper kernel has (200..=256).
+/// dims only the Hopper kernel has (136..=256).
 pub(crate) fn hopper_backward_available(fa: &FlashAttention, dtype: DType, headdim: usize, params: &BackwardParams) -> bool {
     let mods = params.forward.softcap.is_some_and(|c| c != 0.0);
     params.forward.block.is_none()
@@ -161,8 +161,8 @@ mod tests {
         assert_eq!(hopper_backward_kernel(true, (9, 0), DType::BF16, 128, false, big), Some(&("flash_bwd_hopper_bf16_d128", true, 128)));
         assert_eq!(hopper_backward_kernel(true, (9, 0), DType::F16, 40, false, big), Some(&("flash_bwd_hopper_f16_d64", false, 64)));
         assert_eq!(hopper_backward_kernel(true, (9, 0), DType::F16, 96, false, big), Some(&("flash_bwd_hopper_f16_d128", false, 128)));
-        assert_eq!(hopper_backward_kernel(true, (9, 0), DType::F16, 136, false, big), None);
-        assert_eq!(hopper_backward_kernel(true, (9, 0), DType::F16, 192, false, big), None);
+        assert_eq!(hopper_backward_kernel(true, (9, 0), DType::F16, 136, false, big), Some(&("flash_bwd_hopper_f16_d256", false, 256)));
+        assert_eq!(hopper_backward_kernel(true, (9, 0), DType::F16, 192, false, big), Some(&("flash_bwd_hopper_f16_d256", false, 256)));
         assert_eq!(hopper_backward_kernel(true, (9, 0), DType::F16, 200, false, big), Some(&("flash_bwd_hopper_f16_d256", false, 256)));
         assert_eq!(hopper_backward_kernel(true, (9, 0), DType::BF16, 256, false, big), Some(&("flash_bwd_hopper_bf16_d256", true, 256)));
         assert_eq!(hopper_backward_kernel(true, (9, 0), DType::BF16, 264, false, big), None);

@@ -67,7 +67,7 @@ impl FlashAttention {
         if let Some(a) = &ext.alibi_slopes {
             check_alibi(a.shape, a.slopes.len(), dims.batch, dims.nheads)?;
             self.check_stream("alibi_slopes", a.slopes.stream())?;
-            // The head dims only the Hopper kernel runs (200..=256) take no
+            // The head dims only the Hopper kernel runs (136..=256) take no
             // ALiBi: refused before anything is launched.
             if plan.main.is_none() && !super::tc::tc_backward_supported(T::DTYPE, dims.headdim, self.compute_capability()) {
                 return Err(FlashAttnError::Unsupported {

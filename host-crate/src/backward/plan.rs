@@ -108,7 +108,7 @@ impl FlashAttention {
             (Some(main), br, bc)
         } else {
             let tc = super::tc::tc_backward_supported(T::DTYPE, d, self.compute_capability());
-            // d 200..=256: only the Hopper kernel (no softcap, ALiBi or
+            // d 136..=256: only the Hopper kernel (no softcap, ALiBi or
             // block size; ALiBi is refused at launch).
             let hopper = super::hopper::hopper_backward_available(self, T::DTYPE, d, params);
             if fwd.loop_order != LoopOrder::Fa2 || !(tc || hopper) {

@@ -41,9 +41,11 @@ pub const HOPPER_BWD_UNI_WORDS: usize = 26;
 pub const HOPPER_BWD_BARS: usize = 1 + 4 * HOPPER_BWD_STAGES;
 
 /// The compiled head dim that runs a caller's `d` (a multiple of 8): 64 for
-/// `d ≤ 64`, 128 for `d ≤ 128`, 256 for `192 < d ≤ 256`; `None` otherwise.
-/// (136..=192 would leave the d 256 kernel's last 64-column panel wholly
-/// outside the tensor maps; those stay off the Hopper backward.)
+/// `d ≤ 64`, 128 for `d ≤ 128`, 256 for `d ≤ 256`; `None` otherwise. The
+/// tensor maps keep the caller's `d` as the head axis' extent: the copy
+/// engine zero-fills the columns past it (at d ≤ 192 the d 256 kernel's
+/// last 64-column panel wholly), the dQ reductions skip them, and the
+/// epilogue stores `d` columns.
 pub const fn hopper_bwd_head_dim(d: usize) -> Option<usize> {
     if d == 0 || d % 8 != 0 {
         None
@@ -51,7 +53,7 @@ pub const fn hopper_bwd_head_dim(d: usize) -> Option<usize> {
         Some(64)
     } else if d <= 128 {
         Some(128)
-    } else if d > 192 && d <= 256 {
+    } else if d <= 256 {
         Some(256)
     } else {
         None
@@ -181,8 +183,8 @@ mod tests {
         }
         assert_eq!(hopper_bwd_head_dim(8), Some(64));
         assert_eq!(hopper_bwd_head_dim(72), Some(128));
-        assert_eq!(hopper_bwd_head_dim(136), None);
-        assert_eq!(hopper_bwd_head_dim(192), None);
+        assert_eq!(hopper_bwd_head_dim(136), Some(256));
+        assert_eq!(hopper_bwd_head_dim(192), Some(256));
         assert_eq!(hopper_bwd_head_dim(200), Some(256));
         assert_eq!(hopper_bwd_head_dim(256), Some(256));
         assert_eq!(hopper_bwd_head_dim(264), None);
