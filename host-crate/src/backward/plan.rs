@@ -117,7 +117,8 @@ impl FlashAttention {
             // The tensor-core kernel's own tiles: its semaphores are counted
             // with the smaller query tile of its two configurations for this
             // head dim (with and without softcap/ALiBi): an upper bound of
-            // what either indexes, all of it zeroed by the preprocess kernel.
+            // what either indexes, all of it zeroed by the preprocess kernel
+            // (and of the Hopper kernels', whose Br is 64 or 128).
             let cfg = |mods| flash_attn_common::tc_bwd::tc_bwd_config(d, mods);
             let br = cfg(false).into_iter().chain(cfg(true)).map(|c| c.br).min().unwrap_or(16);
             (None, br, 64)
