@@ -39,14 +39,17 @@
 //!   Hopper kernel's d 256 build on an H100/H200) with the
 //!   features and (sq, sk) pairs (1-row sequences, sq ≠ sk both ways) cycled;
 //! * several key and query blocks (sequences of 200..520) for the 16-bit
-//!   kernels, causal, GQA, a window; at d 256 (the Hopper d 256 kernel:
-//!   64 keys × 64 queries per step) causal GQA, MQA with a window, sq ≠ sk
-//!   both ways, d 200 and d 136 (columns past the head dim: the last
-//!   64-column panel partly, wholly);
+//!   kernels, causal, GQA, a window; the same with softcap and ALiBi (alone
+//!   and together) at d 64, 128 and two padded head dims; at d 256 (the
+//!   Hopper d 256 kernel: 64 keys × 64 queries per step) causal GQA, MQA
+//!   with a window, sq ≠ sk both ways, d 200 and d 136 (columns past the
+//!   head dim: the last 64-column panel partly, wholly);
 //! * varlen = each sequence alone (the reference's per-sequence definition,
-//!   pt per sequence), f32, f16, bf16 (bf16 also at d 256);
+//!   pt per sequence), f32, f16, bf16, with and without softcap and ALiBi
+//!   (bf16 also at d 256);
 //! * deterministic mode: the same bits over 10 runs (f32 and bf16, several
-//!   key blocks, GQA; bf16 also at d 256).
+//!   key blocks, GQA; f16 d 64 and bf16 d 128 with softcap and ALiBi; bf16
+//!   at d 256).
 //!
 //! Without a GPU every test prints why and passes; `FA_REQUIRE_GPU=1` makes
 //! that a failure.
@@ -198,8 +201,8 @@ fn sweep<T: AttnElem>(test: &str) {
         // d 256 (Hopper: 64 keys × 64 queries per step, the head dim split
         // between the consumers): causal GQA over several blocks both ways,
         // MQA with a window, no mask with sq ≠ sk (rows past the sequence in
-        // the last Q block), d 200 (its last 64-column panel partly past
-        // the head dim).
+        // the last Q block), d 200 and d 136 (its last 64-column panel
+        // partly, wholly past the head dim).
         let d256 = [
             ((2, 300, 520, 4, 2, 256), true, false),
             ((1, 520, 300, 4, 1, 256), false, true),
@@ -209,6 +212,23 @@ fn sweep<T: AttnElem>(test: &str) {
         ];
         for (shape, causal, window) in d256 {
             worst = worst.max(run_case::<T>(g, &mut rng, &Case { shape, causal, window, softcap: false, alibi: false }));
+        }
+        // The same with softcap and ALiBi (Hopper: `flash_bwd_hopper_x_*`,
+        // 128 keys × 64 queries per step at d 64 and d 128): causal and
+        // not, GQA and MHA, each modifier alone and both, a window.
+        let mods = [
+            (300, 520, 128, 2, true, false, true, false),
+            (520, 300, 128, 4, false, false, true, true),
+            (257, 391, 128, 1, true, true, false, true),
+            (520, 300, 64, 4, false, false, true, true),
+            (300, 520, 64, 2, true, false, false, true),
+            (257, 257, 64, 1, true, false, true, false),
+            (200, 391, 96, 2, true, true, true, true),
+            (391, 200, 40, 4, false, false, true, true),
+        ];
+        for (sq, sk, d, hk, causal, window, softcap, alibi) in mods {
+            let c = Case { shape: (2, sq, sk, 4, hk, d), causal, window, softcap, alibi };
+            worst = worst.max(run_case::<T>(g, &mut rng, &c));
         }
     }
     println!(
@@ -235,20 +255,23 @@ fn bf16_gradients_follow_fa2s_rule() {
 /// Varlen: each sequence's gradients = the reference's per-sequence
 /// definition by FA2's rule (pt: that sequence alone through the dense
 /// `pt_grads`; empty and 1-row sequences included), f32, f16 and bf16, with
-/// softcap (the tensor-core kernel) and without (on Hopper, the wgmma
-/// kernel; sequences over several of its 64/128-row blocks).
+/// and without softcap and ALiBi (on Hopper, the wgmma kernels, `_x_` with
+/// either; sequences over several of their 64/128-row blocks).
 #[test]
 fn varlen_is_each_sequence_alone() {
     let Some(_) = gpu("varlen_is_each_sequence_alone") else { return };
     let mut rng = Rng::fresh("varlen_is_each_sequence_alone");
-    varlen_case::<f32>(&mut rng, Some(4.0), 64);
-    varlen_case::<bf16>(&mut rng, Some(4.0), 64);
-    varlen_case::<bf16>(&mut rng, None, 64);
-    varlen_case::<f16>(&mut rng, None, 128);
-    varlen_case::<bf16>(&mut rng, None, 256);
+    varlen_case::<f32>(&mut rng, Some(4.0), false, 64);
+    varlen_case::<bf16>(&mut rng, Some(4.0), false, 64);
+    varlen_case::<bf16>(&mut rng, None, false, 64);
+    varlen_case::<f16>(&mut rng, None, false, 128);
+    varlen_case::<f16>(&mut rng, Some(4.0), true, 64);
+    varlen_case::<bf16>(&mut rng, Some(4.0), true, 128);
+    varlen_case::<f16>(&mut rng, None, true, 128);
+    varlen_case::<bf16>(&mut rng, None, false, 256);
 }
 
-fn varlen_case<T: AttnElem>(rng: &mut Rng, softcap: Option<f32>, d: usize) {
+fn varlen_case<T: AttnElem>(rng: &mut Rng, softcap: Option<f32>, alibi: bool, d: usize) {
     let (lq, lk) = ([1usize, 40, 0, 77, 5, 300], [9usize, 33, 4, 130, 1, 260]);
     let cum = |l: &[usize]| std::iter::once(0).chain(l.iter().scan(0i32, |a, &x| {
         *a += x as i32;
@@ -258,23 +281,25 @@ fn varlen_case<T: AttnElem>(rng: &mut Rng, softcap: Option<f32>, d: usize) {
     let (tq, tk, h, hk) = (*cq.last().unwrap() as usize, *ck.last().unwrap() as usize, 4, 2);
     let t = |rng: &mut Rng, n, hh| rng.tensor((1, n, hh, d), 1.0).index_axis_move(Axis(0), 0).mapv(|x| T::from_f32(x as f32));
     let (q, k, v, dout) = (t(rng, tq, h), t(rng, tk, hk), t(rng, tk, hk), t(rng, tq, h));
+    let slopes: Vec<f32> = (0..h).map(|i| 0.05 + 0.03 * i as f32).collect();
+    let al = || alibi.then(|| HostAlibi { slopes: &slopes, shape: AlibiShape::PerHead });
     for causal in [false, true] {
         let p = ForwardParams { causal, softcap, ..Default::default() };
         let max = (300, 260);
-        let (out, lse) = flash_attn_varlen_func(q.view(), k.view(), v.view(), &cq, &ck, None, max, &p, None).unwrap();
+        let (out, lse) = flash_attn_varlen_func(q.view(), k.view(), v.view(), &cq, &ck, None, max, &p, al()).unwrap();
         let vl = HostVarlen { cu_seqlens_q: &cq, cu_seqlens_k: &ck, seqused_k: None, max_seqlen: max };
         let bp = BackwardParams { forward: p, deterministic: false };
-        let g = flash_attn_varlen_backward(q.view(), k.view(), v.view(), out.view(), dout.view(), lse.view(), &vl, &bp, None).unwrap();
+        let g = flash_attn_varlen_backward(q.view(), k.view(), v.view(), out.view(), dout.view(), lse.view(), &vl, &bp, al()).unwrap();
         let u = |a: &ndarray::Array3<T>| a.mapv(|x| f64::from(x.to_f32()));
-        let r = reference::varlen_attention_backward::<f64>(u(&q).view(), u(&k).view(), u(&v).view(), u(&dout).view(), &cq, &ck, None, max.0, max.1, &p, None).unwrap();
+        let r = reference::varlen_attention_backward::<f64>(u(&q).view(), u(&k).view(), u(&v).view(), u(&dout).view(), &cq, &ck, None, max.0, max.1, &p, al()).unwrap();
         for (b, (&nq, &nk)) in lq.iter().zip(&lk).enumerate() {
             let (rq, rk) = (cq[b] as usize..cq[b] as usize + nq, ck[b] as usize..ck[b] as usize + nk);
             let one = |a: &ndarray::Array3<f64>, r: std::ops::Range<usize>| a.slice(s![r, .., ..]).to_owned().insert_axis(Axis(0));
-            let what = format!("varlen {:?} d {d} softcap {softcap:?} causal {causal} sequence {b}", T::DTYPE);
+            let what = format!("varlen {:?} d {d} softcap {softcap:?} alibi {alibi} causal {causal} sequence {b}", T::DTYPE);
             // pt of this sequence alone (dense, batch 1).
             let seq = |a: &ndarray::Array3<T>, r: std::ops::Range<usize>| a.slice(s![r, .., ..]).to_owned().insert_axis(Axis(0));
             let x = [seq(&q, rq.clone()), seq(&k, rk.clone()), seq(&v, rk.clone()), seq(&dout, rq.clone())];
-            let pt = pt_grads((&x[0], &x[1], &x[2], &x[3]), &p, None);
+            let pt = pt_grads((&x[0], &x[1], &x[2], &x[3]), &p, al());
             for (i, (name, got, want, r)) in [("dq", &g.dq, &r.dq, rq.clone()), ("dk", &g.dk, &r.dk, rk.clone()), ("dv", &g.dv, &r.dv, rk)].into_iter().enumerate() {
                 check(&format!("{what} {name}"), &one(&u(got), r.clone()), &one(want, r), &pt[i]);
             }
@@ -283,34 +308,39 @@ fn varlen_case<T: AttnElem>(rng: &mut Rng, softcap: Option<f32>, d: usize) {
 }
 
 /// Deterministic mode: 10 runs, the same bits (dq through ordered
-/// accumulation; dk, dv have no atomics).
+/// accumulation; dk, dv have no atomics); with softcap and ALiBi too (on
+/// Hopper the `_x_` kernels, whose d 64 build adds two dQ blocks per step).
 #[test]
 fn deterministic_mode_is_bit_identical() {
     let Some(g) = gpu("deterministic_mode_is_bit_identical") else { return };
     let mut rng = Rng::fresh("deterministic_mode_is_bit_identical");
-    repeat_bits::<f32>(g, &mut rng, 64);
-    repeat_bits::<bf16>(g, &mut rng, 64);
-    repeat_bits::<bf16>(g, &mut rng, 256);
+    repeat_bits::<f32>(g, &mut rng, 64, false);
+    repeat_bits::<bf16>(g, &mut rng, 64, false);
+    repeat_bits::<f16>(g, &mut rng, 64, true);
+    repeat_bits::<bf16>(g, &mut rng, 128, true);
+    repeat_bits::<bf16>(g, &mut rng, 256, false);
 }
 
-fn repeat_bits<T: AttnElem>(g: &Gpu, rng: &mut Rng, d: usize) {
+fn repeat_bits<T: AttnElem>(g: &Gpu, rng: &mut Rng, d: usize, mods: bool) {
     let (b, sq, sk, h, hk) = (2, 257, 300, 8, 2);
     let t = |rng: &mut Rng, s| rng.tensor(s, 1.0).mapv(|x| T::from_f32(x as f32));
     let (q, k, v, dout) = (t(rng, (b, sq, h, d)), t(rng, (b, sk, hk, d)), t(rng, (b, sk, hk, d)), t(rng, (b, sq, h, d)));
-    let p = ForwardParams { causal: true, ..Default::default() };
-    let (out, lse) = flash_attn_func_on_ext(&g.fa, &g.stream, q.view(), k.view(), v.view(), &p, None).unwrap();
+    let slopes: Vec<f32> = (0..h).map(|i| 0.05 + 0.03 * i as f32).collect();
+    let al = || mods.then(|| HostAlibi { slopes: &slopes, shape: AlibiShape::PerHead });
+    let p = ForwardParams { causal: true, softcap: mods.then_some(3.0), ..Default::default() };
+    let (out, lse) = flash_attn_func_on_ext(&g.fa, &g.stream, q.view(), k.view(), v.view(), &p, al()).unwrap();
     let bp = BackwardParams { forward: p, deterministic: true };
     let bits = |a: &Array4<T>| a.iter().map(|x| x.to_f32().to_bits()).collect::<Vec<u32>>();
     let mut first = None;
     for run in 0..10 {
-        let gr = flash_attn_backward_on_ext(&g.fa, &g.stream, q.view(), k.view(), v.view(), out.view(), dout.view(), lse.view(), &bp, None).unwrap();
+        let gr = flash_attn_backward_on_ext(&g.fa, &g.stream, q.view(), k.view(), v.view(), out.view(), dout.view(), lse.view(), &bp, al()).unwrap();
         let now = [bits(&gr.dq), bits(&gr.dk), bits(&gr.dv)];
         match &first {
             None => {
                 // The ordered sums are the same sums: against the free-running
                 // mode, within the last bits of T.
                 let free = BackwardParams { forward: p, deterministic: false };
-                let gf = flash_attn_backward_on_ext(&g.fa, &g.stream, q.view(), k.view(), v.view(), out.view(), dout.view(), lse.view(), &free, None).unwrap();
+                let gf = flash_attn_backward_on_ext(&g.fa, &g.stream, q.view(), k.view(), v.view(), out.view(), dout.view(), lse.view(), &free, al()).unwrap();
                 for (name, a, b) in [("dq", &gr.dq, &gf.dq), ("dk", &gr.dk, &gf.dk), ("dv", &gr.dv, &gf.dv)] {
                     let (a, b) = (up(a), up(b));
                     let tol = if T::DTYPE == DType::F32 { 1e-5 } else { 2e-2 } * (1.0 + max_abs(&b));
@@ -319,7 +349,7 @@ fn repeat_bits<T: AttnElem>(g: &Gpu, rng: &mut Rng, d: usize) {
                 }
                 first = Some(now)
             }
-            Some(f) => assert!(f == &now, "{:?} d {d}: run {run} differs from run 0", T::DTYPE),
+            Some(f) => assert!(f == &now, "{:?} d {d} mods {mods}: run {run} differs from run 0", T::DTYPE),
         }
     }
 }

@@ -126,7 +126,8 @@ pub const REQUIRED_SM90A: &[(&str, &[&str])] = &[
             "setmaxnreg.dec",
         ],
     ),
-    // Hopper backward (kernel-crate/src/hopper/bwd.rs, bwd256.rs): wgmma
+    // Hopper backward (kernel-crate/src/hopper/bwd.rs, bwd256.rs; the prefix
+    // also takes the softcap/ALiBi kernels `flash_bwd_hopper_x_*`): wgmma
     // products (the dQ product with both operands transposed), TMA copies
     // completing on mbarriers, dQ added by TMA tensor reductions from shared
     // memory, the producer/consumer register split.

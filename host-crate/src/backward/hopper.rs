@@ -4,13 +4,14 @@
 //! around it are the tensor-core kernel's (`backward/`).
 //!
 //! It runs a call when the loaded PTX is the sm_90a build on an sm_90
-//! device, the head dim is at most 256 (`hopper_bwd_head_dim`:
-//! 136..=256 on the d 256 build), and the call has neither softcap nor ALiBi nor
-//! an explicit block size (those take the tensor-core kernel, `tc`, which
-//! stops at d 128), and the environment does not set
+//! device, the head dim is at most 256 (`hopper_bwd_head_dim`: 136..=256
+//! on the d 256 build; softcap or ALiBi only up to 128), the call has no
+//! explicit block size, and the environment does not set
 //! `FLASH_ATTN_BACKWARD_KERNEL=tc` (read once per process: the tensor-core
 //! kernel for every call, e.g. to compare the two). Kernel names:
-//! `flash_bwd_hopper_{f16,bf16}_d{64,128,256}`. Grid: `batch · nheads_k ·
+//! `flash_bwd_hopper_{f16,bf16}_d{64,128,256}`, and with softcap or ALiBi
+//! `flash_bwd_hopper_x_{f16,bf16}_d{64,128}` (64 query rows per step at
+//! both head dims: `hopper_bwd_kernel_br`). Grid: `batch · nheads_k ·
 //! ceil(seqlen_k / Bc)` blocks of 384 threads (`Bc` 128, 64 at d 256); the
 //! kernel reads q, dO, k and v through tensor maps (TMA) encoded here.
 
@@ -18,7 +19,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaStream, DriverError, PushKernelArg};
 use flash_attn_common::BwdParams;
-use flash_attn_common::hopper_bwd::{HOPPER_BWD_THREADS, HopperBwdSmem, hopper_bwd_bc, hopper_bwd_br, hopper_bwd_head_dim};
+use flash_attn_common::hopper_bwd::{HOPPER_BWD_THREADS, HopperBwdSmem, hopper_bwd_bc, hopper_bwd_head_dim, hopper_bwd_kernel_br};
 
 use crate::device::FlashAttention;
 use crate::error::Result;
@@ -32,14 +33,18 @@ use super::tc::key_block_launch;
 
 /// Every Hopper backward kernel compiled into the sm_90a PTX (mirrors the
 /// `hopper_bwd_kernels!` list of `kernel-crate/src/hopper/mod.rs`):
-/// `(name, bf16, compiled head dim)`.
-pub(crate) const HOPPER_BWD_KERNELS: &[(&str, bool, usize)] = &[
-    ("flash_bwd_hopper_f16_d64", false, 64),
-    ("flash_bwd_hopper_bf16_d64", true, 64),
-    ("flash_bwd_hopper_f16_d128", false, 128),
-    ("flash_bwd_hopper_bf16_d128", true, 128),
-    ("flash_bwd_hopper_f16_d256", false, 256),
-    ("flash_bwd_hopper_bf16_d256", true, 256),
+/// `(name, bf16, compiled head dim, softcap/ALiBi)`.
+pub(crate) const HOPPER_BWD_KERNELS: &[(&str, bool, usize, bool)] = &[
+    ("flash_bwd_hopper_f16_d64", false, 64, false),
+    ("flash_bwd_hopper_bf16_d64", true, 64, false),
+    ("flash_bwd_hopper_f16_d128", false, 128, false),
+    ("flash_bwd_hopper_bf16_d128", true, 128, false),
+    ("flash_bwd_hopper_f16_d256", false, 256, false),
+    ("flash_bwd_hopper_bf16_d256", true, 256, false),
+    ("flash_bwd_hopper_x_f16_d64", false, 64, true),
+    ("flash_bwd_hopper_x_bf16_d64", true, 64, true),
+    ("flash_bwd_hopper_x_f16_d128", false, 128, true),
+    ("flash_bwd_hopper_x_bf16_d128", true, 128, true),
 ];
 
 /// `FLASH_ATTN_BACKWARD_KERNEL=tc` (read once per process): the tensor-core
@@ -61,23 +66,23 @@ pub(crate) fn hopper_backward_available(fa: &FlashAttention, dtype: DType, headd
 }
 
 /// The Hopper kernel of a call (its table entry: name, bf16, compiled head
-/// dim), or `None` when the tensor-core kernel runs it (see the module
-/// docs): `sm90a` whether the loaded PTX is the sm_90a build, `cc` the
-/// device's compute capability, `mods` softcap or ALiBi.
-pub(crate) fn hopper_backward_kernel(sm90a: bool, cc: (i32, i32), dtype: DType, headdim: usize, mods: bool, max_smem: usize) -> Option<&'static (&'static str, bool, usize)> {
+/// dim, softcap/ALiBi), or `None` when the tensor-core kernel runs it (see
+/// the module docs): `sm90a` whether the loaded PTX is the sm_90a build,
+/// `cc` the device's compute capability, `mods` softcap or ALiBi.
+pub(crate) fn hopper_backward_kernel(sm90a: bool, cc: (i32, i32), dtype: DType, headdim: usize, mods: bool, max_smem: usize) -> Option<&'static (&'static str, bool, usize, bool)> {
     let bf16 = match dtype {
         DType::F16 => false,
         DType::BF16 => true,
         DType::F32 => return None,
     };
-    if !sm90a || cc != (9, 0) || mods {
+    if !sm90a || cc != (9, 0) {
         return None;
     }
     let d = hopper_bwd_head_dim(headdim)?;
-    if HopperBwdSmem::new(d).request_bytes() > max_smem {
+    if HopperBwdSmem::for_kernel(d, mods).request_bytes() > max_smem {
         return None;
     }
-    HOPPER_BWD_KERNELS.iter().find(|k| k.1 == bf16 && k.2 == d)
+    HOPPER_BWD_KERNELS.iter().find(|k| k.1 == bf16 && k.2 == d && k.3 == mods)
 }
 
 /// Launches the Hopper backward main kernel on `stream` for `p` when it
@@ -95,12 +100,12 @@ pub(crate) unsafe fn launch_hopper_backward(fa: &FlashAttention, stream: &Arc<Cu
     }
     let mods = p.fwd.softcap != 0.0 || p.fwd.alibi_ptr != 0;
     let max_smem = fa.limits().max_smem_per_block;
-    let Some(&(name, _, d)) = hopper_backward_kernel(fa.has_hopper_kernels(), fa.compute_capability(), dtype, p.fwd.headdim as usize, mods, max_smem) else {
+    let Some(&(name, _, d, mods)) = hopper_backward_kernel(fa.has_hopper_kernels(), fa.compute_capability(), dtype, p.fwd.headdim as usize, mods, max_smem) else {
         return Ok(false);
     };
     let Some(f) = fa.kernel(name)? else { return Ok(false) };
-    let (br, bc) = (hopper_bwd_br(d), hopper_bwd_bc(d));
-    let Some((p, cfg)) = key_block_launch(p, (br, bc), HOPPER_BWD_THREADS, HopperBwdSmem::new(d).request_bytes())? else { return Ok(true) };
+    let (br, bc) = (hopper_bwd_kernel_br(d, mods), hopper_bwd_bc(d));
+    let Some((p, cfg)) = key_block_launch(p, (br, bc), HOPPER_BWD_THREADS, HopperBwdSmem::for_kernel(d, mods).request_bytes())? else { return Ok(true) };
     let maps = backward_tensor_maps(&p, br, bc, dtype == DType::BF16)?;
     let (global, g_ptr) = maps_argument(stream, &maps)?;
     let arg = KernelArg(p);
@@ -150,25 +155,28 @@ mod tests {
         let src = include_str!("../../../kernel-crate/src/hopper/mod.rs");
         let listed: Vec<&str> = src.lines().map(str::trim_start).filter(|l| l.starts_with("flash_bwd_hopper_")).collect();
         assert_eq!(listed.len(), HOPPER_BWD_KERNELS.len());
-        for (name, bf16, d) in HOPPER_BWD_KERNELS {
-            assert!(listed.iter().any(|l| l.starts_with(&format!("{name}: {}, d = {d};", if *bf16 { "Bf16" } else { "F16" }))), "{name}");
+        for (name, bf16, d, mods) in HOPPER_BWD_KERNELS {
+            assert!(listed.iter().any(|l| l.starts_with(&format!("{name}: {}, d = {d}, mods = {mods};", if *bf16 { "Bf16" } else { "F16" }))), "{name}");
+            assert_eq!(name.starts_with("flash_bwd_hopper_x_"), *mods, "{name}");
         }
     }
 
     #[test]
     fn runs_what_it_can() {
         let big = 227 * 1024;
-        assert_eq!(hopper_backward_kernel(true, (9, 0), DType::BF16, 128, false, big), Some(&("flash_bwd_hopper_bf16_d128", true, 128)));
-        assert_eq!(hopper_backward_kernel(true, (9, 0), DType::F16, 40, false, big), Some(&("flash_bwd_hopper_f16_d64", false, 64)));
-        assert_eq!(hopper_backward_kernel(true, (9, 0), DType::F16, 96, false, big), Some(&("flash_bwd_hopper_f16_d128", false, 128)));
-        assert_eq!(hopper_backward_kernel(true, (9, 0), DType::F16, 136, false, big), Some(&("flash_bwd_hopper_f16_d256", false, 256)));
-        assert_eq!(hopper_backward_kernel(true, (9, 0), DType::F16, 192, false, big), Some(&("flash_bwd_hopper_f16_d256", false, 256)));
-        assert_eq!(hopper_backward_kernel(true, (9, 0), DType::F16, 200, false, big), Some(&("flash_bwd_hopper_f16_d256", false, 256)));
-        assert_eq!(hopper_backward_kernel(true, (9, 0), DType::BF16, 256, false, big), Some(&("flash_bwd_hopper_bf16_d256", true, 256)));
+        assert_eq!(hopper_backward_kernel(true, (9, 0), DType::BF16, 128, false, big), Some(&("flash_bwd_hopper_bf16_d128", true, 128, false)));
+        assert_eq!(hopper_backward_kernel(true, (9, 0), DType::F16, 40, false, big), Some(&("flash_bwd_hopper_f16_d64", false, 64, false)));
+        assert_eq!(hopper_backward_kernel(true, (9, 0), DType::F16, 96, false, big), Some(&("flash_bwd_hopper_f16_d128", false, 128, false)));
+        assert_eq!(hopper_backward_kernel(true, (9, 0), DType::F16, 136, false, big), Some(&("flash_bwd_hopper_f16_d256", false, 256, false)));
+        assert_eq!(hopper_backward_kernel(true, (9, 0), DType::F16, 192, false, big), Some(&("flash_bwd_hopper_f16_d256", false, 256, false)));
+        assert_eq!(hopper_backward_kernel(true, (9, 0), DType::F16, 200, false, big), Some(&("flash_bwd_hopper_f16_d256", false, 256, false)));
+        assert_eq!(hopper_backward_kernel(true, (9, 0), DType::BF16, 256, false, big), Some(&("flash_bwd_hopper_bf16_d256", true, 256, false)));
         assert_eq!(hopper_backward_kernel(true, (9, 0), DType::BF16, 264, false, big), None);
-        assert_eq!(hopper_backward_kernel(true, (9, 0), DType::BF16, 256, true, big), None, "softcap/ALiBi");
+        assert_eq!(hopper_backward_kernel(true, (9, 0), DType::BF16, 256, true, big), None, "softcap/ALiBi at d 256");
+        assert_eq!(hopper_backward_kernel(true, (9, 0), DType::BF16, 160, true, big), None, "softcap/ALiBi above 128");
         assert_eq!(hopper_backward_kernel(true, (9, 0), DType::BF16, 256, false, 210 * 1024), None, "d 256 needs 210 KB");
-        assert_eq!(hopper_backward_kernel(true, (9, 0), DType::F16, 128, true, big), None, "softcap/ALiBi");
+        assert_eq!(hopper_backward_kernel(true, (9, 0), DType::F16, 128, true, big), Some(&("flash_bwd_hopper_x_f16_d128", false, 128, true)), "softcap/ALiBi");
+        assert_eq!(hopper_backward_kernel(true, (9, 0), DType::BF16, 64, true, big), Some(&("flash_bwd_hopper_x_bf16_d64", true, 64, true)));
         assert_eq!(hopper_backward_kernel(false, (9, 0), DType::F16, 128, false, big), None, "sm_90 PTX");
         assert_eq!(hopper_backward_kernel(true, (8, 0), DType::F16, 128, false, big), None);
         assert_eq!(hopper_backward_kernel(true, (9, 0), DType::F32, 128, false, big), None);

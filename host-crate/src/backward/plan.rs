@@ -115,16 +115,20 @@ impl FlashAttention {
                 return Err(FlashAttnError::Unsupported {
                     argument: "q",
                     dtype: T::DTYPE.name(),
-                    what: "the backward pass with this loop order and head dim (the tensor-core backward runs the FA2 order up to d 128; the Hopper backward up to d 256 without softcap or ALiBi)",
+                    what: "the backward pass with this loop order and head dim (the tensor-core backward runs the FA2 order up to d 128; the Hopper backward up to d 256, with softcap or ALiBi up to 128)",
                 });
             }
             // The kernels' own tiles: the semaphores are counted with the
             // smallest query tile of the tensor-core kernel's two
             // configurations for this head dim (with and without
-            // softcap/ALiBi) and the Hopper kernel's: an upper bound of what
-            // any of them indexes, all of it zeroed by the preprocess kernel.
+            // softcap/ALiBi) and the Hopper kernels' (64 or 128): an upper
+            // bound of what any of them indexes, all of it zeroed by the
+            // preprocess kernel.
             let cfg = |mods| flash_attn_common::tc_bwd::tc_bwd_config(d, mods);
-            let hopper_br = flash_attn_common::hopper_bwd::hopper_bwd_head_dim(d).map(flash_attn_common::hopper_bwd::hopper_bwd_br);
+            let hopper_br = flash_attn_common::hopper_bwd::hopper_bwd_head_dim(d).map(|hd| {
+                use flash_attn_common::hopper_bwd::{hopper_bwd_br, hopper_bwd_kernel_br};
+                hopper_bwd_br(hd).min(hopper_bwd_kernel_br(hd, true))
+            });
             let br = cfg(false).into_iter().chain(cfg(true)).map(|c| c.br).chain(hopper_br).min().unwrap_or(16);
             (None, br, 64)
         };

@@ -34,7 +34,7 @@ pub const HOPPER_BWD_CONSUMER_REGS: u32 = 240;
 pub const HOPPER_BWD_DQ_PANEL_BYTES: usize = 64 * 128;
 
 /// u64 words of [`HopperBwdSmem::uni`].
-pub const HOPPER_BWD_UNI_WORDS: usize = 26;
+pub const HOPPER_BWD_UNI_WORDS: usize = 29;
 
 /// mbarriers of [`HopperBwdSmem::bars`]: K/V, full and empty per stage, dQ
 /// staging full and empty per buffer.
@@ -76,6 +76,15 @@ pub const fn hopper_bwd_bc(d: usize) -> usize {
     if d == 256 { HOPPER_BWD_BC_D256 } else { HOPPER_BWD_BC }
 }
 
+/// Query rows per step of the kernel of compiled head dim `d`, `mods` the
+/// softcap/ALiBi kernels (`flash_bwd_hopper_x_*`): 64 for those at every
+/// head dim (their score pass and `Pᵀ·(1 − tanh²)` need the registers Br 128
+/// would fill at d 64; the two consumers' `dQ` blocks then split the keys,
+/// each `64 × 64` over its own 64), [`hopper_bwd_br`] otherwise.
+pub const fn hopper_bwd_kernel_br(d: usize, mods: bool) -> usize {
+    if mods { 64 } else { hopper_bwd_br(d) }
+}
+
 /// Shared-memory layout (byte offsets from the 1024-aligned base) of
 /// compiled head dim `d`.
 ///
@@ -113,11 +122,24 @@ pub struct HopperBwdSmem {
 }
 
 impl HopperBwdSmem {
+    /// The layout of compiled head dim `d` at its [`hopper_bwd_br`].
     pub const fn new(d: usize) -> Self {
         if d == 256 {
             return Self::new_d256();
         }
-        let br = hopper_bwd_br(d);
+        Self::with_br(d, hopper_bwd_br(d))
+    }
+
+    /// The layout of the kernel of compiled head dim `d`, `mods` its
+    /// softcap/ALiBi build ([`hopper_bwd_kernel_br`] query rows per step).
+    pub const fn for_kernel(d: usize, mods: bool) -> Self {
+        if d == 256 { Self::new(256) } else { Self::with_br(d, hopper_bwd_kernel_br(d, mods)) }
+    }
+
+    /// The layout of compiled head dim `d` (64 or 128) at `br` query rows
+    /// per step ([`hopper_bwd_kernel_br`]: 64, or [`hopper_bwd_br`]).
+    pub const fn with_br(d: usize, br: usize) -> Self {
+        assert!(d == 64 || d == 128, "d 256 has its own layout (new_d256)");
         let kv = HOPPER_BWD_BC * d * 2;
         let qt = br * d * 2;
         let k = 0;
@@ -169,18 +191,21 @@ mod tests {
 
     #[test]
     fn layouts_fit_and_align() {
-        for d in [64, 128, 256] {
-            let l = HopperBwdSmem::new(d);
+        for (d, br) in [(64, 128), (128, 64), (64, 64), (256, 64)] {
+            let l = if d == 256 { HopperBwdSmem::new(256) } else { HopperBwdSmem::with_br(d, br) };
             for off in [l.k, l.v, l.q[0], l.q[1], l.dout[0], l.dout[1], l.ds, l.ds_d256()] {
                 assert_eq!(off % 1024, 0, "d {d}: swizzled tiles are 1024-byte aligned");
             }
             assert!(l.dq.iter().all(|o| o % 1024 == 0), "d {d}: swizzled staging");
             assert_eq!((l.bars % 8, l.uni % 8), (0, 0));
             if d != 256 {
-                assert_eq!(hopper_bwd_br(d) * d, 8192);
+                assert_eq!(hopper_bwd_kernel_br(d, true), 64);
+                assert_eq!(hopper_bwd_kernel_br(d, false) * d, 8192);
+                assert!(l.ds + HOPPER_BWD_BC * br * 2 <= l.dq[0]);
             }
             assert!(l.request_bytes() <= 227 * 1024, "d {d}: {} B", l.request_bytes());
         }
+        assert_eq!(HopperBwdSmem::new(64), HopperBwdSmem::with_br(64, 128));
         assert_eq!(hopper_bwd_head_dim(8), Some(64));
         assert_eq!(hopper_bwd_head_dim(72), Some(128));
         assert_eq!(hopper_bwd_head_dim(136), Some(256));

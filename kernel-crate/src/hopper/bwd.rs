@@ -50,12 +50,29 @@
 //! waiting `j` of a Q block has its predecessors done (the argument of
 //! `tc::bwd::dq_turn`, mirrored).
 //!
+//! Softcap and ALiBi (the `MODS` kernels, `flash_bwd_hopper_x_*`, Br 64
+//! at both head dims): the tensor-core kernel's score function
+//! (`tc::bwd::ScoreT`) on `Sᵀ` — the softcap in place ([`softcap_score`]),
+//! the ALiBi bias (`slope·|q + shift − key|`, distances from the lane
+//! indices at the point of use) in the exp2 pass ([`exp_mods`]), which also
+//! packs `Pᵀ` for dV and turns the f32 `Pᵀ` into `Pᵀ∘(1 − tanh²)` with
+//! `tanh` = the capped score / `cap·log2 e` at hand: `dSᵀ` is then the plain
+//! kernel's `Pᵀ∘(dPᵀ − D_i)` of that, and no `1 − tanh²` array is kept
+//! (32 registers). The constants (`softcap_pre`, `cap·log2 e` and its
+//! inverse) are uniform words read where used, the slope loaded per step.
+//! d 128: `dPᵀ` is issued after the exp2 pass (with dV), not beside `Sᵀ`,
+//! so that its accumulators are not live beside the score function's
+//! temporaries (ptxas spilled at 240 registers). d 64: Br 64 instead of
+//! 128 (Br 128's `Sᵀ`, `dPᵀ` are 64 registers each), `dPᵀ` beside `Sᵀ` as
+//! the plain kernel; each consumer's `dQ` block is then the whole `64 × 64`
+//! over its own 64 keys, and warp 1 adds both (in deterministic mode the
+//! first completes before the second is issued).
+//!
 //! Epilogue: `dK_j · scale` and `dV_j` in `T` at their strides.
-//! Softcap and ALiBi run on the tensor-core kernel.
 //!
 //! d 256 has a kernel of its own (`bwd256`: `Bc` = `Br` = 64, the head dim
-//! split between the consumers) with this one's prologue, producer
-//! protocol and uniform words ([`uni`]).
+//! split between the consumers, no softcap/ALiBi) with this one's prologue,
+//! producer protocol and uniform words ([`uni`]).
 
 use super::{acc_fence, desc_kmajor, desc_mnmajor, mma_rs, mma_ss, mma_tt};
 use crate::arch::mbarrier::{fence_mbarrier_init, mbarrier_arrive, mbarrier_arrive_expect_tx, mbarrier_init, mbarrier_wait};
@@ -71,7 +88,7 @@ use crate::arch::wgmma::{wgmma_commit, wgmma_fence, wgmma_wait};
 use crate::tc::fa2::mask;
 use crate::tc::{Elem16, pack};
 use flash_attn_common::hopper_bwd::{
-    HOPPER_BWD_BC, HOPPER_BWD_CONSUMER_REGS, HOPPER_BWD_DQ_PANEL_BYTES, HOPPER_BWD_PRODUCER_REGS, HOPPER_BWD_STAGES, HOPPER_BWD_UNI_WORDS, HopperBwdSmem,
+    HOPPER_BWD_BC, HOPPER_BWD_CONSUMER_REGS, HOPPER_BWD_DQ_PANEL_BYTES, HOPPER_BWD_PRODUCER_REGS, HOPPER_BWD_STAGES, HOPPER_BWD_UNI_WORDS, HopperBwdSmem, hopper_bwd_kernel_br,
 };
 use flash_attn_common::tc_bwd::{bwd_key_blocks, bwd_query_range, bwd_semaphore_index, bwd_visiting_query_blocks};
 use flash_attn_common::{BwdParams, LOG2_E, Real};
@@ -178,8 +195,13 @@ pub(super) mod uni {
     /// The block's batch index and K/V block.
     pub const B: u32 = 24;
     pub const J: u32 = 25;
+    /// Softcap (`MODS` kernels): `softcap_pre`, `cap·log2 e` and its
+    /// inverse, as f32 bits (read where used: hoisted, they spilled).
+    pub const CAP_PRE: u32 = 26;
+    pub const CAP_POST: u32 = 27;
+    pub const INV_CAP: u32 = 28;
     /// Words used: `HOPPER_BWD_UNI_WORDS` (checked at compile time).
-    pub const COUNT: usize = 26;
+    pub const COUNT: usize = 29;
 }
 
 /// The backward main kernel body (see the module docs).
@@ -190,16 +212,19 @@ pub(super) mod uni {
 /// tensor maps of q, dO (boxes `64 × Br`), k and v (`64 × Bc`) and the f32
 /// dQ accumulator (`lse rows × headdim`, boxes `32 × 64`, 128B swizzle)
 /// describing `p`'s buffers, launched with [`HOPPER_BWD_THREADS`] threads,
-/// `HopperBwdSmem::new(D).request_bytes()` of dynamic shared memory and
+/// `HopperBwdSmem::with_br(D, BR).request_bytes()` of dynamic shared memory and
 /// `batch · nheads_k · ceil(seqlen_k / 128)` blocks.
 ///
 /// [`HOPPER_BWD_THREADS`]: flash_attn_common::hopper_bwd::HOPPER_BWD_THREADS
 #[inline(always)]
-pub unsafe fn backward<T: Elem16, const D: usize, const DN: usize, const BR: usize, const BRN: usize, const BRK: usize>(maps: [u64; 5], p: &BwdParams) {
-    const { assert!(DN * 8 == D && BRN * 8 == BR && BRK * 16 == BR && ((D == 128 && BR == 64) || (D == 64 && BR == 128))) };
+pub unsafe fn backward<T: Elem16, const D: usize, const DN: usize, const BR: usize, const BRN: usize, const BRK: usize, const MODS: bool>(maps: [u64; 5], p: &BwdParams) {
+    const { assert!(DN * 8 == D && BRN * 8 == BR && BRK * 16 == BR && BR == hopper_bwd_kernel_br(D, MODS) && (D == 64 || D == 128)) };
     const BC: usize = HOPPER_BWD_BC;
     const { assert!(uni::COUNT == HOPPER_BWD_UNI_WORDS) };
-    let lay = const { HopperBwdSmem::new(D) };
+    // d 64 at Br 64 (the MODS kernel): each consumer's dQ block is all
+    // `Br × d` over its own 64 keys (warp 1 adds both).
+    let key_split = D == 64 && BR == 64;
+    let lay = const { HopperBwdSmem::with_br(D, BR) };
     let f = &p.fwd;
     let tid = sreg::thread_idx_x() as usize;
 
@@ -289,6 +314,12 @@ pub unsafe fn backward<T: Elem16, const D: usize, const DN: usize, const BR: usi
         put(uni::LSE_ROW0, seq.lse_base);
         put(uni::B, bu);
         put(uni::J, j as u64);
+        if MODS {
+            let cap_post = f.softcap * LOG2_E;
+            put(uni::CAP_PRE, f.softcap_pre.to_bits() as u64);
+            put(uni::CAP_POST, cap_post.to_bits() as u64);
+            put(uni::INV_CAP, if cap_post != 0.0 { (1.0 / cap_post).to_bits() as u64 } else { 0 });
+        }
         // SAFETY: 8-byte aligned words inside the requested shared memory,
         // used by no one before the barrier below.
         unsafe {
@@ -410,8 +441,20 @@ pub unsafe fn backward<T: Elem16, const D: usize, const DN: usize, const BR: usi
                     fence_proxy_async_global();
                 }
                 for w in 0..2u32 {
+                    if key_split && det && w == 1 {
+                        // Both blocks add to the same elements: the first
+                        // completes before the second starts (a fixed order).
+                        bulk_commit_group();
+                        bulk_wait_group();
+                    }
                     for pn in 0..2u32 {
-                        let (col, row) = if D == 128 { (64 * w + 32 * pn, row0) } else { (32 * pn, row0 + 64 * w as i32) };
+                        let (col, row) = if D == 128 {
+                            (64 * w + 32 * pn, row0)
+                        } else if key_split {
+                            (32 * pn, row0)
+                        } else {
+                            (32 * pn, row0 + 64 * w as i32)
+                        };
                         // SAFETY: the map describes the accumulator (caller);
                         // the panel written, fenced and released by the
                         // consumers' arrivals (waited above), 1024-aligned.
@@ -449,7 +492,8 @@ pub unsafe fn backward<T: Elem16, const D: usize, const DN: usize, const BR: usi
     // dQ: each warpgroup one 64 × 64 block of `dS·K_j` over all 128 keys:
     // d 128 (Br 64) its column half (K's panel wg), d 64 (Br 128) its row
     // half (dSᵀ's panel wg).
-    let (a_panel, b_panel) = if D == 128 { (0, wg) } else { (wg, 0) };
+    // d 64 at Br 64 (`key_split`): all of it over its own 64 keys.
+    let (a_panel, b_panel) = if D == 128 { (0, wg) } else if key_split { (0, 0) } else { (wg, 0) };
     if steps > 0 {
         // SAFETY: armed by the producer when there are steps.
         unsafe { mbarrier_wait(bar_kv, 0) };
@@ -463,12 +507,26 @@ pub unsafe fn backward<T: Elem16, const D: usize, const DN: usize, const BR: usi
         let mut r_p = [[0f32; 4]; BRN];
         let mut r_ds = [[0f32; 4]; BRN];
         issue_abt::<T, D, BR, BRN>(&mut r_p, s_k, wg * 64, s_q(s));
-        issue_abt::<T, D, BR, BRN>(&mut r_ds, s_v, wg * 64, s_do(s));
-        wgmma_wait::<1>();
+        // MODS at d 128: dPᵀ after the score function (below), whose
+        // temporaries and dPᵀ's accumulators do not fit in the registers
+        // together (ptxas spilled); at d 64 (Br 64) they do.
+        let late_dp = MODS && D == 128;
+        if late_dp {
+            wgmma_wait::<0>();
+        } else {
+            issue_abt::<T, D, BR, BRN>(&mut r_ds, s_v, wg * 64, s_do(s));
+            wgmma_wait::<1>();
+        }
         acc_fence(&mut r_p);
-        for nn in 0..BRN {
-            for e in 0..4 {
-                r_p[nn][e] *= f.softmax_scale_log2;
+        if MODS {
+            // Softcap (`cap·log2 e · tanh(Sᵀ · softcap_pre)`, as the
+            // tensor-core kernel's `ScoreT`; ALiBi in the exp2 pass).
+            softcap_score::<BRN>(&mut r_p, f, &u);
+        } else {
+            for nn in 0..BRN {
+                for e in 0..4 {
+                    r_p[nn][e] *= f.softmax_scale_log2;
+                }
             }
         }
         if !(u(uni::FULL_LO) as i64 <= q0 as i64 && (q0 + BR) as i64 <= u(uni::FULL_HI) as i64) {
@@ -485,23 +543,35 @@ pub unsafe fn backward<T: Elem16, const D: usize, const DN: usize, const BR: usi
         }
         let lse = rows(s, 0);
         let dlt = rows(s, 1);
-        for nn in 0..BRN {
-            // SAFETY: stage s landed (its full barrier); 8-byte aligned (even column).
-            let l = unsafe { ld_shared_f32x2(lse + 4 * (nn * 8 + 2 * t) as u32) };
-            for e in 0..4 {
-                r_p[nn][e] = (r_p[nn][e] - l[e & 1]).exp2();
+        // MODS: Pᵀ packed as it is computed (below), and `r_p` becomes
+        // `Pᵀ∘(1 − tanh²)`, the factor of `dSᵀ`.
+        let mut a_p = [[0u32; 4]; BRK];
+        if MODS {
+            // SAFETY: stage s landed (its full barrier); host-checked ALiBi slopes.
+            a_p = unsafe { exp_mods::<T, BRN, BRK>(&mut r_p, f, &u, n as u32, lse, q0, t, kw + g) };
+        } else {
+            for nn in 0..BRN {
+                // SAFETY: stage s landed (its full barrier); 8-byte aligned (even column).
+                let l = unsafe { ld_shared_f32x2(lse + 4 * (nn * 8 + 2 * t) as u32) };
+                for e in 0..4 {
+                    r_p[nn][e] = (r_p[nn][e] - l[e & 1]).exp2();
+                }
             }
         }
         // Pᵀ leaves the f32 accumulators as packed 16-bit pairs, the A
-        // operand of dV. At d 128 dV is issued while dPᵀ finishes (the
-        // tensor cores stay busy through dSᵀ); at d 64 (Br 128) Pᵀ, dPᵀ
+        // operand of dV. At Br 64 dV is issued while dPᵀ finishes (the
+        // tensor cores stay busy through dSᵀ); at Br 128 (d 64) Pᵀ, dPᵀ
         // and the packed Pᵀ do not fit in the registers together: after dSᵀ.
-        let early_dv = D == 128;
-        let mut a_p = [[0u32; 4]; BRK];
+        let early_dv = BR == 64;
+        const { assert!(!MODS || BR == 64) };
         if early_dv {
-            a_p = pack_a::<T, BRN, BRK>(&r_p);
+            if late_dp {
+                issue_abt::<T, D, BR, BRN>(&mut r_ds, s_v, wg * 64, s_do(s));
+            } else if !MODS {
+                a_p = pack_a::<T, BRN, BRK>(&r_p);
+            }
             issue_xb::<T, BR, BRK, DN>(&mut r_dv, &a_p, s_do(s));
-            wgmma_wait::<1>(); // Sᵀ, dPᵀ done; dV in flight
+            wgmma_wait::<1>(); // (Sᵀ,) dPᵀ done; dV in flight
         } else {
             wgmma_wait::<0>();
         }
@@ -547,9 +617,10 @@ pub unsafe fn backward<T: Elem16, const D: usize, const DN: usize, const BR: usi
 
         // dQ_i block += dS·K_j over the 128 keys.
         let mut r_dq = [[0f32; 4]; 8];
-        let (s_dsf, s_kf) = (opaque::u32_fresh(s_ds + (a_panel * BC * PANEL_ROW) as u32), opaque::u32_fresh(s_k + (b_panel * BC * PANEL_ROW) as u32));
+        let key0 = if key_split { wg * 64 * PANEL_ROW } else { 0 };
+        let (s_dsf, s_kf) = (opaque::u32_fresh(s_ds + (a_panel * BC * PANEL_ROW + key0) as u32), opaque::u32_fresh(s_k + (b_panel * BC * PANEL_ROW + key0) as u32));
         wgmma_fence();
-        for kq in 0..BC / 16 {
+        for kq in 0..BC / 16 / (1 + key_split as usize) {
             let da = desc_mnmajor(s_dsf + (kq * 16 * PANEL_ROW) as u32, (BC * PANEL_ROW) as u32);
             let db = desc_mnmajor(s_kf + (kq * 16 * PANEL_ROW) as u32, (BC * PANEL_ROW) as u32);
             // SAFETY: dSᵀ written (fenced, barrier passed), K_j landed.
@@ -651,4 +722,129 @@ pub(super) unsafe fn ld_shared_f32x2(a: u32) -> [f32; 2] {
     // SAFETY: forwarded to the caller.
     let [x, y] = unsafe { crate::arch::smem::ld_shared_v2(a) };
     [f32::from_bits(x), f32::from_bits(y)]
+}
+
+/// ALiBi's slope (`· log2 e`) of step `n`'s query head.
+///
+/// # Safety
+/// Host-checked ALiBi slopes (batch `B`, the launch's heads).
+#[inline(always)]
+unsafe fn alibi_slope(f: &flash_attn_common::AttnParams, u: &impl Fn(u32) -> u64, n: u32) -> f32 {
+    let h = (u(uni::H0) as u32) + n / u(uni::NI) as u32;
+    // SAFETY: caller.
+    unsafe { f.alibi_slope_log2(u(uni::B) as u32, h) }
+}
+
+/// ALiBi's signed distance `q + shift − key` of this thread's first
+/// element in its `Sᵀ` row `row` (of the block; query `q0 + 2t`, `shift =
+/// seqlen_k − seqlen_q`); row `row + 8` subtracts 8, element `(n, e)` adds
+/// `8n + (e & 1)`. Recomputed where used (an opaque key, not held across
+/// the loop), in 32 bits (sequences are below 2³¹).
+#[inline(always)]
+fn alibi_rel(f: &flash_attn_common::AttnParams, u: &impl Fn(u32) -> u64, q0: usize, t: usize, row: usize) -> i32 {
+    let win = f.key_window(u(uni::NQ) as u32, u(uni::NK) as u32);
+    let k = opaque::u32_fresh((u(uni::K0) as usize + row) as u32) as i32;
+    (q0 + 2 * t) as i32 + win.shift as i32 - k
+}
+
+/// ALiBi's `slope · |distance|` of element `(n, e)` ([`alibi_rel`]).
+#[inline(always)]
+fn alibi_bias(slope: f32, rel: i32, n: usize, e: usize) -> f32 {
+    let dist = rel - 8 * (e >> 1) as i32 + (n * 8 + (e & 1)) as i32;
+    slope * dist.unsigned_abs() as f32
+}
+
+/// The softcap of the score (`MODS` kernels; as the tensor-core kernel's
+/// `tc::bwd::ScoreT::apply`): the raw `Sᵀ` becomes `cap·log2 e ·
+/// tanh(Sᵀ · softcap_pre)`, or without softcap `Sᵀ · scale · log2 e`
+/// (constants read here; ALiBi follows in [`exp_mods`]).
+#[inline(always)]
+fn softcap_score<const BRN: usize>(r: &mut [[f32; 4]; BRN], f: &flash_attn_common::AttnParams, u: &impl Fn(u32) -> u64) {
+    let cap_post = f32::from_bits(u(uni::CAP_POST) as u32);
+    if cap_post != 0.0 {
+        let cap_pre = f32::from_bits(u(uni::CAP_PRE) as u32);
+        for nn in 0..BRN {
+            for e in 0..4 {
+                r[nn][e] = cap_post * (r[nn][e] * cap_pre).tanh();
+            }
+        }
+    } else {
+        for nn in 0..BRN {
+            for e in 0..4 {
+                r[nn][e] *= f.softmax_scale_log2;
+            }
+        }
+    }
+}
+
+/// `Pᵀ = exp2(score − slope·log2 e · |q + shift − key| − LSE_i·log2 e)`
+/// (`MODS` kernels) from the (soft-capped, masked) base-2 score `y` in
+/// `r`, packed as the A operand of dV ([`pack_a`]'s layout, returned), and
+/// `r` becomes `Pᵀ∘(1 − tanh²)` with `tanh = y / (cap·log2 e)` (the score
+/// at hand: no `1 − tanh²` kept from the score pass, no `lg2` of P); `Pᵀ`
+/// without softcap. A masked score (`−∞`) gives `P = 0` and the factor 0
+/// (`1 − ∞`, never NaN).
+///
+/// # Safety
+/// `lse` the stage's `LSE·log2 e` row (landed, ordered by its full
+/// barrier); host-checked ALiBi slopes.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn exp_mods<T: Elem16, const BRN: usize, const BRK: usize>(
+    r: &mut [[f32; 4]; BRN],
+    f: &flash_attn_common::AttnParams,
+    u: &impl Fn(u32) -> u64,
+    n: u32,
+    lse: u32,
+    q0: usize,
+    t: usize,
+    row: usize,
+) -> [[u32; 4]; BRK] {
+    let inv_cap = f32::from_bits(u(uni::INV_CAP) as u32);
+    // SAFETY: caller.
+    let slope = unsafe { alibi_slope(f, u, n) };
+    // SAFETY (each): caller.
+    match (inv_cap != 0.0, slope != 0.0) {
+        (true, true) => unsafe { exp_pack::<T, BRN, BRK, true, true>(r, inv_cap, slope, alibi_rel(f, u, q0, t, row), lse, t) },
+        (true, false) => unsafe { exp_pack::<T, BRN, BRK, true, false>(r, inv_cap, 0.0, 0, lse, t) },
+        (false, true) => unsafe { exp_pack::<T, BRN, BRK, false, true>(r, 0.0, slope, alibi_rel(f, u, q0, t, row), lse, t) },
+        (false, false) => unsafe { exp_pack::<T, BRN, BRK, false, false>(r, 0.0, 0.0, 0, lse, t) },
+    }
+}
+
+/// [`exp_mods`]'s elementwise pass (`CAP`: softcap, `ALIBI`: the bias).
+///
+/// # Safety
+/// As [`exp_mods`].
+#[inline(always)]
+unsafe fn exp_pack<T: Elem16, const BRN: usize, const BRK: usize, const CAP: bool, const ALIBI: bool>(
+    r: &mut [[f32; 4]; BRN],
+    inv_cap: f32,
+    slope: f32,
+    rel: i32,
+    lse: u32,
+    t: usize,
+) -> [[u32; 4]; BRK] {
+    let mut a = [[0u32; 4]; BRK];
+    for nn in 0..BRN {
+        // SAFETY: caller; 8-byte aligned (even column).
+        let l = unsafe { ld_shared_f32x2(lse + 4 * (nn * 8 + 2 * t) as u32) };
+        let mut p = [0f32; 4];
+        for e in 0..4 {
+            let y = r[nn][e];
+            let score = if ALIBI { y - alibi_bias(slope, rel, nn, e) } else { y };
+            p[e] = (score - l[e & 1]).exp2();
+            r[nn][e] = if CAP {
+                let th = y * inv_cap;
+                let dt = 1.0 - th * th;
+                // `dt > 0` is false for a masked −∞ (and a rounding past ±1).
+                p[e] * if dt > 0.0 { dt } else { 0.0 }
+            } else {
+                p[e]
+            };
+        }
+        a[nn / 2][2 * (nn % 2)] = pack::<T>(p[0], p[1]);
+        a[nn / 2][2 * (nn % 2) + 1] = pack::<T>(p[2], p[3]);
+    }
+    a
 }

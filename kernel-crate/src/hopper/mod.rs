@@ -312,16 +312,18 @@ hopper_fp8_kernels! {
     flash_fwd_hopper_e4m3_bf16_d256: Bf16, d = 256;
 }
 
-/// Backward entry points: `flash_bwd_hopper_{dtype}_d{D}` ([`bwd`]; d 256:
-/// its consumers are [`bwd256`]'s).
+/// Backward entry points: `flash_bwd_hopper_{dtype}_d{D}`, and
+/// `flash_bwd_hopper_x_{dtype}_d{D}` with softcap and ALiBi ([`bwd`]; d 256,
+/// without softcap/ALiBi: its consumers are [`bwd256`]'s).
 macro_rules! hopper_bwd_kernels {
-    (@body $t:ty, 256, $maps:ident, $p:ident) => {
+    (@body $t:ty, 256, false, $maps:ident, $p:ident) => {
         bwd256::backward::<$t>($maps, &$p)
     };
-    (@body $t:ty, $d:tt, $maps:ident, $p:ident) => {
-        bwd::backward::<$t, $d, { $d / 8 }, { 8192 / $d }, { 1024 / $d }, { 512 / $d }>($maps, &$p)
-    };
-    ($( $name:ident : $t:ty, d = $d:tt; )*) => {$(
+    (@body $t:ty, $d:tt, $mods:tt, $maps:ident, $p:ident) => {{
+        const BR: usize = flash_attn_common::hopper_bwd::hopper_bwd_kernel_br($d, $mods);
+        bwd::backward::<$t, $d, { $d / 8 }, BR, { BR / 8 }, { BR / 16 }, $mods>($maps, &$p)
+    }};
+    ($( $name:ident : $t:ty, d = $d:tt, mods = $mods:tt; )*) => {$(
         /// Hopper backward main kernel (see [`bwd`]): tensor maps of q,
         /// dO (boxes `64 × Br`), k and v (`64 × Bc`) and the f32 dQ
         /// accumulator (`32 × 64`), then the parameters, then `g_tmaps` (0,
@@ -332,9 +334,11 @@ macro_rules! hopper_bwd_kernels {
         /// states (host-checked), 16-byte aligned, strides multiples of 8
         /// elements, dq_accum zeroed and delta computed (the preprocess
         /// kernel), the maps those buffers; launched with
-        /// `HOPPER_BWD_THREADS` threads, `HopperBwdSmem::new(D).request_bytes()`
-        /// of dynamic shared memory and `batch · nheads_k · ceil(seqlen_k /
-        /// Bc)` blocks (`Br`, `Bc`: `hopper_bwd_br(D)`, `hopper_bwd_bc(D)`).
+        /// `HOPPER_BWD_THREADS` threads, `HopperBwdSmem::with_br(D, Br)
+        /// .request_bytes()` of dynamic shared memory (`HopperBwdSmem::new(D)`
+        /// at d 256) and `batch · nheads_k · ceil(seqlen_k / Bc)` blocks
+        /// (`Br = hopper_bwd_kernel_br(D, mods)`, also the q/dO boxes; `Bc =
+        /// hopper_bwd_bc(D)`).
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(_tq: TensorMap, _tdo: TensorMap, _tk: TensorMap, _tv: TensorMap, _tdq: TensorMap, p: flash_attn_common::BwdParams, g_tmaps: u64) {
             let maps = if g_tmaps != 0 {
@@ -349,19 +353,23 @@ macro_rules! hopper_bwd_kernels {
                 ]
             };
             // SAFETY: forwarded to the caller (the host's launch).
-            unsafe { hopper_bwd_kernels!(@body $t, $d, maps, p) }
+            unsafe { hopper_bwd_kernels!(@body $t, $d, $mods, maps, p) }
         }
     )*};
 }
 
 // Keep in step with `HOPPER_BWD_KERNELS` in host-crate/src/backward/hopper.rs.
 hopper_bwd_kernels! {
-    flash_bwd_hopper_f16_d64: F16, d = 64;
-    flash_bwd_hopper_bf16_d64: Bf16, d = 64;
-    flash_bwd_hopper_f16_d128: F16, d = 128;
-    flash_bwd_hopper_bf16_d128: Bf16, d = 128;
-    flash_bwd_hopper_f16_d256: F16, d = 256;
-    flash_bwd_hopper_bf16_d256: Bf16, d = 256;
+    flash_bwd_hopper_f16_d64: F16, d = 64, mods = false;
+    flash_bwd_hopper_bf16_d64: Bf16, d = 64, mods = false;
+    flash_bwd_hopper_f16_d128: F16, d = 128, mods = false;
+    flash_bwd_hopper_bf16_d128: Bf16, d = 128, mods = false;
+    flash_bwd_hopper_f16_d256: F16, d = 256, mods = false;
+    flash_bwd_hopper_bf16_d256: Bf16, d = 256, mods = false;
+    flash_bwd_hopper_x_f16_d64: F16, d = 64, mods = true;
+    flash_bwd_hopper_x_bf16_d64: Bf16, d = 64, mods = true;
+    flash_bwd_hopper_x_f16_d128: F16, d = 128, mods = true;
+    flash_bwd_hopper_x_bf16_d128: Bf16, d = 128, mods = true;
 }
 
 /// The probe kernels (one warpgroup, d = 128, one 64 × 128 tile).
