@@ -14,7 +14,7 @@
 //! (written without atomics) repeat bit for bit.
 //!
 //! Usage: fa-bench-bwd [--quick] [--no-torch] [--python PY] [--deterministic]
-//!        [--dtypes bf16,f16] [--dims 64,128,256] [--seqlens 4096,16384]
+//!        [--softcap CAP] [--dtypes bf16,f16] [--dims 64,128,256] [--seqlens 4096,16384]
 //!        [--out FILE.md]
 
 use std::sync::Arc;
@@ -55,6 +55,8 @@ struct Opts {
     torch: bool,
     python: String,
     deterministic: bool,
+    /// `--softcap CAP`: every timed call with this softcap (no PyTorch peer takes one).
+    softcap: Option<f32>,
     dtypes: Vec<String>,
     dims: Vec<usize>,
     seqlens: Vec<usize>,
@@ -68,6 +70,7 @@ fn parse() -> Result<Opts, String> {
         torch: true,
         python: "python3".into(),
         deterministic: false,
+        softcap: None,
         dtypes: vec!["bf16".into(), "f16".into()],
         dims: vec![64, 128, 256],
         seqlens: vec![4096, 16384],
@@ -83,13 +86,14 @@ fn parse() -> Result<Opts, String> {
             "--quick" => o.quick = true,
             "--no-torch" => o.torch = false,
             "--deterministic" => o.deterministic = true,
+            "--softcap" => o.softcap = Some(a.next().and_then(|s| s.parse().ok()).ok_or("--softcap needs a number")?),
             "--python" => o.python = a.next().ok_or("--python needs a value")?,
             "--out" => o.out = Some(a.next().ok_or("--out needs a value")?),
             "--sets" => o.sets = a.next().and_then(|s| s.parse().ok()).ok_or("--sets needs a number")?,
             "--dtypes" => o.dtypes = list(a.next())?,
             "--dims" => o.dims = list(a.next())?.iter().map(|s| s.parse().map_err(|_| format!("bad dim {s}"))).collect::<Result<_, _>>()?,
             "--seqlens" => o.seqlens = list(a.next())?.iter().map(|s| s.parse().map_err(|_| format!("bad seqlen {s}"))).collect::<Result<_, _>>()?,
-            "-h" | "--help" => return Err("usage: fa-bench-bwd [--quick] [--no-torch] [--python PY] [--deterministic] [--dtypes bf16,f16] [--dims 64,128,256] [--seqlens 4096,16384] [--sets N] [--out FILE.md]".into()),
+            "-h" | "--help" => return Err("usage: fa-bench-bwd [--quick] [--no-torch] [--python PY] [--deterministic] [--softcap CAP] [--dtypes bf16,f16] [--dims 64,128,256] [--seqlens 4096,16384] [--sets N] [--out FILE.md]".into()),
             _ => return Err(format!("unknown argument {x}")),
         }
     }
@@ -135,7 +139,7 @@ struct Ours {
 fn run_cell<T: AttnElem>(fa: &FlashAttention, stream: &Arc<CudaStream>, ctx: &Arc<cudarc::driver::CudaContext>, c: &Cell, o: &Opts, rng: &mut Rng) -> Res<Ours> {
     let layout = TensorLayout::contiguous([c.batch, c.n, c.heads, c.d]);
     let len = layout.required_len().ok_or("size")?;
-    let fwd = ForwardParams { causal: c.causal, ..Default::default() };
+    let fwd = ForwardParams { causal: c.causal, softcap: o.softcap, ..Default::default() };
     let params = BackwardParams { forward: fwd, deterministic: o.deterministic };
     let host = |rng: &mut Rng| -> Vec<T> { (0..len).map(|_| T::from_f32(rng.sym(1.0) as f32)).collect() };
     let mut sets = Vec::new();
@@ -318,7 +322,7 @@ fn main() {
     // PyTorch, after our side is done (its buffers were freed at each cell's end).
     let mut peers: std::collections::HashMap<(String, String), Meas> = Default::default();
     let mut torch_line = "PyTorch: not run (--no-torch)".to_string();
-    if o.torch {
+    if o.torch && o.softcap.is_none() {
         let mut configs = Vec::new();
         for c in &cs {
             for mode in ["bwd", "fwdbwd"] {
@@ -350,7 +354,8 @@ fn main() {
     let peer = |c: &Cell, mode: &str, imp: &str| peers.get(&(format!("{} {mode} {imp}", c.key()), String::new())).cloned().unwrap_or_else(|| Meas::na("not run"));
     let mut md = String::new();
     md += &format!("{checks}\n{bad} of the checks failed\n\n");
-    md += &format!("# Backward pass on {} ({torch_line}){}\n\n", g.fa.device_name(), if o.deterministic { ", deterministic" } else { "" });
+    let softcap = o.softcap.map_or(String::new(), |c| format!(", softcap {c}"));
+    md += &format!("# Backward pass on {} ({torch_line}){}{softcap}\n\n", g.fa.device_name(), if o.deterministic { ", deterministic" } else { "" });
     md += "TFLOP/s: backward 10·B·H·N²·d, forward+backward 14·B·H·N²·d, halved when causal; median of CUDA-event-timed runs, inputs rotated.\n\n";
     md += "| dtype | d | causal | N | B×H | ours bwd ms | ours TFLOP/s | flash TFLOP/s | cuDNN TFLOP/s | ours/flash | ours/cuDNN | ours fwd+bwd ms | flash fwd+bwd ms | cuDNN fwd+bwd ms | check |\n";
     md += "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
