@@ -10,7 +10,8 @@
 #  4. (mode ncu only) ncu --set full on one d 128 N 16384 bf16 launch of the
 #     Hopper backward: the details page and the warp stalls per SASS
 #     instruction (ncu-sass.csv).
-# Usage: OUT=/tmp/out bash scripts/microbench/hopper-backward.sh [quick|tests|bench|check|ncu]
+# Usage: OUT=/tmp/out bash scripts/microbench/hopper-backward.sh [quick|tests|bench|check|ncu|softcap]
+# (softcap: fa-bench-bwd --softcap 30 on the Hopper kernels and on the tensor-core kernel)
 # (check: the Hopper tests, memcheck and the quick benchmark with PyTorch,
 # without the tensor-core rows; every mode but bench and ncu starts with the
 # bf16 gradient test alone, 90 s at most, and stops if it fails)
@@ -19,6 +20,15 @@ mkdir -p /tmp/h && tar xJf .stage-hb/bins.tar.xz -C /tmp/h || exit 1
 export FA_REQUIRE_GPU=1
 nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader | tee $OUT/gpu.txt
 mode=${1:-quick}
+if [ "$mode" = softcap ]; then
+  # softcap 30, bf16: the Hopper softcap/ALiBi kernels, then the tensor-core kernel, same run
+  for k in hopper tc; do
+    e=""; [ $k = tc ] && e="FLASH_ATTN_BACKWARD_KERNEL=tc"
+    env $e timeout 120 /tmp/h/fa-bench-bwd --quick --no-torch --softcap 30 --sets 2 --dtypes bf16 --dims 64,128 --seqlens 4096,16384 --out $OUT/bwd-softcap-$k.md 2> $OUT/bwd-softcap-$k.log
+    echo "softcap $k rc=$?"; grep -E "^\| bf16 \| (64|128) \| (no|yes) \| [0-9]+ \|" $OUT/bwd-softcap-$k.md
+  done
+  exit 0
+fi
 if [ "$mode" = ncu ]; then
   timeout 400 ncu --set full --import-source no -k regex:${NCU_KERNEL:-flash_bwd_hopper_bf16_d128} -s 2 -c 1 -o $OUT/ncu-bwd /tmp/h/fa-bench-bwd --no-torch --quick --sets 1 --dtypes bf16 --dims 128 --seqlens 16384 --out $OUT/ncu-bench.md > $OUT/ncu.log 2>&1
   echo "ncu rc=$?"; tail -3 $OUT/ncu.log
