@@ -220,6 +220,17 @@ fn timing_event(s: &Arc<CudaStream>) -> std::result::Result<cudarc::driver::Cuda
     s.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
 }
 
+/// The slowest GPU's time between events `t0[i]` and `t1[i]` recorded on
+/// `streams[i]` (each stream synchronized first).
+fn slowest_ms(streams: &[Arc<CudaStream>], t0: &[cudarc::driver::CudaEvent], t1: &[cudarc::driver::CudaEvent]) -> Result<f64> {
+    let mut slowest = 0f64;
+    for (s, (e0, e1)) in streams.iter().zip(t0.iter().zip(t1)) {
+        s.synchronize()?;
+        slowest = slowest.max(e0.elapsed_ms(e1)? as f64);
+    }
+    Ok(slowest)
+}
+
 fn median(mut xs: Vec<f64>) -> f64 {
     xs.sort_by(f64::total_cmp);
     xs[xs.len() / 2]
@@ -394,11 +405,7 @@ fn time_ring(
         let mut outs: Vec<&mut CudaSlice<bf16>> = os.iter_mut().collect();
         ranks.forward(&inputs, &mut outs)?;
         let t1: Vec<_> = streams.iter().map(timing_event).collect::<std::result::Result<_, _>>()?;
-        let mut slowest = 0f64;
-        for (s, (a0, a1)) in streams.iter().zip(t0.iter().zip(&t1)) {
-            s.synchronize()?;
-            slowest = slowest.max(a0.elapsed_ms(a1)? as f64);
-        }
+        let slowest = slowest_ms(&streams, &t0, &t1)?;
         if i > 0 {
             times.push(slowest);
         }
@@ -583,34 +590,32 @@ fn comm_alone(a: &Args, ctxs: &[Arc<CudaContext>], backward: bool) -> Result<f64
             for (r, comm) in comms.iter().enumerate() {
                 let (next, prev) = (((r + 1) % n) as i32, ((r + n - 1) % n) as i32);
                 if step < hops_kv {
-                    let [b0, b1] = &mut kv[r];
-                    let (src, dst) = if step % 2 == 0 { (&*b0, b1) } else { (&*b1, b0) };
-                    for (x, y) in src.iter().zip(dst.iter_mut()) {
-                        comm.send(x, next).map_err(FlashAttnError::from)?;
-                        comm.recv(y, prev).map_err(FlashAttnError::from)?;
-                    }
+                    hop(comm, &mut kv[r], step, next, prev)?;
                 }
-                if let (true, Some([b0, b1])) = (step < hops_sums, sums[r].as_mut()) {
-                    let (src, dst) = if step % 2 == 0 { (&*b0, b1) } else { (&*b1, b0) };
-                    for (x, y) in src.iter().zip(dst.iter_mut()) {
-                        comm.send(x, next).map_err(FlashAttnError::from)?;
-                        comm.recv(y, prev).map_err(FlashAttnError::from)?;
-                    }
+                if let (true, Some(pair)) = (step < hops_sums, sums[r].as_mut()) {
+                    hop(comm, pair, step, next, prev)?;
                 }
             }
             cudarc::nccl::result::group_end().map_err(FlashAttnError::from)?;
         }
         let t1: Vec<_> = streams.iter().map(timing_event).collect::<std::result::Result<_, _>>()?;
-        let mut slowest = 0f64;
-        for (s, (e0, e1)) in streams.iter().zip(t0.iter().zip(&t1)) {
-            s.synchronize()?;
-            slowest = slowest.max(e0.elapsed_ms(e1)? as f64);
-        }
+        let slowest = slowest_ms(&streams, &t0, &t1)?;
         if i > 0 {
             times.push(slowest);
         }
     }
     Ok(median(times))
+}
+
+/// One hop of a pair of buffer sets inside an NCCL group: set `step % 2`
+/// to rank `next`, the other one filled from rank `prev`.
+fn hop<T: cudarc::nccl::NcclType>(comm: &Comm, [b0, b1]: &mut [[CudaSlice<T>; 2]; 2], step: usize, next: i32, prev: i32) -> Result<()> {
+    let (src, dst) = if step.is_multiple_of(2) { (&*b0, b1) } else { (&*b1, b0) };
+    for (x, y) in src.iter().zip(dst.iter_mut()) {
+        comm.send(x, next).map_err(FlashAttnError::from)?;
+        comm.recv(y, prev).map_err(FlashAttnError::from)?;
+    }
+    Ok(())
 }
 
 /// `comm` ms of transfers as a share of `t_ring` ms of the ring: what they
@@ -893,12 +898,7 @@ fn ring_bwd_ranks(a: &Args, ranks: &mut Ranks, ids: &[usize], [q, k, v, dout]: [
             ranks.backward(&ins, &mut gs)?;
         }
         let t2 = ev()?;
-        let (mut f, mut b) = (0f64, 0f64);
-        for (j, s) in streams.iter().enumerate() {
-            s.synchronize()?;
-            f = f.max(t0[j].elapsed_ms(&t1[j])? as f64);
-            b = b.max(t1[j].elapsed_ms(&t2[j])? as f64);
-        }
+        let (f, b) = (slowest_ms(&streams, &t0, &t1)?, slowest_ms(&streams, &t1, &t2)?);
         if i > 0 {
             tf.push(f);
             tb.push(b);

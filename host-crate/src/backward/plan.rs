@@ -42,6 +42,14 @@ pub struct ScratchSizes {
     pub semaphores: usize,
 }
 
+impl ScratchSizes {
+    /// Sizes that serve either call: the larger of each buffer (one
+    /// [`BackwardScratch`](crate::BackwardScratch) for backward calls of several shapes).
+    pub fn max(self, o: Self) -> Self {
+        Self { delta: self.delta.max(o.delta), dq_accum: self.dq_accum.max(o.dq_accum), semaphores: self.semaphores.max(o.semaphores) }
+    }
+}
+
 /// The launches of one backward call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BackwardPlan {

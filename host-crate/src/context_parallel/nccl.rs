@@ -158,6 +158,17 @@ impl Transfers {
     }
 }
 
+/// The K/V shard a rank holds at step `step`: its own (`k`, `v`) at step
+/// 0, else the receive buffer the previous step filled.
+fn held<'a, T>(kv: &'a [[CudaSlice<T>; 2]; 2], step: usize, k: &'a CudaSlice<T>, v: &'a CudaSlice<T>) -> (&'a CudaSlice<T>, &'a CudaSlice<T>) {
+    if step == 0 { (k, v) } else { (&kv[(step + 1) % 2][0], &kv[(step + 1) % 2][1]) }
+}
+
+/// The forward parameters of one ring block: its mask, the call's scale.
+fn block_forward_params(params: &ForwardParams, mask: Mask) -> ForwardParams {
+    ForwardParams { causal: mask == Mask::Causal, softmax_scale: params.softmax_scale, ..Default::default() }
+}
+
 /// One rank of the ring: its GPU's kernels, its NCCL communicator (whose
 /// stream carries the transfers), its compute stream, and the buffers of
 /// the ring (two K/V receive buffers, one step's partial, the f32
@@ -279,7 +290,7 @@ impl<T: AttnElem + NcclType> RingRank<T> {
         if self.docs.is_some() {
             return self.compute_step_varlen(step, &block, [q, k, v]);
         }
-        let (k, v) = if step == 0 { (k, v) } else { (&self.kv[(step + 1) % 2][0], &self.kv[(step + 1) % 2][1]) };
+        let (k, v) = held(&self.kv, step, k, v);
         let RingShape { batch: b, seqlen_local: s, nheads: h, nheads_k: hk, headdim: d } = self.shape;
         let (qr, kr) = (block.q.range(s), block.k.range(s));
         let (nq, nk) = (qr.len(), kr.len());
@@ -287,7 +298,7 @@ impl<T: AttnElem + NcclType> RingRank<T> {
         let lk = TensorLayout::new([b, nk, hk, d], [s * hk * d, hk * d, d]);
         let (qv, kv, vv) = (q.slice(qr.start * h * d..), k.slice(kr.start * hk * d..), v.slice(kr.start * hk * d..));
         let lo = TensorLayout::contiguous([b, nq, h, d]);
-        let params = ForwardParams { causal: block.mask == Mask::Causal, softmax_scale: self.params.softmax_scale, ..Default::default() };
+        let params = block_forward_params(&self.params, block.mask);
         self.fa.forward_into(
             &self.compute,
             Tensor::new(&qv, lq),

@@ -29,7 +29,7 @@ use cudarc::driver::CudaSlice;
 use cudarc::nccl::NcclType;
 use cudarc::nccl::result::{group_end, group_start};
 
-use super::{RingRank, RingShape, check_counts, check_shard_lens};
+use super::{RingRank, RingShape, block_forward_params, check_counts, check_shard_lens, held};
 use crate::backward::{BackwardParams, BackwardScratch, ScratchSizes};
 use crate::context_parallel::gpu_merge::AccShape;
 use crate::context_parallel::schedule::{Mask, Span, grad_sums_buffer, grad_sums_home, ring_block};
@@ -93,8 +93,8 @@ pub(super) fn grad_lens<T>(s: RingShape, x: &RingGradInputs<'_, T>, g: &RingGrad
 /// backward's scratch.
 pub(super) struct BwdBuffers<T> {
     /// `dkv[i] = [dk, dv]` f32 sums, alternating by step like `kv`.
-    pub(super) dkv: [[CudaSlice<f32>; 2]; 2],
-    pub(super) dq_acc: CudaSlice<f32>,
+    dkv: [[CudaSlice<f32>; 2]; 2],
+    dq_acc: CudaSlice<f32>,
     pub(super) dq_part: CudaSlice<T>,
     pub(super) dk_part: CudaSlice<T>,
     pub(super) dv_part: CudaSlice<T>,
@@ -111,11 +111,8 @@ fn two<X>(pair: &mut [X; 2], send: usize, recv: usize) -> (&X, &mut X) {
 }
 
 /// The parameters of one block's backward.
-fn block_params(params: &ForwardParams, mask: Mask, deterministic: bool) -> BackwardParams {
-    BackwardParams {
-        forward: ForwardParams { causal: mask == Mask::Causal, softmax_scale: params.softmax_scale, ..Default::default() },
-        deterministic,
-    }
+pub(super) fn block_params(params: &ForwardParams, mask: Mask, deterministic: bool) -> BackwardParams {
+    BackwardParams { forward: block_forward_params(params, mask), deterministic }
 }
 
 impl<T: AttnElem + NcclType> RingRank<T> {
@@ -127,22 +124,22 @@ impl<T: AttnElem + NcclType> RingRank<T> {
         let s = self.shape;
         let RingShape { batch: b, seqlen_local: n, nheads: h, nheads_k: hk, headdim: d } = s;
         // The scratch of the largest block of each kind (whole × whole
-        // causal or full, whole × half, half × whole).
-        let mut need = ScratchSizes { delta: 0, dq_accum: 0, semaphores: 0 };
-        if self.docs.is_some() {
-            need = self.varlen_scratch(&block_params(&self.params, Mask::Causal, true))?;
-        }
-        for (nq, nk, mask) in [(n, n, Mask::Causal), (n, n, Mask::Full), (n, n / 2, Mask::Full), (n / 2, n, Mask::Full)] {
-            if nq == 0 || nk == 0 || self.docs.is_some() {
-                continue;
+        // causal or full, whole × half, half × whole; a varlen rank's
+        // block kinds, `super::varlen`).
+        let need = if self.docs.is_some() {
+            self.varlen_scratch(&block_params(&self.params, Mask::Causal, true))?
+        } else {
+            let mut need = ScratchSizes { delta: 0, dq_accum: 0, semaphores: 0 };
+            for (nq, nk, mask) in [(n, n, Mask::Causal), (n, n, Mask::Full), (n, n / 2, Mask::Full), (n / 2, n, Mask::Full)] {
+                if nq == 0 || nk == 0 {
+                    continue;
+                }
+                let lq = TensorLayout::new([b, nq, h, d], [n * h * d, h * d, d]);
+                let lk = TensorLayout::new([b, nk, hk, d], [n * hk * d, hk * d, d]);
+                need = need.max(self.fa.backward_scratch_sizes::<T>(&lq, &lk, &block_params(&self.params, mask, true))?);
             }
-            let lq = TensorLayout::new([b, nq, h, d], [n * h * d, h * d, d]);
-            let lk = TensorLayout::new([b, nk, hk, d], [n * hk * d, hk * d, d]);
-            let one = self.fa.backward_scratch_sizes::<T>(&lq, &lk, &block_params(&self.params, mask, true))?;
-            need.delta = need.delta.max(one.delta);
-            need.dq_accum = need.dq_accum.max(one.dq_accum);
-            need.semaphores = need.semaphores.max(one.semaphores);
-        }
+            need
+        };
         let c = &self.compute;
         let f32s = |len| c.alloc_zeros::<f32>(len);
         let (q, kv) = (s.q_len(), s.kv_len());
@@ -225,7 +222,7 @@ impl<T: AttnElem + NcclType> RingRank<T> {
         if self.docs.is_some() {
             return self.backward_step_varlen(step, &block, [x.q, x.k, x.v, x.out, x.dout], deterministic);
         }
-        let (k, v) = if step == 0 { (x.k, x.v) } else { (&self.kv[(step + 1) % 2][0], &self.kv[(step + 1) % 2][1]) };
+        let (k, v) = held(&self.kv, step, x.k, x.v);
         let RingShape { batch: b, seqlen_local: s, nheads: h, nheads_k: hk, headdim: d } = self.shape;
         let (qr, kr) = (block.q.range(s), block.k.range(s));
         let (nq, nk) = (qr.len(), kr.len());
@@ -256,9 +253,18 @@ impl<T: AttnElem + NcclType> RingRank<T> {
             &block_params(&self.params, block.mask, deterministic),
             &Extras::default(),
         )?;
-        // This step's sums (and the next step's K/V) have arrived before
-        // they are added to (read); the backward above overlapped them.
+        self.add_step_grads(step, qr, kr)
+    }
+
+    /// Adds step `step`'s partial gradients (of local query rows `qr` and
+    /// key rows `kr`, packed at the partials' start) into the sums: `dQ`
+    /// at home, `dK`/`dV` into the travelling sums, which this step's
+    /// transfers brought (waited for here, after the step's backward has
+    /// been enqueued so that the transfers overlap it).
+    pub(super) fn add_step_grads(&mut self, step: usize, qr: std::ops::Range<usize>, kr: std::ops::Range<usize>) -> Result<()> {
         self.transfers.wait(&self.compute)?;
+        let RingShape { batch: b, seqlen_local: s, nheads: h, nheads_k: hk, headdim: d } = self.shape;
+        let (nq, nk) = (qr.len(), kr.len());
         let bufs = self.bwd.as_mut().expect("allocated by bwd_buffers");
         let init = step == 0;
         let acc_q = AccShape { batch: b, seqlen: s, nheads: h, headdim: d };

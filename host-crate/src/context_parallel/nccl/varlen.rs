@@ -15,10 +15,10 @@ use std::sync::Arc;
 use cudarc::driver::{CudaSlice, CudaStream};
 use cudarc::nccl::{Comm, NcclType};
 
-use super::{RingRank, RingShape};
+use super::backward::block_params;
+use super::{RingRank, RingShape, block_forward_params, held};
 use crate::backward::ScratchSizes;
-use crate::context_parallel::gpu_merge::AccShape;
-use crate::context_parallel::schedule::{Mask, RingBlock, Span, ring_block, varlen_segments};
+use crate::context_parallel::schedule::{RingBlock, Span, ring_block, varlen_segments};
 use crate::context_parallel::sharding::ShardPlan;
 use crate::device::FlashAttention;
 use crate::error::{FlashAttnError, Result};
@@ -80,11 +80,6 @@ impl RingDocs {
     }
 }
 
-/// The parameters of one block.
-fn block_params(params: &ForwardParams, mask: Mask) -> ForwardParams {
-    ForwardParams { causal: mask == Mask::Causal, softmax_scale: params.softmax_scale, ..Default::default() }
-}
-
 impl<T: AttnElem + NcclType> RingRank<T> {
     /// A rank of the ring over a packed varlen batch: `plan` says the
     /// documents (their global lengths, each a multiple of the chunk count)
@@ -131,7 +126,7 @@ impl<T: AttnElem + NcclType> RingRank<T> {
     /// every local row.
     pub(super) fn compute_step_varlen(&mut self, step: usize, block: &RingBlock, [q, k, v]: [&CudaSlice<T>; 3]) -> Result<()> {
         let RingShape { seqlen_local: s, nheads: h, nheads_k: hk, headdim: d, .. } = self.shape;
-        let (k, v) = if step == 0 { (k, v) } else { (&self.kv[(step + 1) % 2][0], &self.kv[(step + 1) % 2][1]) };
+        let (k, v) = held(&self.kv, step, k, v);
         let seg = self.docs.as_ref().expect("a varlen rank").of(block);
         let (lq, lk) = (TensorLayout::varlen(s, h, d), TensorLayout::varlen(s, hk, d));
         self.fa.forward_varlen_into(
@@ -142,7 +137,7 @@ impl<T: AttnElem + NcclType> RingRank<T> {
             TensorMut::new(&mut self.o_part, lq),
             &mut self.lse_part,
             &seg.varlen(),
-            &block_params(&self.params, block.mask),
+            &block_forward_params(&self.params, block.mask),
             &Extras::default(),
         )?;
         self.fa.ring_merge::<T>(&self.compute, self.shape.acc(), (&mut self.o_acc, &mut self.lse_acc), (&self.o_part, &self.lse_part), (0, s), step == 0)
@@ -154,10 +149,7 @@ impl<T: AttnElem + NcclType> RingRank<T> {
         let (lq, lk) = (TensorLayout::varlen(s, h, d), TensorLayout::varlen(s, hk, d));
         let mut need = ScratchSizes { delta: 0, dq_accum: 0, semaphores: 0 };
         for seg in &self.docs.as_ref().expect("a varlen rank").blocks {
-            let one = self.fa.backward_varlen_scratch_sizes::<T>(&lq, &lk, seg.batch(), (seg.max_q, seg.max_k), params)?;
-            need.delta = need.delta.max(one.delta);
-            need.dq_accum = need.dq_accum.max(one.dq_accum);
-            need.semaphores = need.semaphores.max(one.semaphores);
+            need = need.max(self.fa.backward_varlen_scratch_sizes::<T>(&lq, &lk, seg.batch(), (seg.max_q, seg.max_k), params)?);
         }
         Ok(need)
     }
@@ -173,11 +165,11 @@ impl<T: AttnElem + NcclType> RingRank<T> {
         deterministic: bool,
     ) -> Result<()> {
         let RingShape { seqlen_local: s, nheads: h, nheads_k: hk, headdim: d, .. } = self.shape;
-        let (k, v) = if step == 0 { (k, v) } else { (&self.kv[(step + 1) % 2][0], &self.kv[(step + 1) % 2][1]) };
+        let (k, v) = held(&self.kv, step, k, v);
         let seg = self.docs.as_ref().expect("a varlen rank").of(block);
         let (lq, lk) = (TensorLayout::varlen(s, h, d), TensorLayout::varlen(s, hk, d));
         let bufs = self.bwd.as_mut().expect("allocated by bwd_buffers");
-        let params = crate::backward::BackwardParams { forward: block_params(&self.params, block.mask), deterministic };
+        let params = block_params(&self.params, block.mask, deterministic);
         self.fa.backward_varlen_into(
             &self.compute,
             Tensor::new(q, lq),
@@ -194,17 +186,6 @@ impl<T: AttnElem + NcclType> RingRank<T> {
             &params,
             &Extras::default(),
         )?;
-        // This step's sums (and the next step's K/V) have arrived before
-        // they are added to; the backward above overlapped them.
-        self.transfers.wait(&self.compute)?;
-        let bufs = self.bwd.as_mut().expect("allocated by bwd_buffers");
-        let acc_q = AccShape { batch: 1, seqlen: s, nheads: h, headdim: d };
-        let acc_k = AccShape { nheads: hk, ..acc_q };
-        let init = step == 0;
-        let fa = &self.fa;
-        fa.ring_grad_add::<T>(&self.compute, acc_q, &mut bufs.dq_acc, &bufs.dq_part, (0, s), init)?;
-        let [dk_acc, dv_acc] = &mut bufs.dkv[crate::context_parallel::schedule::grad_sums_buffer(step)];
-        fa.ring_grad_add::<T>(&self.compute, acc_k, dk_acc, &bufs.dk_part, (0, s), init)?;
-        fa.ring_grad_add::<T>(&self.compute, acc_k, dv_acc, &bufs.dv_part, (0, s), init)
+        self.add_step_grads(step, 0..s, 0..s)
     }
 }
